@@ -1,0 +1,42 @@
+# cdcflow — every target installs what it needs into .venv (Python 3.11+, Java 17).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PYSPARK_PYTHON        := $(CURDIR)/$(BIN)/python
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast bench lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "cdcflow needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	@command -v java >/dev/null || { echo "cdcflow needs Java 17 on PATH for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install cdcflow with its test tools
+
+demo: $(STAMP) ## run the main job on the embedded default (broker, local Spark, Delta in ./demo-warehouse)
+	$(BIN)/cdcflow demo --warehouse demo-warehouse
+
+test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka, end to end)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka
+	$(BIN)/python -m pytest -m "not spark and not kafka"
+
+bench: $(STAMP) ## end-to-end benchmark: 1M Debezium events into one Delta mirror, vs a plain PySpark reference
+	$(BIN)/python bench/e2e_debezium.py
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+clean: ## remove the virtual environment and generated folders
+	rm -rf $(VENV) demo-warehouse .pytest_cache

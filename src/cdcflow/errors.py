@@ -1,0 +1,82 @@
+"""One error hierarchy with stable codes.
+
+Every error has a ``code`` (stable, upper snake case, safe to alert on) and a message
+that says how to fix the cause. Errors raised on Spark executors must pickle, so every
+class keeps its constructor arguments in ``args``.
+
+Terminal vs transient decides what happens to a record: a :class:`DecodeError` is
+terminal for that record (it becomes a dead letter and the stream goes on); a
+:class:`SourceError` or a Delta I/O failure stops the micro-batch so it is retried.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApplyError",
+    "CdcflowError",
+    "ConfigError",
+    "DecodeError",
+    "SourceError",
+    "Code",
+]
+
+
+class Code:
+    """Stable dead-letter and error codes."""
+
+    BAD_JSON = "BAD_JSON"  # the value is not JSON (or not UTF-8)
+    BAD_AVRO = "BAD_AVRO"  # the value is not a record of the expected Avro schema
+    NOT_AN_OBJECT = "NOT_AN_OBJECT"  # JSON, but not the envelope object the format defines
+    MISSING_FIELD = "MISSING_FIELD"  # a field the format requires is absent
+    BAD_FIELD = "BAD_FIELD"  # a field has the wrong JSON type or an unparsable value
+    UNKNOWN_OP = "UNKNOWN_OP"  # an operation code the format does not define
+    MISSING_KEY = "MISSING_KEY"  # a row change whose key columns cannot be found
+    BAD_VALUE = "BAD_VALUE"  # a column value that does not fit its declared type
+    UNKNOWN_FORMAT = "UNKNOWN_FORMAT"  # --format auto could not tell the format
+    TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
+    TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
+    UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
+
+
+class CdcflowError(Exception):
+    """Base of all cdcflow errors.
+
+    Attributes:
+        code: stable error code.
+        message: what went wrong and how to fix it.
+    """
+
+    code: str = "CDCFLOW_ERROR"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message, code)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class DecodeError(CdcflowError):
+    """A record cannot be decoded; it becomes a dead letter with ``code``."""
+
+    code = Code.BAD_FIELD
+
+
+class ConfigError(CdcflowError):
+    """A configuration value is missing or wrong; the message names the key and the fix."""
+
+    code = "BAD_CONFIG"
+
+
+class SourceError(CdcflowError):
+    """The Kafka source cannot go on (e.g. data lost to retention). Not a dead letter."""
+
+    code = "SOURCE_ERROR"
+
+
+class ApplyError(CdcflowError):
+    """A change cannot be applied to its Delta table."""
+
+    code = "APPLY_ERROR"

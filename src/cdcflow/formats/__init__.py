@@ -1,0 +1,71 @@
+"""Message formats: an explicit registry ``identifier -> module:Class``, imported lazily.
+
+Adding a format means adding one module under ``cdcflow/formats/`` and one line to each
+of :data:`DECODERS` and :data:`ENCODERS`. Nothing here imports a format module until it
+is asked for, so importing :mod:`cdcflow.formats` has no side effects.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from cdcflow.errors import ConfigError
+from cdcflow.formats.base import Decoder, DecoderOptions, Encoder
+
+__all__ = ["DECODERS", "ENCODERS", "decoder_for", "encoder_for", "format_names"]
+
+#: identifier -> "module:DecoderClass"
+DECODERS: dict[str, str] = {
+    "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonDecoder",
+    "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonDecoder",
+}
+
+#: identifier -> "module:EncoderClass" (used by the demo and test workload generator)
+ENCODERS: dict[str, str] = {
+    "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonEncoder",
+    "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonEncoder",
+}
+
+
+def format_names() -> list[str]:
+    """The registered format identifiers, sorted."""
+    return sorted(DECODERS)
+
+
+def _load(table: Mapping[str, str], name: str, what: str) -> Any:
+    try:
+        target = table[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown format {name!r} ({what}); valid formats: {sorted(table)}",
+        ) from None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = None) -> Decoder:
+    """A decoder instance for format ``name``.
+
+    Args:
+        name: format identifier, e.g. ``"debezium-json"``.
+        options: the format's options dataclass, or a plain mapping of its fields.
+
+    Raises:
+        ConfigError: unknown format name or unknown option key.
+    """
+    cls: type[Decoder] = _load(DECODERS, name, "decoder")
+    if options is None or isinstance(options, DecoderOptions):
+        return cls(options)
+    return cls(cls.options_class.from_mapping(options))
+
+
+def encoder_for(name: str) -> Encoder:
+    """An encoder instance for format ``name``.
+
+    Raises:
+        ConfigError: unknown format name.
+    """
+    cls: type[Encoder] = _load(ENCODERS, name, "encoder")
+    return cls()

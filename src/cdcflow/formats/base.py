@@ -1,0 +1,326 @@
+"""The contract every message format implements.
+
+A format module (``formats/<name>.py``) holds one :class:`Decoder` subclass and one
+:class:`Encoder` subclass, each with the format's ``identifier`` (``"debezium-json"``),
+plus an options dataclass derived from :class:`DecoderOptions`.
+
+* :meth:`Decoder.decode` is a pure function of one Kafka record: bytes in, a list of
+  :class:`~cdcflow.model.ChangeEvent` out, or :class:`~cdcflow.errors.DecodeError`
+  (which becomes a dead letter). It never guesses an unknown op code.
+* :meth:`Decoder.decode_batch` decodes many records and accounts for each one: every
+  record ends as *decoded*, *skipped on purpose* (with a reason) or *dead-lettered*.
+  Formats whose one logical change spans several records (DataWorks
+  ``UPDATE_BEFOR``/``UPDATE_AFTER``) join them in :meth:`Decoder.combine`.
+* :meth:`Encoder.encode` turns a :class:`SourceChange` of the test/demo workload into
+  the Kafka messages the real replication tool would publish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cdcflow.errors import Code, DecodeError
+from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
+
+__all__ = [
+    "DecodeResult",
+    "Decoder",
+    "DecoderOptions",
+    "Encoder",
+    "Message",
+    "Record",
+    "SkipRecord",
+    "Skipped",
+    "SourceChange",
+    "key_columns_for",
+]
+
+
+# --------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record as the decoders see it.
+
+    Attributes:
+        value: message value bytes; ``None`` is a Kafka tombstone.
+        key: message key bytes, if any.
+        headers: ``(name, value)`` pairs in record order.
+        origin: topic, partition, offset.
+        timestamp_ms: Kafka record timestamp, epoch ms.
+    """
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    origin: Origin = field(default_factory=Origin)
+    timestamp_ms: int | None = None
+
+    def header(self, name: str) -> bytes | None:
+        """The last header called ``name``, or ``None``."""
+        found = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
+
+
+class SkipRecord(Exception):
+    """Raised by :meth:`Decoder.decode` for a record that is skipped on purpose.
+
+    Args:
+        reason: stable reason code, e.g. ``TOMBSTONE``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A record deliberately not applied (tombstone, empty batch message)."""
+
+    reason: str
+    origin: Origin
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """What :meth:`Decoder.decode_batch` made of its records.
+
+    ``records == decoded_records + len(skipped) + len(dead_letters)`` always holds.
+    """
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    records: int = 0
+    decoded_records: int = 0
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Options every decoder takes.
+
+    Attributes:
+        primary_keys: key columns for tables whose messages do not say them, as
+            ``{table: (col, ...)}``. ``table`` is matched against ``db.schema.table``,
+            ``db.table``, ``schema.table`` and the bare table name, first hit wins;
+            ``"*"`` applies to every table.
+    """
+
+    primary_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
+        """Build options from a plain mapping; unknown keys are a ConfigError."""
+        from cdcflow.errors import ConfigError
+
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {unknown} for this format; valid options: {sorted(known)}"
+            )
+        if "primary_keys" in values:
+            values["primary_keys"] = {
+                str(t): tuple(cols) for t, cols in dict(values["primary_keys"]).items()
+            }
+        return cls(**values)
+
+
+def key_columns_for(
+    primary_keys: Mapping[str, tuple[str, ...]], source: SourceTable
+) -> tuple[str, ...] | None:
+    """The configured key columns for ``source``, or ``None`` (see :class:`DecoderOptions`)."""
+    if not primary_keys:
+        return None
+    d, s, t = source.database, source.schema, source.table
+    for name in (f"{d}.{s}.{t}", f"{d}.{t}", f"{s}.{t}", t, "*"):
+        cols = primary_keys.get(name)
+        if cols:
+            return tuple(cols)
+    return None
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+class Decoder(ABC):
+    """Decodes the records of one format. Instances are picklable and stateless
+    across records, except for what a format documents (e.g. Qlik metadata)."""
+
+    identifier: ClassVar[str]
+    options_class: ClassVar[type[DecoderOptions]] = DecoderOptions
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        self.options = options if options is not None else self.options_class()
+
+    @abstractmethod
+    def decode(self, record: Record) -> list[ChangeEvent]:
+        """Decode one record.
+
+        Args:
+            record: the Kafka record; ``record.value`` is never ``None`` here
+                (tombstones are skipped by :meth:`decode_batch`).
+
+        Returns:
+            Zero or more change events, in the record's order.
+
+        Raises:
+            DecodeError: the record is malformed; its ``code`` is the dead-letter code.
+            SkipRecord: the record is deliberately not applied.
+        """
+
+    def combine(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
+        """Join events that belong together (e.g. update halves). Default: unchanged."""
+        return events
+
+    def decode_batch(self, records: Iterable[Record]) -> DecodeResult:
+        """Decode records, sorting every one into decoded / skipped / dead-lettered.
+
+        A Kafka tombstone (``value is None``) is skipped with reason ``TOMBSTONE``; a
+        record that decodes to no events is skipped with ``NO_EVENTS``; any exception
+        other than :class:`SkipRecord` becomes a dead letter (``DecodeError`` keeps its
+        code, anything else is ``BAD_FIELD`` with the exception text), so one bad record
+        never stops the stream.
+        """
+        result = DecodeResult()
+        events = result.events
+        for record in records:
+            result.records += 1
+            if record.value is None:
+                result.skipped.append(Skipped("TOMBSTONE", record.origin))
+                continue
+            try:
+                decoded = self.decode(record)
+            except SkipRecord as skip:
+                result.skipped.append(Skipped(skip.reason, record.origin))
+                continue
+            except DecodeError as exc:
+                result.dead_letters.append(self._dead(record, exc.code, exc.message))
+                continue
+            except RecursionError:
+                result.dead_letters.append(
+                    self._dead(record, Code.BAD_JSON, "nesting too deep to decode")
+                )
+                continue
+            except Exception as exc:  # noqa: BLE001 - a decoder bug must not stop the stream
+                msg = f"{type(exc).__name__}: {exc}"
+                result.dead_letters.append(self._dead(record, Code.BAD_FIELD, msg))
+                continue
+            if not decoded:
+                result.skipped.append(Skipped("NO_EVENTS", record.origin))
+                continue
+            result.decoded_records += 1
+            events.extend(decoded)
+        result.events = self.combine(events)
+        return result
+
+    def _dead(self, record: Record, code: str, message: str) -> DeadLetter:
+        return DeadLetter(
+            code=code,
+            message=message,
+            format=self.identifier,
+            origin=record.origin,
+            value=record.value,
+            key=record.key,
+        )
+
+    # helpers shared by formats -------------------------------------------------
+
+    def require_key(
+        self, event: ChangeEvent, declared: Sequence[str] | None
+    ) -> ChangeEvent:
+        """Fill ``event.key`` from ``declared`` key columns, else from the options.
+
+        Raises:
+            DecodeError: ``MISSING_KEY`` when no key columns are known, or a key column
+                is absent from the row image.
+        """
+        if event.op not in ROW_OPS:
+            return event
+        cols = tuple(declared) if declared else key_columns_for(
+            self.options.primary_keys, event.source
+        )
+        if not cols:
+            raise DecodeError(
+                f"no key columns for table {event.source.qualified_name!r}: the message "
+                "does not name them; set primary_keys for this table in the format "
+                "options (YAML: formats.<name>.primary_keys, CLI: --primary-key)",
+                Code.MISSING_KEY,
+            )
+        image = event.after if event.after is not None else event.before
+        if image is None:
+            raise DecodeError(
+                f"{event.op.value} on {event.source.qualified_name!r} has no row image",
+                Code.MISSING_FIELD,
+            )
+        try:
+            event.key = {c: image[c] for c in cols}
+        except KeyError as exc:
+            raise DecodeError(
+                f"key column {exc.args[0]!r} is missing from the row image of "
+                f"{event.source.qualified_name!r}; key columns are {list(cols)}",
+                Code.MISSING_KEY,
+            ) from exc
+        return event
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChange:
+    """One change of the workload's in-memory source database (what an encoder encodes).
+
+    Attributes:
+        op: INSERT, UPDATE, DELETE, SNAPSHOT or TRUNCATE.
+        table: source table (its ``format`` is ignored).
+        columns: column -> logical type, in table column order.
+        key_columns: primary-key columns (empty for a table without one).
+        before: before image (updates, deletes) with typed Python values.
+        after: after image (inserts, updates, snapshots).
+        seq: strictly increasing position in the source log.
+        ts_ms: commit time, epoch ms.
+        txn_id: transaction id, if the workload groups changes.
+    """
+
+    op: Op
+    table: SourceTable
+    columns: Mapping[str, str]
+    key_columns: tuple[str, ...]
+    before: Mapping[str, Any] | None
+    after: Mapping[str, Any] | None
+    seq: int
+    ts_ms: int
+    txn_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A Kafka message to produce."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class Encoder(ABC):
+    """Encodes workload changes as the replication tool of this format would."""
+
+    identifier: ClassVar[str]
+
+    @abstractmethod
+    def encode(self, change: SourceChange) -> list[Message]:
+        """The messages the tool publishes for ``change`` (one or more, in order)."""

@@ -1,0 +1,269 @@
+"""The unified change-event model every format decodes into.
+
+A Kafka record of any supported format becomes zero or more :class:`ChangeEvent`s
+(or a :class:`DeadLetter`). Everything downstream -- routing, typing, net change,
+the Delta apply -- sees only this model.
+
+Values inside ``before``/``after`` images are typed Python values:
+
+=====================  ===========================================================
+logical type           Python value
+=====================  ===========================================================
+``boolean``            ``bool``
+``int32``/``int64``    ``int``
+``float32/float64``    ``float``
+``decimal(p,s)``       ``decimal.Decimal`` (exact; never a float)
+``string``/``json``    ``str``
+``binary``             ``bytes``
+``date``               ``datetime.date``
+``time``               ``datetime.time`` (microsecond precision)
+``timestamp``          naive ``datetime.datetime`` (wall clock, microseconds)
+``timestamptz``        aware ``datetime.datetime`` in UTC (microseconds)
+=====================  ===========================================================
+
+An image is a ``dict`` from column name to value. A column *absent* from the dict is
+"not present in this image" (Qlik ``columnMask``, Canal ``old``, an unavailable TOAST
+value): it must not overwrite what is stored. A column present with ``None`` is NULL.
+
+Sequences (``seq``) are tuples of integers ordered like the source log (LSN, SCN,
+binlog file/position/row, changeSequence, sequenceId, ...). :func:`seq_key` turns one
+into a string whose lexicographic order equals the tuple order, so Spark, Arrow and
+Delta can sort and compare it as a plain string.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "ChangeEvent",
+    "DeadLetter",
+    "Op",
+    "Origin",
+    "ROW_OPS",
+    "SourceTable",
+    "Txn",
+    "event_to_json_dict",
+    "json_default",
+    "seq_key",
+]
+
+
+class Op(enum.StrEnum):
+    """What a change event does. The values are the names printed by ``cdcflow decode``."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    SNAPSHOT = "snapshot"  # a row read by the initial (full) load
+    TRUNCATE = "truncate"
+    DDL = "ddl"
+    HEARTBEAT = "heartbeat"
+    BEGIN = "begin"  # transaction start marker
+    COMMIT = "commit"  # transaction end marker
+    MESSAGE = "message"  # a logical-decoding message (Debezium op m), not a row change
+
+
+#: Ops that change rows of one table and therefore need a key.
+ROW_OPS = frozenset({Op.INSERT, Op.UPDATE, Op.DELETE, Op.SNAPSHOT})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTable:
+    """Identity of a source table. Empty strings where the format has no such level."""
+
+    format: str
+    database: str = ""
+    schema: str = ""
+    table: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        """``database.schema.table`` without empty parts, e.g. ``inventory.public.customers``."""
+        return ".".join(p for p in (self.database, self.schema, self.table) if p)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a record came from: Kafka coordinates (or file name and line number)."""
+
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """Transaction information carried by the format.
+
+    Attributes:
+        id: source transaction id (string form, e.g. PostgreSQL ``txId`` or an XID).
+        order: position of the event inside its transaction (1-based) where known.
+        last: ``True`` when the format says this is the transaction's last event.
+    """
+
+    id: str
+    order: int | None = None
+    last: bool | None = None
+
+
+@dataclass(slots=True)
+class ChangeEvent:
+    """One decoded change.
+
+    Attributes:
+        op: what happened (:class:`Op`).
+        source: the source table identity (format, database, schema, table).
+        key: primary-key (or unique-key / row-id) column name -> value; ``None`` for
+            ops that do not address a row (truncate, ddl, heartbeat, begin, commit).
+        before: before image (column -> value), ``None`` when the format carries none.
+        after: after image, ``None`` for deletes.
+        columns: declared source types, column -> logical type string (see module doc).
+        seq: sortable source position as a tuple of ints; ``None`` if the format has none.
+        ts_ms: source commit (or change) time, epoch milliseconds.
+        txn: transaction info, if any.
+        ddl: DDL statement text for ``Op.DDL`` events (and truncates that carry it).
+        changed: columns an update changed, where the format says so.
+        origin: provenance (topic, partition, offset).
+        meta: format-specific extras that are worth keeping (e.g. ``rowid``, ``scn``,
+            the raw op code, a logical message's prefix/content). JSON-able values only.
+    """
+
+    op: Op
+    source: SourceTable
+    key: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    columns: dict[str, str] | None = None
+    seq: tuple[int, ...] | None = None
+    ts_ms: int | None = None
+    txn: Txn | None = None
+    ddl: str | None = None
+    changed: tuple[str, ...] | None = None
+    origin: Origin = field(default_factory=Origin)
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record that could not be decoded or applied.
+
+    Attributes:
+        code: stable error code (see :mod:`cdcflow.errors`), e.g. ``BAD_JSON``.
+        message: human-readable reason, saying how to fix it where possible.
+        format: the format identifier the record was decoded with.
+        origin: Kafka coordinates of the record.
+        value: raw value bytes (``None`` for a tombstone).
+        key: raw key bytes.
+    """
+
+    code: str
+    message: str
+    format: str
+    origin: Origin
+    value: bytes | None
+    key: bytes | None = None
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+def _seq_part(n: int) -> str:
+    if n >= 0:
+        digits = str(n)
+        # Two-digit length prefix: shorter numbers sort first, equal lengths compare
+        # digit by digit, so string order == numeric order for non-negative ints.
+        return f"{len(digits):02d}{digits}"
+    # Negative parts sort before every non-negative one ('!' < '0'); among negatives,
+    # a larger magnitude must come first: complement against 10**40.
+    return "!" + f"{10**40 + n:041d}"
+
+
+def seq_key(seq: tuple[int, ...] | None) -> str | None:
+    """Encode a sequence tuple as a string with the same order.
+
+    ``seq_key((1, 20)) < seq_key((1, 3))`` is ``False``, as for the tuples. A prefix
+    sorts before its extensions: ``seq_key((5,)) < seq_key((5, 0))``.
+
+    Args:
+        seq: tuple of ints (any size; negative values allowed down to -10**40).
+
+    Returns:
+        The encoded string, or ``None`` when ``seq`` is ``None``.
+    """
+    if seq is None:
+        return None
+    return ".".join(_seq_part(int(n)) for n in seq)
+
+
+# --------------------------------------------------------------------------- JSON form
+
+
+def json_default(value: Any) -> Any:
+    """``orjson`` default hook: decimals as strings, bytes as base64, times as ISO-8601.
+
+    Raises:
+        TypeError: for a value with no canonical JSON form.
+    """
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dt.time):
+        return value.isoformat()
+    if isinstance(value, int):  # beyond 64 bits: orjson refuses, keep it exact as a string
+        return str(value)
+    raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+_ORJSON_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_NON_STR_KEYS
+
+
+def event_to_json_dict(event: ChangeEvent) -> dict[str, Any]:
+    """The ``cdcflow decode`` form of an event (before JSON encoding).
+
+    Returns:
+        ``{"op", "source": {format, database, schema, table}, "key", "before", "after",
+        "seq", "ts_ms", "txn"}`` plus ``ddl``, ``changed``, ``meta`` when set.
+        ``seq`` is the encoded :func:`seq_key` string; ``txn`` is
+        ``{"id", "order", "last"}`` or ``None``.
+    """
+    src = event.source
+    out: dict[str, Any] = {
+        "op": event.op.value,
+        "source": {
+            "format": src.format,
+            "database": src.database,
+            "schema": src.schema,
+            "table": src.table,
+        },
+        "key": event.key,
+        "before": event.before,
+        "after": event.after,
+        "seq": seq_key(event.seq),
+        "ts_ms": event.ts_ms,
+        "txn": (
+            None
+            if event.txn is None
+            else {"id": event.txn.id, "order": event.txn.order, "last": event.txn.last}
+        ),
+    }
+    if event.ddl is not None:
+        out["ddl"] = event.ddl
+    if event.changed is not None:
+        out["changed"] = list(event.changed)
+    if event.meta:
+        out["meta"] = event.meta
+    return out
+
+
+def dumps(obj: Any) -> bytes:
+    """Canonical JSON bytes (see :func:`json_default`); keys keep insertion order."""
+    return orjson.dumps(obj, default=json_default, option=_ORJSON_OPTS)

@@ -1,0 +1,42 @@
+"""SparkSession set-up for the embedded default (local Spark)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["get_or_create_session"]
+
+
+def get_or_create_session(app_name: str = "cdcflow", master: str | None = None):
+    """A SparkSession tuned for a small machine, registering cdcflow's Kafka data source.
+
+    Args:
+        app_name: Spark application name.
+        master: Spark master URL; default ``local[2]`` (or ``$CDCFLOW_SPARK_MASTER``).
+
+    Returns:
+        ``pyspark.sql.SparkSession``.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get("CDCFLOW_SPARK_MASTER", "local[2]")
+    session = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .config("spark.driver.memory", os.environ.get("CDCFLOW_DRIVER_MEMORY", "4g"))
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    from cdcflow.source.kafka import register
+
+    register(session)
+    return session
