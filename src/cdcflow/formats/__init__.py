@@ -20,12 +20,32 @@ __all__ = ["DECODERS", "ENCODERS", "decoder_for", "encoder_for", "format_names"]
 DECODERS: dict[str, str] = {
     "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonDecoder",
     "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonDecoder",
+    "qlik-json": "cdcflow.formats.qlik_json:QlikJsonDecoder",
+    "dts-avro": "cdcflow.formats.dts_avro:DtsAvroDecoder",
+    "shareplex-json": "cdcflow.formats.shareplex_json:SharePlexJsonDecoder",
+    "canal-json": "cdcflow.formats.canal_json:CanalJsonDecoder",
+    "drs-json": "cdcflow.formats.drs_json:DrsJsonDecoder",
+    "drs-json-c": "cdcflow.formats.drs_json:DrsJsonCDecoder",
+    "drs-avro": "cdcflow.formats.drs_avro:DrsAvroDecoder",
+    "maxwell-json": "cdcflow.formats.maxwell_json:MaxwellJsonDecoder",
+    "ogg-json": "cdcflow.formats.ogg_json:OggJsonDecoder",
+    "aws-dms-json": "cdcflow.formats.aws_dms_json:AwsDmsJsonDecoder",
 }
 
 #: identifier -> "module:EncoderClass" (used by the demo and test workload generator)
 ENCODERS: dict[str, str] = {
     "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonEncoder",
     "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonEncoder",
+    "qlik-json": "cdcflow.formats.qlik_json:QlikJsonEncoder",
+    "dts-avro": "cdcflow.formats.dts_avro:DtsAvroEncoder",
+    "shareplex-json": "cdcflow.formats.shareplex_json:SharePlexJsonEncoder",
+    "canal-json": "cdcflow.formats.canal_json:CanalJsonEncoder",
+    "drs-json": "cdcflow.formats.drs_json:DrsJsonEncoder",
+    "drs-json-c": "cdcflow.formats.drs_json:DrsJsonCEncoder",
+    "drs-avro": "cdcflow.formats.drs_avro:DrsAvroEncoder",
+    "maxwell-json": "cdcflow.formats.maxwell_json:MaxwellJsonEncoder",
+    "ogg-json": "cdcflow.formats.ogg_json:OggJsonEncoder",
+    "aws-dms-json": "cdcflow.formats.aws_dms_json:AwsDmsJsonEncoder",
 }
 
 

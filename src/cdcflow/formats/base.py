@@ -317,9 +317,16 @@ class Message:
 
 
 class Encoder(ABC):
-    """Encodes workload changes as the replication tool of this format would."""
+    """Encodes workload changes as the replication tool of this format would.
+
+    Attributes:
+        exact_types: the logical types this format carries without loss, so that
+            decode(encode(change)) gives back the same typed values. The workload
+            generator only gives a format tables whose columns have these types.
+    """
 
     identifier: ClassVar[str]
+    exact_types: ClassVar[frozenset[str]]
 
     @abstractmethod
     def encode(self, change: SourceChange) -> list[Message]:
