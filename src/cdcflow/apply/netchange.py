@@ -1,0 +1,210 @@
+"""Net change: collapse one micro-batch of one table's events to one change per key.
+
+Rules (see docs/semantics.md):
+
+* Order is the source's own: ``seq`` (:func:`cdcflow.model.seq_key`), then Kafka
+  ``partition``/``offset`` and the event's index inside its record as tie-breaks. Arrival
+  order only decides between events that carry no sequence.
+* A truncate drops every event ordered before it and is applied first (the sink deletes
+  stored rows whose sequence is below it).
+* An update that moves a row to another key (before-image key != after-image key) is a
+  delete of the old key followed by an upsert of the new one, at the same sequence.
+* An update without an after image (a DataWorks ``UPDATE_BEFOR`` half whose partner is in
+  another batch) deletes its key; the partner half, ordered after it, upserts again.
+* The last change of a key wins. Where it is a *partial* update (some declared columns are
+  absent: Qlik ``columnMask``, an unavailable TOAST value), earlier images of the same key
+  in the batch are folded in first, so only columns nobody in the batch set stay "not
+  present" (the sink keeps the stored value for those).
+
+Everything is vectorized with Arrow compute; only keys whose last change is partial and
+that changed more than once in the batch go through Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdcflow.model import Op
+
+__all__ = ["NetChange", "net_change"]
+
+_DELETE = Op.DELETE.value
+_UPDATE = Op.UPDATE.value
+_TRUNCATE = Op.TRUNCATE.value
+_ROW_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value])
+
+
+@dataclass(slots=True)
+class NetChange:
+    """The net effect of one batch on one table.
+
+    Attributes:
+        rows: one row per key: ``key`` (JSON), ``is_delete``, ``seq``, ``ts_ms``, ``after``
+            (JSON or null), ``partial`` -- sorted by key.
+        truncate_seq: the sequence of the batch's last truncate (``""`` if it had none),
+            ``None`` when there was no truncate.
+        events_in: row events considered (after the truncate cut).
+        superseded: row events replaced by a later change of the same key in the batch.
+    """
+
+    rows: pa.Table
+    truncate_seq: str | None
+    events_in: int
+    superseded: int
+
+
+def _order_columns(t: pa.Table) -> list[tuple[str, str]]:
+    return [
+        ("_seq", "ascending"),
+        ("partition", "ascending"),
+        ("offset", "ascending"),
+        ("event_index", "ascending"),
+        ("_sub", "ascending"),
+    ]
+
+
+def net_change(events: pa.Table) -> NetChange:
+    """Collapse one table's :data:`~cdcflow.apply.events.EVENT_SCHEMA` event rows.
+
+    Args:
+        events: rows of ``kind == "event"`` for one target table (any ops; non-row ops
+            other than truncate are ignored).
+
+    Returns:
+        A :class:`NetChange`.
+    """
+    seq_filled = pc.fill_null(events["seq"], "")
+    t = events.append_column("_seq", seq_filled).append_column(
+        "_sub", pa.array([1] * events.num_rows, pa.int8())
+    )
+
+    truncate_seq: str | None = None
+    truncates = t.filter(pc.equal(t["op"], _TRUNCATE))
+    if truncates.num_rows:
+        last = truncates.sort_by(_order_columns(truncates)).slice(truncates.num_rows - 1)
+        truncate_seq = last["_seq"][0].as_py()
+        cut = (
+            last["_seq"][0].as_py(),
+            last["partition"][0].as_py(),
+            last["offset"][0].as_py(),
+            last["event_index"][0].as_py(),
+        )
+        # keep only events ordered strictly after the truncate
+        after_cut = pc.or_(
+            pc.greater(t["_seq"], cut[0]),
+            pc.and_(
+                pc.equal(t["_seq"], cut[0]),
+                pc.or_(
+                    pc.greater(t["partition"], cut[1]),
+                    pc.and_(
+                        pc.equal(t["partition"], cut[1]),
+                        pc.or_(
+                            pc.greater(t["offset"], cut[2]),
+                            pc.and_(pc.equal(t["offset"], cut[2]), pc.greater(t["event_index"], cut[3])),
+                        ),
+                    ),
+                ),
+            ),
+        )
+        t = t.filter(after_cut)
+
+    t = t.filter(pc.is_in(t["op"], _ROW_OPS))
+    is_delete = pc.or_(
+        pc.equal(t["op"], _DELETE),
+        pc.and_(pc.equal(t["op"], _UPDATE), pc.is_null(t["after"])),
+    )
+    t = t.append_column("is_delete", is_delete)
+
+    moved = t.filter(pc.is_valid(t["old_key"]))
+    if moved.num_rows:
+        old = moved.set_column(moved.schema.get_field_index("key"), "key", moved["old_key"])
+        old = old.set_column(old.schema.get_field_index("is_delete"), "is_delete",
+                             pa.array([True] * old.num_rows))
+        old = old.set_column(old.schema.get_field_index("_sub"), "_sub",
+                             pa.array([0] * old.num_rows, pa.int8()))
+        old = old.set_column(old.schema.get_field_index("after"), "after",
+                             pa.nulls(old.num_rows, pa.string()))
+        old = old.set_column(old.schema.get_field_index("partial"), "partial",
+                             pa.array([False] * old.num_rows))
+        t = pa.concat_tables([t, old])
+
+    events_in = t.num_rows
+    if events_in == 0:
+        empty = pa.table(
+            {"key": pa.array([], pa.string()), "is_delete": pa.array([], pa.bool_()),
+             "seq": pa.array([], pa.string()), "ts_ms": pa.array([], pa.int64()),
+             "after": pa.array([], pa.string()), "partial": pa.array([], pa.bool_())}
+        )
+        return NetChange(empty, truncate_seq, 0, 0)
+
+    t = t.sort_by([("key", "ascending"), *_order_columns(t)])
+    keys = t["key"].combine_chunks()
+    n = t.num_rows
+    if n > 1:
+        differs = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
+        last_mask = pa.concat_arrays([differs, pa.array([True])])
+    else:
+        last_mask = pa.array([True])
+    last = t.filter(last_mask)
+
+    after = last["after"]
+    partial = pc.fill_null(last["partial"], False)
+    if pc.any(partial).as_py():
+        after, partial = _fold_partials(t, last, last_mask)
+
+    rows = pa.table(
+        {
+            "key": last["key"],
+            "is_delete": last["is_delete"],
+            "seq": last["seq"],
+            "ts_ms": last["ts_ms"],
+            "after": after,
+            "partial": partial,
+        }
+    )
+    return NetChange(rows, truncate_seq, events_in, events_in - rows.num_rows)
+
+
+def _groups(t: pa.Table, last_mask: pa.Array) -> list[tuple[int, int]]:
+    """(start, end) row ranges of each key group, in order (t sorted by key)."""
+    ends = [i for i, v in enumerate(last_mask.to_pylist()) if v]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return list(zip(starts, ends, strict=True))
+
+
+def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool]:
+    """Fold one key's images in order; returns (after JSON, still partial)."""
+    ops = t["op"].slice(start, end - start + 1).to_pylist()
+    afters = t["after"].slice(start, end - start + 1).to_pylist()
+    partials = t["partial"].slice(start, end - start + 1).to_pylist()
+    deletes = t["is_delete"].slice(start, end - start + 1).to_pylist()
+    image: dict | None = None
+    full = False
+    for op, after, part, dele in zip(ops, afters, partials, deletes, strict=True):
+        if dele:
+            image, full = None, True  # after a delete, absent columns are NULL
+            continue
+        row = orjson.loads(after)
+        if op != _UPDATE or not part:
+            image, full = row, True
+        elif image is None:
+            image, full = row, full
+        else:
+            image = {**image, **row}
+    return (None if image is None else orjson.dumps(image).decode()), not full
+
+
+def _fold_partials(
+    t: pa.Table, last: pa.Table, last_mask: pa.Array
+) -> tuple[pa.Array, pa.Array]:
+    """Fold the groups whose last change is partial; returns (after, partial) columns."""
+    after = last["after"].to_pylist()
+    partial = [bool(p) for p in last["partial"].to_pylist()]
+    for g, (start, end) in enumerate(_groups(t, last_mask)):
+        if partial[g] and end > start:
+            after[g], partial[g] = _fold(t, start, end)
+    return pa.array(after, pa.string()), pa.array(partial, pa.bool_())

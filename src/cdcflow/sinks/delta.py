@@ -1,0 +1,447 @@
+"""Delta Lake tables through delta-rs: mirrors (SCD type 1), changelog, dead letters.
+
+Layout under the warehouse folder::
+
+    <warehouse>/<database>.<schema>.<table>/   one mirror per source table
+    <warehouse>/_cdcflow/changelog/            every decoded event, with its origin
+    <warehouse>/_cdcflow/dead_letters/         raw bytes, topic/partition/offset, code
+    <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
+    <warehouse>/_cdcflow/batches/              per micro-batch and partition: offsets and counts
+
+Exactly once: every commit carries the application transaction
+``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
+the batch is skipped, so a micro-batch replayed after a crash changes nothing.
+
+Mirror rows carry ``_cdc_seq`` (the source sequence, :func:`cdcflow.model.seq_key`) and
+``_cdc_ts_ms``. The merge only overwrites or deletes a stored row when the incoming
+sequence is >= the stored one, and an upsert whose sequence is <= a tombstone of its key
+(or below the table's last truncate) is dropped, so late and replayed events never undo
+newer ones. See docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from cdcflow.apply.netchange import NetChange
+from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
+from cdcflow.types import arrow_type
+
+__all__ = [
+    "DeltaWarehouse",
+    "MirrorResult",
+    "CHANGELOG_COLUMNS",
+    "DEAD_LETTER_SCHEMA",
+    "BATCHES_SCHEMA",
+    "SEQ_COLUMN",
+    "TS_COLUMN",
+]
+
+SEQ_COLUMN = "_cdc_seq"
+TS_COLUMN = "_cdc_ts_ms"
+_DELETE_FLAG = "_cdc_delete"
+_PRESENT_PREFIX = "_cdc_present__"
+SYSTEM_FOLDER = "_cdcflow"
+
+#: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
+CHANGELOG_COLUMNS = [
+    "op", "format", "database", "schema", "table", "key", "before", "after", "columns",
+    "seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta",
+    "topic", "partition", "offset", "event_index",
+]
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("batch_id", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("format", pa.string()),
+        ("stage", pa.string()),  # decode | apply
+        ("code", pa.string()),
+        ("message", pa.string()),
+        ("target_table", pa.string()),
+        ("raw_key", pa.binary()),
+        ("raw_value", pa.binary()),  # record bytes (decode) or the event's JSON (apply)
+    ]
+)
+
+BATCHES_SCHEMA = pa.schema(
+    [
+        ("batch_id", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("records", pa.int64()),
+        ("events", pa.int64()),
+        ("skipped", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("committed_at_ms", pa.int64()),
+    ]
+)
+
+TOMBSTONE_SCHEMA = pa.schema(
+    [
+        ("target_table", pa.string()),
+        ("key", pa.string()),  # null: a truncate watermark for the whole table
+        ("seq", pa.string()),
+        ("batch_id", pa.int64()),
+    ]
+)
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
+
+
+def arrow_schema(table: DeltaTable) -> pa.Schema:
+    """The table's schema as a pyarrow schema (delta-rs returns an arro3 one)."""
+    return pa.schema(table.schema().to_arrow())
+
+
+def _q(name: str) -> str:
+    """Quote a column name for a delta-rs (DataFusion) SQL expression."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(slots=True)
+class MirrorResult:
+    """What one mirror commit did."""
+
+    target: str
+    path: str
+    upserts: int = 0
+    deletes: int = 0
+    dropped_by_guard: int = 0
+    truncated: bool = False
+    skipped_replay: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class DeltaWarehouse:
+    """The Delta tables of one pipeline under one folder.
+
+    Args:
+        root: warehouse folder (local path; any delta-rs URI with ``storage_options``).
+        pipeline_id: names the application transaction that makes commits idempotent.
+        storage_options: passed to delta-rs for object stores.
+    """
+
+    def __init__(
+        self, root: str, pipeline_id: str = "default", storage_options: Mapping[str, str] | None = None
+    ) -> None:
+        self.root = str(root).rstrip("/")
+        self.pipeline_id = pipeline_id
+        self.app_id = f"cdcflow-{pipeline_id}"
+        self.storage_options = dict(storage_options or {})
+        self._tables: dict[str, DeltaTable] = {}
+
+    # ------------------------------------------------------------------ paths
+
+    def table_path(self, target: str) -> str:
+        """Folder of the mirror called ``target`` (unsafe characters become ``_``)."""
+        return f"{self.root}/{_UNSAFE.sub('_', target)}"
+
+    def system_path(self, name: str) -> str:
+        return f"{self.root}/{SYSTEM_FOLDER}/{name}"
+
+    # ------------------------------------------------------------------ tables
+
+    def open(self, path: str) -> DeltaTable | None:
+        """The Delta table at ``path`` (refreshed), or ``None`` if there is none."""
+        table = self._tables.get(path)
+        if table is not None:
+            table.update_incremental()
+            return table
+        try:
+            table = DeltaTable(path, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        self._tables[path] = table
+        return table
+
+    def committed(self, path: str, batch_id: int) -> bool:
+        """``True`` when batch ``batch_id`` was already committed to the table at ``path``."""
+        table = self.open(path)
+        if table is None:
+            return False
+        version = table.transaction_version(self.app_id)
+        return version is not None and version >= batch_id
+
+    def _commit(self, batch_id: int) -> CommitProperties:
+        return CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+
+    def append(self, path: str, data: pa.Table, batch_id: int) -> bool:
+        """Append ``data`` once per batch. Returns ``False`` if the batch was already there."""
+        if data.num_rows == 0 or self.committed(path, batch_id):
+            return False
+        write_deltalake(
+            path,
+            data,
+            mode="append",
+            commit_properties=self._commit(batch_id),
+            storage_options=self.storage_options or None,
+        )
+        self._tables.pop(path, None)
+        return True
+
+    def read(self, target_or_path: str, system: bool = False) -> pa.Table:
+        """Read a mirror (by target name) or a system table (by name) back as Arrow."""
+        path = self.system_path(target_or_path) if system else self.table_path(target_or_path)
+        table = self.open(path)
+        if table is None:
+            raise FileNotFoundError(f"no Delta table at {path}")
+        return table.to_pyarrow_table()
+
+    def mirrors(self) -> list[str]:
+        """Folders of the mirror tables (everything but the system folder)."""
+        if "://" in self.root or not os.path.isdir(self.root):
+            return []
+        return sorted(
+            d for d in os.listdir(self.root)
+            if d != SYSTEM_FOLDER and os.path.isdir(os.path.join(self.root, d, "_delta_log"))
+        )
+
+    # ------------------------------------------------------------------ tombstones
+
+    def _tombstones(self, target: str) -> tuple[dict[str, str], str | None]:
+        """(key -> highest tombstone seq, truncate watermark) for one mirror."""
+        table = self.open(self.system_path("tombstones"))
+        if table is None:
+            return {}, None
+        data = table.to_pyarrow_table(filters=[("target_table", "=", target)])
+        keyed: dict[str, str] = {}
+        watermark: str | None = None
+        for key, seq in zip(data["key"].to_pylist(), data["seq"].to_pylist(), strict=True):
+            seq = seq or ""
+            if key is None:
+                watermark = seq if watermark is None or seq > watermark else watermark
+            elif seq > keyed.get(key, ""):
+                keyed[key] = seq
+        return keyed, watermark
+
+    # ------------------------------------------------------------------ mirror apply
+
+    def apply_mirror(
+        self,
+        target: str,
+        net: NetChange,
+        types: Mapping[str, str],
+        key_columns: Sequence[str],
+        batch_id: int,
+    ) -> MirrorResult:
+        """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
+
+        Args:
+            target: target table name (see :meth:`table_path`).
+            net: the batch's net change for this table.
+            types: column -> logical type for every column the batch declares.
+            key_columns: the table's key columns, in key order.
+            batch_id: micro-batch id; the commit carries it.
+
+        Raises:
+            ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
+        """
+        path = self.table_path(target)
+        result = MirrorResult(target=target, path=path)
+        if self.committed(path, batch_id):
+            result.skipped_replay = True
+            return result
+
+        tombs, watermark = self._tombstones(target)
+        rows = net.rows
+        if net.truncate_seq is not None:
+            watermark = max(watermark or "", net.truncate_seq)
+        guard_seq = pc.fill_null(rows["seq"], "")
+        keep = pa.array([True] * rows.num_rows)
+        if tombs or watermark:
+            stored = pa.array([tombs.get(k) for k in rows["key"].to_pylist()], pa.string())
+            blocked_by_tomb = pc.fill_null(pc.less_equal(guard_seq, stored), False)
+            keep = pc.invert(pc.and_(pc.invert(rows["is_delete"]), blocked_by_tomb))
+            if watermark:
+                before_truncate = pc.less(guard_seq, watermark)
+                keep = pc.and_(keep, pc.invert(before_truncate))
+        result.dropped_by_guard = rows.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
+        rows = rows.filter(keep)
+
+        upserts = rows.filter(pc.invert(rows["is_delete"]))
+        deletes = rows.filter(rows["is_delete"])
+        result.upserts, result.deletes = upserts.num_rows, deletes.num_rows
+
+        table = self.open(path)
+        columns = self._ensure_table(path, table, types, key_columns)
+        table = self.open(path)
+        stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
+
+        # truncate first: only rows whose sequence is below it
+        commit_done = False
+        if net.truncate_seq is not None:
+            result.truncated = True
+            predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{net.truncate_seq}'"
+            last_commit = rows.num_rows == 0
+            table.delete(predicate, commit_properties=self._commit(batch_id) if last_commit else None)
+            commit_done = last_commit
+            table = self.open(path)
+
+        if rows.num_rows:
+            source = self._merge_source(upserts, deletes, stored_types, columns, key_columns)
+            result.metrics = self._merge(table, source, columns, key_columns, batch_id)
+            commit_done = True
+        if not commit_done:
+            # nothing to change, but the batch must still count as committed here
+            self._mark(table, batch_id)
+        self._tables.pop(path, None)
+        return result
+
+    def _mark(self, table: DeltaTable, batch_id: int) -> None:
+        """An empty commit that only records the batch's application transaction."""
+        empty = pa.Table.from_batches([], schema=arrow_schema(table))
+        write_deltalake(
+            table, empty, mode="append", commit_properties=self._commit(batch_id),
+            storage_options=self.storage_options or None,
+        )
+
+    def _ensure_table(
+        self,
+        path: str,
+        table: DeltaTable | None,
+        types: Mapping[str, str],
+        key_columns: Sequence[str],
+    ) -> list[str]:
+        """Create the mirror or add new columns; returns the data columns in order."""
+        if table is None:
+            fields = [
+                pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
+            ]
+            fields += [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
+            DeltaTable.create(
+                path, pa.schema(fields), mode="ignore",
+                storage_options=self.storage_options or None,
+            )
+            return list(types)
+        existing = [f.name for f in arrow_schema(table)]
+        new = [c for c in types if c not in existing]
+        if new:
+            # Added *before* the merge, never via merge_schema=True: delta-rs 1.6.6 copies the
+            # source's new-column values into rows a guarded merge rewrote but did not update
+            # (see docs/decisions.md and tests/sinks/test_delta.py).
+            table.alter.add_columns(
+                [Field.from_arrow(pa.field(c, arrow_type(types[c]), nullable=True)) for c in new]
+            )
+        data_cols = [c for c in existing if c not in (SEQ_COLUMN, TS_COLUMN)] + new
+        return data_cols
+
+    def _merge_source(
+        self,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        types: Mapping[str, str],
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+    ) -> pa.Table:
+        after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
+        key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
+        # the key comes from the key JSON (it may differ from the after image's columns)
+        for row, key in zip(after_rows, upserts["key"].to_pylist(), strict=True):
+            row.update(orjson.loads(key))
+        rows = after_rows + key_rows
+        data = rows_to_arrow(rows, types, columns)
+        n_up, n_del = len(after_rows), len(key_rows)
+        data = data.append_column(SEQ_COLUMN, pa.concat_arrays(
+            [upserts["seq"].combine_chunks().cast(pa.string()), deletes["seq"].combine_chunks().cast(pa.string())]))
+        data = data.append_column(TS_COLUMN, pa.concat_arrays(
+            [upserts["ts_ms"].combine_chunks().cast(pa.int64()), deletes["ts_ms"].combine_chunks().cast(pa.int64())]))
+        data = data.append_column(_DELETE_FLAG, pa.array([False] * n_up + [True] * n_del))
+        partial = upserts["partial"].to_pylist()
+        if any(partial):
+            for c in columns:
+                if c in key_columns:
+                    continue
+                present = [
+                    (not p) or (c in r) for r, p in zip(after_rows, partial, strict=True)
+                ] + [True] * n_del
+                if not all(present):
+                    data = data.append_column(_PRESENT_PREFIX + c, pa.array(present))
+        return data
+
+    def _merge(
+        self,
+        table: DeltaTable,
+        source: pa.Table,
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+        batch_id: int,
+    ) -> dict[str, Any]:
+        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in key_columns)
+        newer = f"(t.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} >= t.{_q(SEQ_COLUMN)})"
+        present = {c[len(_PRESENT_PREFIX):] for c in source.column_names if c.startswith(_PRESENT_PREFIX)}
+        data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
+        updates = {
+            _q(c): (
+                f"CASE WHEN s.{_q(_PRESENT_PREFIX + c)} THEN s.{_q(c)} ELSE t.{_q(c)} END"
+                if c in present else f"s.{_q(c)}"
+            )
+            for c in data_cols
+        }
+        inserts = {_q(c): f"s.{_q(c)}" for c in data_cols}
+        started = time.perf_counter()
+        metrics = (
+            table.merge(
+                source,
+                predicate=on,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=self._commit(batch_id),
+            )
+            .when_matched_delete(predicate=f"s.{_q(_DELETE_FLAG)} AND {newer}")
+            .when_matched_update(updates=updates, predicate=f"NOT s.{_q(_DELETE_FLAG)} AND {newer}")
+            .when_not_matched_insert(updates=inserts, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
+            .execute()
+        )
+        metrics["merge_s"] = round(time.perf_counter() - started, 4)
+        return metrics
+
+    def append_tombstones(self, target: str, net: NetChange, batch_id: int) -> None:
+        """Record the batch's deleted keys and truncate of ``target`` (idempotent per batch)."""
+        deletes = net.rows.filter(net.rows["is_delete"])
+        keys = deletes["key"].to_pylist()
+        seqs = [s or "" for s in deletes["seq"].to_pylist()]
+        if net.truncate_seq is not None:
+            keys.append(None)
+            seqs.append(net.truncate_seq)
+        if not keys:
+            return
+        data = pa.table(
+            {
+                "target_table": [target] * len(keys),
+                "key": pa.array(keys, pa.string()),
+                "seq": seqs,
+                "batch_id": pa.array([batch_id] * len(keys), pa.int64()),
+            },
+            schema=TOMBSTONE_SCHEMA,
+        )
+        # One tombstone commit per (target, batch): its own application id keeps it
+        # idempotent independently of the other mirrors written in the same batch.
+        path = self.system_path("tombstones")
+        app = f"{self.app_id}:{target}"
+        table = self.open(path)
+        if table is not None:
+            version = table.transaction_version(app)
+            if version is not None and version >= batch_id:
+                return
+        write_deltalake(
+            path, data, mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction(app, batch_id)]),
+            storage_options=self.storage_options or None,
+        )
+        self._tables.pop(path, None)
