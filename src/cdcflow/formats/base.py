@@ -162,6 +162,8 @@ class Decoder(ABC):
 
     identifier: ClassVar[str]
     options_class: ClassVar[type[DecoderOptions]] = DecoderOptions
+    #: ``True`` for binary formats (Avro): ``cdcflow decode``/``apply`` read base64 lines.
+    binary_values: ClassVar[bool] = False
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
         self.options = options if options is not None else self.options_class()

@@ -1,0 +1,226 @@
+"""Pipeline configuration: YAML validated at the edge, frozen dataclasses inside.
+
+Example (every key with its default where it has one)::
+
+    pipeline_id: orders            # names the Delta application transactions
+    warehouse: ./warehouse         # Delta tables (local folder or delta-rs URI)
+    checkpoint: ./checkpoint       # Spark streaming checkpoints, one folder per source
+    target_template: "{database}.{schema}.{table}"
+    trigger: {processing_time: "10 seconds"}   # or: available_now   (cdcflow run --once forces it)
+    kafka:
+      bootstrap_servers: 127.0.0.1:9092
+      starting_offsets: earliest   # earliest | latest | Spark's per-partition JSON
+      max_offsets_per_trigger: 200000
+      fail_on_data_loss: true
+      options: {}                  # librdkafka settings, e.g. security.protocol, sasl.*
+    sources:
+      - name: pg                   # default: the format identifier
+        format: debezium-json
+        topics: [pg.public.customers]   # or topic_pattern: "pg\\..*"
+        options:                   # the format's options
+          primary_keys: {customers: [id]}
+
+An unknown key is an error that lists the valid ones; a missing one names the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cdcflow.errors import ConfigError
+
+__all__ = ["KafkaConfig", "PipelineConfig", "SourceConfig", "load_config", "parse_config"]
+
+
+# --------------------------------------------------------------------------- inside
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = 200_000
+    fail_on_data_loss: bool = True
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def reader_options(self) -> dict[str, str]:
+        """Options for the Kafka source, in the names Spark's own Kafka source uses."""
+        out = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "startingOffsets": self.starting_offsets,
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            "includeHeaders": "true",
+        }
+        if self.max_offsets_per_trigger:
+            out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        out.update({f"kafka.{k}": str(v) for k, v in self.options.items()})
+        return out
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    format: str
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    pipeline_id: str
+    warehouse: str
+    checkpoint: str
+    kafka: KafkaConfig
+    sources: tuple[SourceConfig, ...]
+    target_template: str = "{database}.{schema}.{table}"
+    trigger: str = "processing_time"  # processing_time | available_now
+    trigger_interval: str = "10 seconds"
+
+
+# --------------------------------------------------------------------------- edge
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Kafka(_Strict):
+    bootstrap_servers: str
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
+    fail_on_data_loss: bool = True
+    options: dict[str, str | int | bool] = Field(default_factory=dict)
+
+
+class _Source(_Strict):
+    name: str | None = None
+    format: str
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        from cdcflow.formats import format_names
+
+        if v not in format_names():
+            raise ValueError(f"unknown format {v!r}; valid formats: {format_names()}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> _Source:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("set exactly one of 'topics' (a list) or 'topic_pattern' (a regex)")
+        return self
+
+
+class _Trigger(_Strict):
+    processing_time: str | None = None
+    available_now: bool | None = None
+
+
+class _Pipeline(_Strict):
+    pipeline_id: str = "default"
+    warehouse: str
+    checkpoint: str
+    target_template: str = "{database}.{schema}.{table}"
+    trigger: _Trigger | Literal["available_now"] = Field(default_factory=lambda: _Trigger(processing_time="10 seconds"))
+    kafka: _Kafka
+    sources: list[_Source] = Field(min_length=1)
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            model = _Pipeline
+            for part in err["loc"][:-1]:
+                if isinstance(part, int):
+                    continue
+                fld = model.model_fields.get(str(part))
+                ann = getattr(fld, "annotation", None) if fld else None
+                model = next((m for m in (_Kafka, _Source, _Trigger) if m is ann or f"list[{m.__name__}]" in str(ann)), model)
+            lines.append(f"{where}: unknown key; valid keys here: {sorted(model.model_fields)}")
+        elif err["type"] == "missing":
+            lines.append(f"{where}: required key is missing")
+        else:
+            lines.append(f"{where}: {err['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> PipelineConfig:
+    """Validate a configuration mapping.
+
+    Args:
+        data: the parsed YAML.
+        base_dir: relative ``warehouse``/``checkpoint`` paths are taken from here.
+
+    Raises:
+        ConfigError: listing each bad key, with the valid keys or the fix.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError("the configuration must be a YAML mapping (key: value), see docs/configuration.md")
+    try:
+        model = _Pipeline.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from exc
+
+    def _path(p: str) -> str:
+        if "://" in p or base_dir is None or Path(p).is_absolute():
+            return p
+        return str((base_dir / p).resolve())
+
+    trig = model.trigger
+    if trig == "available_now" or (isinstance(trig, _Trigger) and trig.available_now):
+        trigger, interval = "available_now", ""
+    else:
+        trigger, interval = "processing_time", (trig.processing_time or "10 seconds")
+    names: set[str] = set()
+    sources = []
+    for s in model.sources:
+        name = s.name or s.format
+        if name in names:
+            raise ConfigError(f"sources: two sources are called {name!r}; give each a distinct 'name'")
+        names.add(name)
+        sources.append(SourceConfig(name, s.format, tuple(s.topics or ()), s.topic_pattern, s.options))
+    return PipelineConfig(
+        pipeline_id=model.pipeline_id,
+        warehouse=_path(model.warehouse),
+        checkpoint=_path(model.checkpoint),
+        kafka=KafkaConfig(
+            bootstrap_servers=model.kafka.bootstrap_servers,
+            starting_offsets=model.kafka.starting_offsets,
+            max_offsets_per_trigger=model.kafka.max_offsets_per_trigger,
+            fail_on_data_loss=model.kafka.fail_on_data_loss,
+            options={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in model.kafka.options.items()},
+        ),
+        sources=tuple(sources),
+        target_template=model.target_template,
+        trigger=trigger,
+        trigger_interval=interval,
+    )
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML configuration file.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or an invalid configuration.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    return parse_config(data or {}, base_dir=path.parent)

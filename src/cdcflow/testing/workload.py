@@ -1,0 +1,240 @@
+"""A workload generator that keeps an in-memory source database.
+
+It emits random inserts, updates and deletes (and optionally truncates) as
+:class:`~cdcflow.formats.base.SourceChange`, applies each to its own copy of the tables,
+and so knows every table's true final state: the oracle the demo and the end-to-end tests
+compare the Delta mirrors with. Each format's encoder turns the changes into the Kafka
+messages its replication tool would publish.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cdcflow.formats.base import SourceChange
+from cdcflow.model import Op, SourceTable
+from cdcflow.types import parse_type
+
+__all__ = ["TableSpec", "Workload", "DEMO_TABLES", "compare_with_mirror", "tables_for"]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A source table: name, columns (logical types, in order) and key columns."""
+
+    name: str
+    columns: Mapping[str, str]
+    key_columns: tuple[str, ...]
+
+
+DEMO_TABLES = (
+    TableSpec(
+        "customers",
+        {
+            "id": "int64",
+            "name": "string",
+            "email": "string",
+            "balance": "decimal(12,2)",
+            "active": "boolean",
+            "born": "date",
+            "created_at": "timestamptz",
+            "avatar": "binary",
+        },
+        ("id",),
+    ),
+    TableSpec(
+        "orders",
+        {"order_id": "int64", "customer_id": "int64", "amount": "float64", "status": "string",
+         "placed_at": "timestamptz"},
+        ("order_id",),
+    ),
+    TableSpec(
+        "order_lines",
+        {"order_id": "int64", "line_no": "int64", "sku": "string", "qty": "int64",
+         "unit_price": "decimal(10,2)"},
+        ("order_id", "line_no"),
+    ),
+)
+
+
+def _base(t: str) -> str:
+    return parse_type(t)[0]
+
+
+def tables_for(exact_types: Iterable[str], tables: Sequence[TableSpec] = DEMO_TABLES) -> list[TableSpec]:
+    """The tables restricted to columns a format carries exactly (keys always kept)."""
+    exact = set(exact_types)
+    out = []
+    for t in tables:
+        cols = {c: ty for c, ty in t.columns.items() if c in t.key_columns or ty in exact or _base(ty) in exact}
+        out.append(TableSpec(t.name, cols, t.key_columns))
+    return out
+
+
+_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+          "kilo", "lima", "mike", "november", "oscar", "papa", "ünïcødé", "naïve café", "", "O'Brien"]
+
+
+@dataclass
+class Workload:
+    """Random changes over in-memory tables, with the resulting final state.
+
+    Args:
+        tables: the tables to change.
+        database, schema: source identity of every table.
+        seed: random seed; the same seed gives the same changes.
+        start_seq: first source sequence number.
+    """
+
+    tables: Sequence[TableSpec]
+    database: str = "shop"
+    schema: str = "public"
+    seed: int = 7
+    start_seq: int = 1_000
+    state: dict[str, dict[tuple, dict[str, Any]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._seq = self.start_seq
+        self._ts_ms = 1_700_000_000_000
+        self._next_id: dict[str, int] = {}
+        for t in self.tables:
+            self.state.setdefault(t.name, {})
+            self._next_id[t.name] = 1
+
+    def source_table(self, spec: TableSpec) -> SourceTable:
+        return SourceTable(format="", database=self.database, schema=self.schema, table=spec.name)
+
+    # ------------------------------------------------------------------ values
+
+    def _value(self, column: str, logical: str, key_value: int | None = None) -> Any:
+        rng = self._rng
+        base, p, s = parse_type(logical)
+        if key_value is not None:
+            return key_value
+        if rng.random() < 0.08 and base != "boolean":
+            return None
+        if base in ("int32", "int64"):
+            return rng.randint(-(2**31), 2**31 - 1) if base == "int32" else rng.randint(-(2**40), 2**40)
+        if base in ("float32", "float64"):
+            return round(rng.uniform(-1e6, 1e6), 3)
+        if base == "decimal":
+            assert p is not None and s is not None
+            digits = rng.randint(0, 10 ** min(p, 15) - 1)
+            return decimal.Decimal(digits * (1 if rng.random() < 0.8 else -1)).scaleb(-s)
+        if base == "boolean":
+            return rng.random() < 0.5
+        if base == "date":
+            return dt.date(1950, 1, 1) + dt.timedelta(days=rng.randint(0, 30_000))
+        if base == "timestamptz":
+            return dt.datetime(2020, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=rng.randint(0, 10**11))
+        if base == "timestamp":
+            return dt.datetime(2020, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 10**14))
+        if base == "binary":
+            return bytes(rng.randint(0, 255) for _ in range(rng.randint(0, 12)))
+        return f"{rng.choice(_WORDS)} {rng.randint(0, 9999)}"
+
+    def _row(self, spec: TableSpec, key: tuple) -> dict[str, Any]:
+        row = {}
+        for c, t in spec.columns.items():
+            if c in spec.key_columns:
+                row[c] = key[spec.key_columns.index(c)]
+            else:
+                row[c] = self._value(c, t)
+        return row
+
+    def _new_key(self, spec: TableSpec) -> tuple:
+        n = self._next_id[spec.name]
+        self._next_id[spec.name] = n + 1
+        if len(spec.key_columns) == 1:
+            return (n,)
+        return tuple([n // 4 + 1, n % 4 + 1][: len(spec.key_columns)]) + tuple(
+            n for _ in spec.key_columns[2:]
+        )
+
+    # ------------------------------------------------------------------ changes
+
+    def _emit(self, op: Op, spec: TableSpec, before, after) -> SourceChange:
+        self._seq += 1
+        self._ts_ms += self._rng.randint(1, 50)
+        return SourceChange(
+            op=op, table=self.source_table(spec), columns=dict(spec.columns),
+            key_columns=spec.key_columns, before=before, after=after,
+            seq=self._seq, ts_ms=self._ts_ms, txn_id=str(self._seq // 5),
+        )
+
+    def changes(
+        self, n: int, p_insert: float = 0.5, p_update: float = 0.35, truncate_every: int = 0
+    ) -> Iterator[SourceChange]:
+        """``n`` random changes (inserts, updates, deletes; a truncate every ``truncate_every``).
+
+        The in-memory state is updated as each change is yielded.
+        """
+        rng = self._rng
+        for i in range(n):
+            spec = rng.choice(self.tables)
+            rows = self.state[spec.name]
+            if truncate_every and i and i % truncate_every == 0:
+                rows.clear()
+                yield self._emit(Op.TRUNCATE, spec, None, None)
+                continue
+            r = rng.random()
+            if not rows or r < p_insert:
+                key = self._new_key(spec)
+                while key in rows:
+                    key = self._new_key(spec)
+                after = self._row(spec, key)
+                rows[key] = after
+                yield self._emit(Op.INSERT, spec, None, after)
+            elif r < p_insert + p_update:
+                key = rng.choice(list(rows))
+                before = rows[key]
+                after = self._row(spec, key)
+                rows[key] = after
+                yield self._emit(Op.UPDATE, spec, before, after)
+            else:
+                key = rng.choice(list(rows))
+                before = rows.pop(key)
+                yield self._emit(Op.DELETE, spec, before, None)
+
+    def expected_rows(self, table: str) -> list[dict[str, Any]]:
+        """The source table's current rows, sorted by key."""
+        return [self.state[table][k] for k in sorted(self.state[table])]
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC)
+    return value
+
+
+def compare_with_mirror(expected: Sequence[Mapping[str, Any]], mirror: pa.Table,
+                        key_columns: Sequence[str]) -> list[str]:
+    """Differences between the source rows and a Delta mirror (``[]`` when equal).
+
+    ``_cdc_*`` bookkeeping columns are ignored; values compare after normalizing aware
+    datetimes to UTC.
+    """
+    got = {}
+    for row in mirror.to_pylist():
+        row = {k: _normalize(v) for k, v in row.items() if not k.startswith("_cdc_")}
+        got[tuple(row[k] for k in key_columns)] = row
+    want = {tuple(r[k] for k in key_columns): {k: _normalize(v) for k, v in r.items()} for r in expected}
+    problems = []
+    for k in sorted(set(want) - set(got)):
+        problems.append(f"missing row {k}")
+    for k in sorted(set(got) - set(want)):
+        problems.append(f"unexpected row {k}")
+    for k in sorted(set(want) & set(got)):
+        w, g = want[k], got[k]
+        for c, v in w.items():
+            if g.get(c) != v:
+                problems.append(f"row {k} column {c!r}: expected {v!r}, got {g.get(c)!r}")
+    return problems

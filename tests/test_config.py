@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from cdcflow.config import load_config, parse_config
+from cdcflow.errors import ConfigError
+
+GOOD = {
+    "warehouse": "wh",
+    "checkpoint": "ck",
+    "kafka": {"bootstrap_servers": "127.0.0.1:9092", "options": {"security.protocol": "SSL"}},
+    "sources": [{"format": "debezium-json", "topics": ["a", "b"], "options": {"primary_keys": {"t": ["id"]}}}],
+}
+
+
+def test_defaults_and_reader_options(tmp_path):
+    cfg = parse_config(GOOD, base_dir=tmp_path)
+    assert cfg.warehouse == str(tmp_path / "wh") and cfg.pipeline_id == "default"
+    assert cfg.trigger == "processing_time" and cfg.trigger_interval == "10 seconds"
+    src = cfg.sources[0]
+    assert (src.name, src.topics) == ("debezium-json", ("a", "b"))
+    opts = cfg.kafka.reader_options()
+    assert opts["kafka.bootstrap.servers"] == "127.0.0.1:9092"
+    assert opts["kafka.security.protocol"] == "SSL"
+    assert opts["startingOffsets"] == "earliest" and opts["failOnDataLoss"] == "true"
+
+
+def test_unknown_key_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, "kafka": {**GOOD["kafka"], "bootstrap": "x"}})
+    msg = str(e.value)
+    assert "kafka.bootstrap: unknown key" in msg and "bootstrap_servers" in msg
+
+
+def test_missing_key_is_named():
+    bad = dict(GOOD)
+    del bad["warehouse"]
+    with pytest.raises(ConfigError, match="warehouse: required key is missing"):
+        parse_config(bad)
+
+
+def test_unknown_format_lists_the_formats():
+    with pytest.raises(ConfigError, match="unknown format 'debezium'.*debezium-json"):
+        parse_config({**GOOD, "sources": [{"format": "debezium", "topics": ["a"]}]})
+
+
+def test_exactly_one_of_topics_or_pattern():
+    with pytest.raises(ConfigError, match="exactly one of 'topics'"):
+        parse_config({**GOOD, "sources": [{"format": "debezium-json", "topics": ["a"], "topic_pattern": "a.*"}]})
+    with pytest.raises(ConfigError, match="exactly one of 'topics'"):
+        parse_config({**GOOD, "sources": [{"format": "debezium-json"}]})
+
+
+def test_available_now_trigger_and_duplicate_source_names():
+    cfg = parse_config({**GOOD, "trigger": "available_now"})
+    assert cfg.trigger == "available_now"
+    two = [{"format": "debezium-json", "topics": ["a"]}, {"format": "debezium-json", "topics": ["b"]}]
+    with pytest.raises(ConfigError, match="distinct 'name'"):
+        parse_config({**GOOD, "sources": two})
+
+
+def test_yaml_errors_are_config_errors(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("kafka: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read configuration"):
+        load_config(tmp_path / "missing.yaml")
