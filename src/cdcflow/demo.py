@@ -47,6 +47,7 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
         shutil.rmtree(root)
     print(f"cdcflow demo: {len(formats)} formats x {changes_per_format} source changes -> {root}")
     workloads: dict[str, Workload] = {}
+    decoder_options: dict[str, dict] = {}
     with EmbeddedBroker() as broker:
         print(f"embedded broker (tansu) on {broker.bootstrap_servers}")
         started = time.perf_counter()
@@ -54,7 +55,9 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
             encoder = encoder_for(fmt)
             workload = Workload(tables_for(encoder.exact_types), database=fmt.replace("-", "_"), seed=seed)
             workloads[fmt] = workload
-            messages = [m for change in workload.changes(changes_per_format) for m in encoder.encode(change)]
+            changes = list(workload.changes(changes_per_format))
+            messages = [m for change in changes for m in encoder.encode(change)]
+            decoder_options[fmt] = dict(encoder.decoder_options(changes) or {})
             topic = f"demo.{fmt}"
             broker.create_topic(topic, partitions=PARTITIONS)
             by_partition: dict[int, list[Message]] = {}
@@ -76,7 +79,10 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
                 "checkpoint": str(root / "_checkpoint"),
                 "trigger": "available_now",
                 "kafka": {"bootstrap_servers": broker.bootstrap_servers, "max_offsets_per_trigger": 50_000},
-                "sources": [{"format": fmt, "topics": [f"demo.{fmt}"]} for fmt in formats],
+                "sources": [
+                    {"format": fmt, "topics": [f"demo.{fmt}"], "options": decoder_options[fmt]}
+                    for fmt in formats
+                ],
             }
         )
         started = time.perf_counter()

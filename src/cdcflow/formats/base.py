@@ -333,3 +333,11 @@ class Encoder(ABC):
     @abstractmethod
     def encode(self, change: SourceChange) -> list[Message]:
         """The messages the tool publishes for ``change`` (one or more, in order)."""
+
+    def decoder_options(self, changes: Iterable[SourceChange]) -> Mapping[str, Any] | None:
+        """Decoder options a consumer of these messages must configure, or ``None``.
+
+        Formats whose messages never name their key columns (SharePlex JSON) return
+        ``{"primary_keys": {...}}`` for the tables in ``changes``, as a user would.
+        """
+        return None
