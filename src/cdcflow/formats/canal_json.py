@@ -1,0 +1,836 @@
+"""Alibaba Canal flat-message JSON (``canal-json``), as written by Canal and Alibaba DTS.
+
+Source documents: Alibaba Cloud DTS *Data storage formats in message queues*, part
+"Canal Json" (``/work/shared/seeds/dts-kafka-storage-formats.txt``), and Canal's own
+``FlatMessage`` (open-source Canal MQ mode). One message is::
+
+    {"data": [{col: "text", ...}, ...], "old": [{col: "old text"}, ...] | null,
+     "database", "table", "pkNames": [...], "isDdl": bool, "sql", "type",
+     "mysqlType": {col: "int(11) unsigned"}, "sqlType": {col: java.sql.Types},
+     "es": source ms, "ts": writer ms, "id": batch id, ["gtid"]}
+
+Decoding rules (details and the type table: ``docs/formats/canal-json.md``):
+
+* One event per element of ``data``, in array order. ``old[i]`` belongs to ``data[i]``
+  and holds only the changed columns with their old values (an explicit ``null`` means
+  the old value was NULL): the before image of an update is ``data[i]`` overlaid with
+  ``old[i]``; ``changed`` is ``old[i]``'s columns.
+* DELETE: DTS instances created before 2022-03-20 put the deleted row in ``old`` with
+  ``data`` null; later ones (and Canal) put it in ``data``. Detected per message: the
+  row comes from ``data`` when it has rows, else from ``old``.
+* Values arrive as text and are parsed by ``mysqlType`` (case-insensitive, with
+  lengths and ``unsigned``/``zerofill``), falling back to ``sqlType`` for a column that
+  ``mysqlType`` does not name.
+* ``ts_ms`` is ``es``. ``seq`` is ``(es, id, kafka_offset, row_index)``: ``es`` first
+  because Canal's ``id`` is a batch id that can start again after a restart; ``id``
+  orders events of the same millisecond; every message of one Canal batch shares
+  ``id`` and ``es`` (seen in SeaTunnel's capture from a real server), so the Kafka
+  offset (the order Canal published them) comes next, then the index in ``data``.
+  Without ``es`` (e.g. Flink-written canal-json) ``seq`` is ``None``.
+* Key: ``pkNames``, else ``options.primary_keys``, else ``MISSING_KEY``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import operator
+import re
+import zoneinfo
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from cdcflow.errors import Code, ConfigError, DecodeError
+from cdcflow.formats.base import Decoder, DecoderOptions, Encoder, Message, Record, SourceChange
+from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
+from cdcflow.types import (
+    decimal_type,
+    parse_type,
+    to_bytes_base64,
+    to_decimal,
+    to_float,
+    to_int,
+)
+
+__all__ = ["CanalJsonDecoder", "CanalJsonEncoder", "CanalJsonOptions"]
+
+IDENTIFIER = "canal-json"
+
+# --------------------------------------------------------------------------- op codes
+# ``type`` values (Canal ``EventType`` names plus DTS's INIT and DDL), case-sensitive.
+TYPE_INSERT = "INSERT"  # rows inserted (``data``)
+TYPE_UPDATE = "UPDATE"  # rows updated (``data`` after, ``old`` changed columns)
+TYPE_DELETE = "DELETE"  # rows deleted (``data``; ``old`` on DTS before 2022-03-20)
+TYPE_INIT = "INIT"  # DTS full (initial) load row
+TYPE_TRUNCATE = "TRUNCATE"  # table truncated (isDdl true)
+TYPE_QUERY = "QUERY"  # a statement as text: DDL when isDdl, else statement-based DML
+_DDL_TYPES = frozenset(
+    {
+        "CREATE",  # CREATE TABLE
+        "ALTER",  # ALTER TABLE
+        "ERASE",  # DROP TABLE
+        "RENAME",  # RENAME TABLE
+        "CINDEX",  # CREATE INDEX
+        "DINDEX",  # DROP INDEX
+        "DDL",  # DTS: any DDL
+    }
+)
+_UPDATE, _DELETE = Op.UPDATE, Op.DELETE  # module globals: faster than Op.X lookups
+_ROW_OPS = {
+    TYPE_INSERT: Op.INSERT,
+    TYPE_UPDATE: Op.UPDATE,
+    TYPE_DELETE: Op.DELETE,
+    TYPE_INIT: Op.SNAPSHOT,
+}
+
+_BINARY_ENCODINGS = ("latin1", "hex", "base64")
+_ENUM_MODES = ("index", "label")
+
+
+@dataclass(frozen=True)
+class CanalJsonOptions(DecoderOptions):
+    """Options of ``canal-json``.
+
+    Attributes:
+        tinyint1_as_boolean: ``TINYINT(1)``, ``BOOL`` and ``BOOLEAN`` columns decode as
+            ``boolean`` (default ``True``, as Paimon and Flink CDC do); a value other
+            than 0/1 is then a ``BAD_VALUE`` dead letter. ``False``: ``int32``.
+        timestamp_zone: zone in which MySQL ``TIMESTAMP`` text was written (Canal prints
+            it in its server's JVM zone), e.g. ``"Asia/Shanghai"`` or ``"+08:00"``; such
+            columns then decode as ``timestamptz`` (UTC). ``None`` (default): they decode
+            as naive ``timestamp``, wall clock as printed, like ``DATETIME``.
+        binary_encoding: how binary, BLOB and geometry values are written as text:
+            ``"latin1"`` (default; Canal and Alibaba DTS: one char per byte, ISO-8859-1),
+            ``"hex"`` (Tencent Cloud DTS) or ``"base64"`` (Flink's canal-json writer).
+        enum_values: ``"index"`` (default; Canal from the binlog and DTS write the
+            1-based ENUM index and the SET bit mask, e.g. ``"1"``/``"3"``) or ``"label"``
+            (the text is the value itself). In ``index`` mode a non-numeric value that is
+            one of the type's labels is accepted as that label.
+        time_as_string: decode ``TIME`` as its text (``string``), for columns holding
+            durations outside 00:00:00-23:59:59 (default ``False``: ``time``; an
+            out-of-range value is a ``BAD_VALUE`` dead letter).
+    """
+
+    tinyint1_as_boolean: bool = True
+    timestamp_zone: str | None = None
+    binary_encoding: str = "latin1"
+    enum_values: str = "index"
+    time_as_string: bool = False
+
+    def __post_init__(self) -> None:
+        if self.binary_encoding not in _BINARY_ENCODINGS:
+            raise ConfigError(
+                f"binary_encoding must be one of {list(_BINARY_ENCODINGS)}, "
+                f"not {self.binary_encoding!r}"
+            )
+        if self.enum_values not in _ENUM_MODES:
+            raise ConfigError(
+                f"enum_values must be one of {list(_ENUM_MODES)}, not {self.enum_values!r}"
+            )
+        if self.timestamp_zone is not None:
+            _zone(self.timestamp_zone)
+
+
+_OFFSET_RE = re.compile(r"^([+-])(\d{2}):?(\d{2})$")
+
+
+def _zone(name: str) -> dt.tzinfo:
+    m = _OFFSET_RE.match(name.strip())
+    if m:
+        minutes = int(m.group(2)) * 60 + int(m.group(3))
+        return dt.timezone(dt.timedelta(minutes=-minutes if m.group(1) == "-" else minutes))
+    try:
+        return zoneinfo.ZoneInfo(name.strip())
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"timestamp_zone {name!r} is not a time zone: use an IANA name "
+            "such as 'Asia/Shanghai' or an offset such as '+08:00'"
+        ) from None
+
+
+# --------------------------------------------------------------------------- values
+# Converters take (value, column) and return the typed value; ``None`` never reaches them.
+
+
+def _bad(column: str, value: Any, want: str, hint: str = "") -> DecodeError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return DecodeError(f"column {column!r}: {shown} is not a valid {want}{hint}", Code.BAD_VALUE)
+
+
+def _text(v: Any, c: str) -> str:
+    return v if type(v) is str else orjson.dumps(v).decode()
+
+
+def _int(v: Any, c: str) -> int:
+    if type(v) is str or type(v) is int:
+        try:
+            return int(v)
+        except ValueError:
+            pass
+    return to_int(v, c)  # type: ignore[return-value]
+
+
+def _float(v: Any, c: str) -> float:
+    if type(v) is str:
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    return to_float(v, c)  # type: ignore[return-value]
+
+
+def _decimal(v: Any, c: str) -> decimal.Decimal:
+    if type(v) is str:
+        try:
+            d = decimal.Decimal(v)
+            if d.is_finite():
+                return d
+        except decimal.InvalidOperation:
+            pass
+    return to_decimal(v, c)  # type: ignore[return-value]
+
+
+def _zero_date(v: Any) -> bool:
+    """MySQL zero dates ('0000-00-00', '2020-00-00 ...') have no calendar value."""
+    return (
+        type(v) is str
+        and len(v) >= 10
+        and v[4] == "-"
+        and v[7] == "-"
+        and (v[:4] == "0000" or v[5:7] == "00" or v[8:10] == "00")
+    )
+
+
+def _date(v: Any, c: str) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(v)
+    except (ValueError, TypeError):
+        if _zero_date(v):
+            return None
+        raise _bad(c, v, "date (yyyy-mm-dd)") from None
+
+
+def _parse_datetime(v: Any, c: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(v)
+    except (ValueError, TypeError):
+        if _zero_date(v):
+            return None
+        raise _bad(c, v, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])") from None
+
+
+def _datetime(v: Any, c: str) -> dt.datetime | None:
+    r = _parse_datetime(v, c)
+    if r is None or r.tzinfo is None:
+        return r
+    return r.astimezone(dt.UTC).replace(tzinfo=None)  # text with an offset: UTC wall clock
+
+
+def _time(v: Any, c: str) -> dt.time:
+    try:
+        return dt.time.fromisoformat(v)
+    except (ValueError, TypeError):
+        raise _bad(
+            c,
+            v,
+            "time of day",
+            "; for durations (negative or over 24h) set the canal-json option time_as_string",
+        ) from None
+
+
+def _boolean(v: Any, c: str) -> bool:
+    if v == "1" or v == 1 or v is True or v == "\x01":
+        return True
+    if v == "0" or v == 0 or v is False or v == "\x00":
+        return False
+    raise _bad(
+        c,
+        v,
+        "boolean (0 or 1)",
+        "; for TINYINT(1) columns holding other numbers "
+        "set the canal-json option tinyint1_as_boolean to false",
+    )
+
+
+def _latin1(v: Any, c: str) -> bytes:
+    try:
+        return v.encode("latin-1")
+    except (UnicodeEncodeError, AttributeError):
+        raise _bad(c, v, "binary value (ISO-8859-1 text, one char per byte)") from None
+
+
+def _hex(v: Any, c: str) -> bytes:
+    try:
+        return bytes.fromhex(v)
+    except (ValueError, TypeError):
+        raise _bad(c, v, "binary value (hex text)") from None
+
+
+def _json(v: Any, c: str) -> str:
+    return v if type(v) is str else orjson.dumps(v).decode()
+
+
+_LABEL_RE = re.compile(r"'((?:[^']|'')*)'")
+
+
+def _enum(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
+    def conv(v: Any, c: str) -> str:
+        if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
+            if int(v) < 0:
+                raise _bad(c, v, "ENUM index or SET bit mask (not negative)")
+            i = int(v)
+            if i == 0:
+                return ""  # MySQL's error value for an invalid ENUM member
+            if i <= len(labels):
+                return labels[i - 1]
+            raise _bad(c, v, f"ENUM index (1..{len(labels)})")
+        return _text(v, c)
+
+    return conv
+
+
+def _set(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
+    def conv(v: Any, c: str) -> str:
+        if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
+            if int(v) < 0:
+                raise _bad(c, v, "ENUM index or SET bit mask (not negative)")
+            mask = int(v)
+            if mask >> len(labels):
+                raise _bad(c, v, f"SET bit mask ({len(labels)} members)")
+            return ",".join(lab for i, lab in enumerate(labels) if mask >> i & 1)
+        return _text(v, c)
+
+    return conv
+
+
+# Base type names (lower case, modifiers removed) by logical family.
+_SMALL_INTS = frozenset({"tinyint", "smallint", "mediumint", "int1", "int2", "int3", "middleint"})
+_INTS = frozenset({"int", "integer", "int4"})
+_BIGINTS = frozenset({"bigint", "int8"})
+_FLOATS = frozenset({"float", "float4"})
+_DOUBLES = frozenset({"double", "double precision", "real", "float8"})
+_DECIMALS = frozenset({"decimal", "numeric", "dec", "fixed"})
+_BINARIES = frozenset(
+    {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "long varbinary"}
+)
+_GEOMETRIES = frozenset(
+    {
+        "geometry",
+        "point",
+        "linestring",
+        "polygon",
+        "multipoint",
+        "multilinestring",
+        "multipolygon",
+        "geometrycollection",
+        "geomcollection",
+    }
+)
+# java.sql.Types fallback for a column without mysqlType (binary codes are ambiguous:
+# Canal also gives TEXT columns -4, so those stay text).
+_SQL_TYPES: dict[int, tuple[str, Any]] = {
+    -6: ("int32", _int),
+    5: ("int32", _int),
+    4: ("int32", _int),
+    -5: ("int64", _int),
+    7: ("float32", _float),
+    6: ("float64", _float),
+    8: ("float64", _float),
+    16: ("boolean", _boolean),
+    91: ("date", _date),
+    92: ("time", _time),
+    93: ("timestamp", _datetime),
+}
+
+Spec = tuple[str, Callable[[Any, str], Any] | None]  # (logical type, converter or None)
+
+# Fast converters: one argument, text only, C builtins where their result is exactly the
+# careful converter's; any exception sends the row down the careful path (which also
+# handles non-text values, zero dates and the error messages).
+
+
+def _decimal_fast(v: str) -> decimal.Decimal:
+    d = decimal.Decimal(v)
+    if d.is_finite():
+        return d
+    raise ValueError(v)
+
+
+def _datetime_fast(v: str) -> dt.datetime:
+    d = dt.datetime.fromisoformat(v)
+    if d.tzinfo is None:
+        return d
+    raise ValueError(v)
+
+
+_BOOL_TEXT = {"0": False, "1": True}
+_FAST: dict[Any, Callable[[str], Any]] = {
+    _int: int,
+    _float: float,
+    _boolean: _BOOL_TEXT.__getitem__,
+    _date: dt.date.fromisoformat,
+    _latin1: operator.methodcaller("encode", "latin-1"),
+    _decimal: _decimal_fast,
+    _datetime: _datetime_fast,
+}
+
+
+def _fast(careful: Callable[[Any, str], Any] | None) -> Callable[[str], Any] | None:
+    if careful is None or careful is _json:
+        return None  # text kept as it is
+    fast = _FAST.get(careful)
+    return fast if fast is not None else lambda v: careful(v, "")
+
+
+def _split_mysql_type(text: str) -> tuple[str, list[str], bool, str]:
+    """``"DOUBLE PRECISION(10,7) unsigned zerofill"`` -> ``("double precision",
+    ["10", "7"], True, "10,7")``: base name, arguments, unsigned, raw argument text."""
+    p = text.find("(")
+    if p < 0:
+        head, raw, tail = text, "", ""
+    else:
+        q = text.rfind(")")
+        q = q if q > p else len(text)
+        head, raw, tail = text[:p], text[p + 1 : q], text[q + 1 :]
+    head_words, tail_words = head.lower().split(), tail.lower().split()
+    unsigned = "unsigned" in head_words or "unsigned" in tail_words
+    base = " ".join(w for w in head_words if w not in ("unsigned", "signed", "zerofill"))
+    args = [a.strip() for a in raw.split(",")] if raw and "'" not in raw else []
+    return base, args, unsigned, raw
+
+
+class CanalJsonDecoder(Decoder):
+    """Decodes Canal / DTS Canal JSON flat messages. See the module docstring."""
+
+    identifier: ClassVar[str] = IDENTIFIER
+    options_class: ClassVar[type[DecoderOptions]] = CanalJsonOptions
+    options: CanalJsonOptions
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        if options is not None and not isinstance(options, CanalJsonOptions):
+            options = CanalJsonOptions(primary_keys=options.primary_keys)
+        super().__init__(options)
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        o = self.options
+        self._zone = _zone(o.timestamp_zone) if o.timestamp_zone else None
+        self._binary = {"latin1": _latin1, "hex": _hex, "base64": to_bytes_base64}[
+            o.binary_encoding
+        ]
+        self._specs: dict[str, Spec] = {}
+        self._tables: dict[Any, list[Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}  # caches hold closures: rebuilt after unpickling
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.options = state["options"]
+        self._init_caches()
+
+    # -- types ---------------------------------------------------------------------
+
+    def column_spec(self, mysql_type: str) -> Spec:
+        """The logical type and value converter for one ``mysqlType`` string.
+
+        Unknown type names keep their text as ``string`` (lossless, never guessed).
+        """
+        spec = self._specs.get(mysql_type)
+        if spec is None:
+            spec = self._specs[mysql_type] = self._build_spec(mysql_type)
+        return spec
+
+    def _build_spec(self, mysql_type: str) -> Spec:
+        o = self.options
+        base, args, unsigned, raw_args = _split_mysql_type(mysql_type)
+        if base in ("bool", "boolean") or (base == "tinyint" and args == ["1"]):
+            if o.tinyint1_as_boolean:
+                return "boolean", _boolean
+            return "int32", _int
+        if base in _SMALL_INTS:
+            return "int32", _int
+        if base in _INTS:
+            return ("int64", _int) if unsigned else ("int32", _int)
+        if base in _BIGINTS:
+            return ("decimal(20,0)", _decimal) if unsigned else ("int64", _int)
+        if base == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT
+            return "decimal(20,0)", _decimal
+        if base in _FLOATS:  # FLOAT(p) with p > 24 is a DOUBLE
+            single = len(args) == 1 and args[0].isdecimal() and int(args[0]) > 24
+            return ("float64" if single else "float32"), _float
+        if base in _DOUBLES:
+            return "float64", _float
+        if base in _DECIMALS:
+            p = int(args[0]) if args and args[0].isdecimal() else 10
+            s = int(args[1]) if len(args) > 1 and args[1].isdecimal() else 0
+            return decimal_type(p, s), _decimal
+        if base == "date":
+            return "date", _date
+        if base == "datetime":
+            return "timestamp", _datetime
+        if base == "timestamp":
+            zone = self._zone
+            if zone is None:
+                return "timestamp", _datetime
+
+            def to_utc(v: Any, c: str) -> dt.datetime | None:
+                r = _parse_datetime(v, c)
+                if r is None:
+                    return None
+                return (r if r.tzinfo else r.replace(tzinfo=zone)).astimezone(dt.UTC)
+
+            return "timestamptz", to_utc
+        if base == "time":
+            return ("string", None) if o.time_as_string else ("time", _time)
+        if base == "year":
+            return "int32", _int
+        if base == "bit":
+            n = int(args[0]) if args and args[0].isdecimal() else 1
+            if n == 1:
+                return "boolean", _boolean
+            return ("int64", _int) if n < 64 else ("decimal(20,0)", _decimal)
+        if base in ("enum", "set"):
+            labels = tuple(m.replace("''", "'") for m in _LABEL_RE.findall(raw_args))
+            make = _enum if base == "enum" else _set
+            return "string", make(labels, o.enum_values == "index")
+        if base in _BINARIES or base in _GEOMETRIES:
+            return "binary", self._binary
+        if base == "json":
+            return "json", _json
+        return "string", None  # char, varchar, *text, and unknown names: keep the text
+
+    def _table(self, database: Any, table: Any, mt: Any, st: Any, pks: Any) -> list[Any]:
+        """Per-table state for a row message, cached while its header stays the same:
+        ``[mysqlType, sqlType, pkNames, source, columns, converters, fast converters,
+        key columns]``."""
+        source = self._source(database, table, rows=True)
+        if mt is not None and type(mt) is not dict:
+            raise DecodeError(
+                "'mysqlType' must be an object of column -> type text", Code.BAD_FIELD
+            )
+        if st is not None and type(st) is not dict:
+            raise DecodeError(
+                "'sqlType' must be an object of column -> java.sql.Types code", Code.BAD_FIELD
+            )
+        if pks is not None and (type(pks) is not list or any(type(k) is not str for k in pks)):
+            raise DecodeError("'pkNames' must be an array of column names", Code.BAD_FIELD)
+        columns: dict[str, str] = {}
+        convs: dict[str, Any] = {}
+        for col, text in (mt or {}).items():
+            if type(text) is not str:
+                raise DecodeError(
+                    f"mysqlType of column {col!r} must be a string, not {type(text).__name__}",
+                    Code.BAD_FIELD,
+                )
+            columns[col], convs[col] = self.column_spec(text)
+        for col, code in (st or {}).items():
+            if col not in columns and type(code) is int and code in _SQL_TYPES:
+                columns[col], convs[col] = _SQL_TYPES[code]
+        fast = {col: _fast(conv) for col, conv in convs.items()}
+        entry = [mt, st, pks, source, columns, convs, fast, tuple(pks) if pks else None]
+        if len(self._tables) > 4096:
+            self._tables.clear()
+        self._tables[(database, table)] = entry
+        return entry
+
+    # -- decode --------------------------------------------------------------------
+
+    def decode(self, record: Record) -> list[ChangeEvent]:
+        """Decode one Canal flat message into one event per row (or one DDL/truncate).
+
+        Raises:
+            DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
+                BAD_VALUE, MISSING_KEY.
+        """
+        try:
+            msg = orjson.loads(record.value)  # type: ignore[arg-type]
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"not JSON: {exc}", Code.BAD_JSON) from exc
+        if type(msg) is not dict:
+            raise DecodeError(
+                f"a Canal message is a JSON object, not {type(msg).__name__}", Code.NOT_AN_OBJECT
+            )
+        get = msg.get
+        typ = get("type")
+        es = get("es")
+        batch_id = get("id", 0)
+        is_ddl = get("isDdl", False)
+        if type(es) is not int or type(batch_id) is not int or type(is_ddl) is not bool:
+            if es is not None and type(es) is not int:
+                raise DecodeError(f"'es' must be epoch milliseconds, not {es!r}", Code.BAD_FIELD)
+            if type(batch_id) is not int:
+                raise DecodeError(f"'id' must be an integer, not {batch_id!r}", Code.BAD_FIELD)
+            if type(is_ddl) is not bool:
+                raise DecodeError(f"'isDdl' must be true or false, not {is_ddl!r}", Code.BAD_FIELD)
+        gtid = get("gtid")
+        txn = Txn(gtid) if gtid and type(gtid) is str else None
+        origin = record.origin
+        offset = origin.offset
+        op = _ROW_OPS.get(typ) if type(typ) is str else None
+        if op is None:
+            if type(typ) is not str:
+                raise _field_error(msg, "type", "the operation name, e.g. INSERT")
+            return [self._statement(msg, typ, is_ddl, es, batch_id, offset, txn, origin)]
+        if is_ddl:
+            raise DecodeError(
+                f"type {typ} with isDdl true: a row change cannot be DDL", Code.BAD_FIELD
+            )
+        database, table = get("database"), get("table")
+        mt, st, pk_names = get("mysqlType"), get("sqlType"), get("pkNames")
+        try:
+            entry = self._tables.get((database, table))
+        except TypeError:  # unhashable database/table: _table reports it
+            entry = None
+        if entry is None or mt != entry[0] or st != entry[1] or pk_names != entry[2]:
+            entry = self._table(database, table, mt, st, pk_names)
+        _, _, _, source, columns, convs, fast, pks = entry
+        fast_get = fast.get
+        pk1 = pks[0] if pks is not None and len(pks) == 1 else None
+        rows, olds = get("data"), get("old")
+        is_delete, is_update = op is _DELETE, op is _UPDATE
+        if type(rows) is not list or (olds is not None and type(olds) is not list):
+            if is_delete and not rows and olds and type(olds) is list:
+                rows, olds = olds, None  # DTS before 2022-03-20: the deleted row is in 'old'
+            elif rows is None:
+                raise DecodeError(f"{typ} message without 'data' rows", Code.MISSING_FIELD)
+            else:
+                raise DecodeError("'data' and 'old' must be arrays of row objects", Code.BAD_FIELD)
+        elif is_delete and not rows and olds:
+            rows, olds = olds, None
+        if is_update and olds is not None and len(olds) != len(rows):
+            raise DecodeError(
+                f"'old' has {len(olds)} entries for {len(rows)} 'data' rows", Code.BAD_FIELD
+            )
+        events = []
+        for i, row in enumerate(rows):
+            if type(row) is not dict:
+                raise DecodeError(f"row {i} of the message is not an object", Code.BAD_FIELD)
+            image = {}
+            try:  # fast path: every value text (or null) and well formed
+                for c, v in row.items():
+                    if type(v) is str:
+                        f = fast_get(c)
+                        if f is not None:
+                            v = f(v)
+                    elif v is not None:
+                        raise TypeError
+                    image[c] = v
+            except Exception:  # noqa: BLE001 - the careful path raises the real error
+                image = _image(row, convs)
+            try:
+                if pk1 is not None:
+                    key = {pk1: image[pk1]}
+                else:
+                    key = {k: image[k] for k in pks} if pks is not None else None
+            except KeyError:
+                key = None
+            before = changed = None
+            if is_delete:
+                before, image = image, None
+            elif is_update and olds is not None and olds[i] is not None:
+                prior = olds[i]
+                if type(prior) is not dict:
+                    raise DecodeError(f"'old' entry {i} is not an object", Code.BAD_FIELD)
+                before = {**image, **_image(prior, convs)}
+                changed = tuple(prior)
+            seq = None if es is None else (es, batch_id, offset, i)
+            # positional (faster): op source key before after columns seq ts_ms txn ddl
+            # changed origin
+            event = ChangeEvent(
+                op, source, key, before, image, columns, seq, es, txn, None, changed, origin
+            )
+            if key is None:
+                self.require_key(event, pks)  # options' keys, or raises MISSING_KEY
+            events.append(event)
+        return events
+
+    def _source(self, database: Any, table: Any, rows: bool) -> SourceTable:
+        if not rows:  # a DDL may concern a whole database (CREATE DATABASE): no table
+            database = "" if database is None else database
+            table = "" if table is None else table
+        if type(database) is not str or type(table) is not str:
+            name, value = ("database", database) if type(database) is not str else ("table", table)
+            if value is None:
+                raise DecodeError(f"missing field {name!r}", Code.MISSING_FIELD)
+            raise DecodeError(f"field {name!r} must be a string, not {value!r}", Code.BAD_FIELD)
+        return SourceTable(IDENTIFIER, database, "", table)
+
+    def _statement(
+        self,
+        msg: dict[str, Any],
+        typ: str,
+        is_ddl: bool,
+        es: int | None,
+        batch_id: int,
+        offset: int,
+        txn: Txn | None,
+        origin: Origin,
+    ) -> ChangeEvent:
+        """A DDL, truncate or statement message: one event without rows or key."""
+        source = self._source(msg.get("database"), msg.get("table"), rows=False)
+        sql = msg.get("sql")
+        if sql is not None and type(sql) is not str:
+            raise DecodeError("'sql' must be the statement text", Code.BAD_FIELD)
+        if typ == TYPE_TRUNCATE:
+            op = Op.TRUNCATE
+        elif typ in _DDL_TYPES or (typ == TYPE_QUERY and is_ddl):
+            op = Op.DDL
+            if sql is None:
+                raise DecodeError(f"{typ} message without 'sql'", Code.MISSING_FIELD)
+        elif typ == TYPE_QUERY:
+            raise DecodeError(
+                "QUERY with isDdl false is a statement-based change that "
+                "cannot be decoded into rows; set binlog_format=ROW on the "
+                "source",
+                Code.UNKNOWN_OP,
+            )
+        else:
+            raise DecodeError(
+                f"unknown Canal type {typ!r}; known: "
+                f"{sorted([*_ROW_OPS, TYPE_TRUNCATE, TYPE_QUERY, *_DDL_TYPES])}",
+                Code.UNKNOWN_OP,
+            )
+        meta: dict[str, Any] = {"type": typ}
+        if "ts" in msg:
+            meta["ts"] = msg["ts"]
+        return ChangeEvent(
+            op,
+            source,
+            seq=None if es is None else (es, batch_id, offset, 0),
+            ts_ms=es,
+            txn=txn,
+            ddl=sql if op is Op.DDL else (sql or None),
+            origin=origin,
+            meta=meta,
+        )
+
+
+def _image(row: dict[str, Any], convs: dict[str, Any]) -> dict[str, Any]:
+    """Typed row image; a column without a declared type keeps its JSON value."""
+    out = {}
+    for c, v in row.items():
+        if v is not None:
+            f = convs.get(c)
+            if f is not None:
+                v = f(v, c)
+            elif type(v) is not str and c in convs:
+                v = _text(v, c)
+        out[c] = v
+    return out
+
+
+def _field_error(msg: dict[str, Any], name: str, want: str) -> DecodeError:
+    if msg.get(name) is None:
+        return DecodeError(f"missing field {name!r} ({want})", Code.MISSING_FIELD)
+    return DecodeError(f"field {name!r} must be {want}, not {msg[name]!r}", Code.BAD_FIELD)
+
+
+# --------------------------------------------------------------------------- encoder
+
+# logical type -> (mysqlType, java.sql.Types code) written by the encoder
+_ENCODE_TYPES: dict[str, tuple[str, int]] = {
+    "boolean": ("tinyint(1)", -6),
+    "int32": ("int(11)", 4),
+    "int64": ("bigint(20)", -5),
+    "float32": ("float", 7),
+    "float64": ("double", 8),
+    "string": ("longtext", -4),
+    "json": ("json", 12),
+    "binary": ("longblob", 2004),
+    "date": ("date", 91),
+    "time": ("time(6)", 92),
+    "timestamp": ("datetime(6)", 93),
+    "timestamptz": ("timestamp(6)", 93),
+}
+
+
+_TYPE_OF_OP = {op: typ for typ, op in _ROW_OPS.items()}
+
+
+def _encode_value(v: Any) -> Any:
+    if v is None or type(v) is str:
+        return v
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, decimal.Decimal):
+        return format(v, "f")
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).decode("latin-1")
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None:  # MySQL TIMESTAMP: written as UTC wall clock
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return v.isoformat(sep=" ")
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    return orjson.dumps(v).decode()
+
+
+class CanalJsonEncoder(Encoder):
+    """Encodes workload changes as Canal's flat messages (one row per message).
+
+    ``es``/``ts`` are the change's ``ts_ms`` and ``id`` its ``seq``; deletes carry the
+    row in ``data`` (Canal and DTS after 2022-03-20); snapshots are DTS ``INIT`` rows;
+    updates carry the changed columns' old values in ``old``. ``timestamptz`` values are
+    written as UTC text, which decodes exactly only with ``timestamp_zone="UTC"``.
+    """
+
+    identifier: ClassVar[str] = IDENTIFIER
+    # every type it writes, but timestamptz (its zone is the decoder's timestamp_zone)
+    exact_types: ClassVar[frozenset[str]] = frozenset({*_ENCODE_TYPES, "decimal"} - {"timestamptz"})
+
+    def encode(self, change: SourceChange) -> list[Message]:
+        table = change.table
+        msg: dict[str, Any] = {
+            "data": None,
+            "database": table.database or table.schema,
+            "es": change.ts_ms,
+            "id": change.seq,
+            "isDdl": False,
+            "mysqlType": None,
+            "old": None,
+            "pkNames": None,
+            "sql": "",
+            "sqlType": None,
+            "table": table.table,
+            "ts": change.ts_ms,
+            "type": "",
+        }
+        if change.op is Op.TRUNCATE:
+            msg.update(isDdl=True, type=TYPE_TRUNCATE, sql=f"TRUNCATE TABLE `{table.table}`")
+            return [Message(value=orjson.dumps(msg))]
+        mysql_types, sql_types = {}, {}
+        for col, logical in change.columns.items():
+            base = parse_type(logical)[0]
+            if base == "decimal":
+                mysql_types[col], sql_types[col] = f"decimal{logical[7:]}", 3
+            else:
+                mysql_types[col], sql_types[col] = _ENCODE_TYPES[base]
+        typ = _TYPE_OF_OP.get(change.op)
+        if typ is None:
+            raise ValueError(f"canal-json cannot encode {change.op}")
+        row = (change.before if change.op is Op.DELETE else change.after) or {}
+        msg.update(
+            data=[{c: _encode_value(v) for c, v in row.items()}],
+            mysqlType=mysql_types,
+            sqlType=sql_types,
+            pkNames=list(change.key_columns),
+            type=typ,
+        )
+        if change.op is Op.UPDATE and change.before is not None:
+            after = change.after or {}
+            msg["old"] = [
+                {
+                    c: _encode_value(v)
+                    for c, v in change.before.items()
+                    if c not in after or after[c] != v
+                }
+            ]
+        return [Message(value=orjson.dumps(msg))]
