@@ -1,0 +1,938 @@
+"""Huawei Cloud DRS "synchronize to Kafka" JSON and JSON-C (``drs-json``, ``drs-json-c``).
+
+Source document: *Kafka Message Format* of Huawei Cloud Data Replication Service
+(``/work/shared/seeds/drs-kafka-message-format.txt``, updated 2023-01-05), MySQL to Kafka.
+A message is one Canal-like flat object::
+
+    {"mysqlType": {col: "int", ...}, "sqlType": {col: 4, ...}, "id": 27677,
+     "es": 1624614713000, "ts": 1625058726990, "database": "test01", "table": "test ",
+     "type": "UPDATE", "isDdl": false, "sql": "", "data": [{col: "text"}],
+     "old": [{col: "text"}], "pkNames": ["id"]}
+
+Every column value is text (or ``null``). The two variants differ in two points only
+(the document's JSON-C section):
+
+* **DELETE** -- JSON puts the deleted row in ``old``; JSON-C puts it in ``data``.
+* **timestamp columns** -- JSON writes epoch seconds (``"1624614713.201"``); JSON-C writes
+  ``yyyy-mm-dd hh:mm:ss`` text, read in :attr:`DrsJsonOptions.timestamp_zone`.
+
+Decoding rules (the full table is in ``docs/formats/drs-json.md``):
+
+* ``seq`` is ``(id, row)``: ``id`` is DRS's monotonic event sequence number, ``row`` the
+  0-based index of the row inside ``data`` (one message may carry several rows).
+* ``ts_ms`` is ``es`` (source time, epoch ms). ``ts`` (Kafka write time) is not kept: the
+  Kafka record timestamp carries the same information.
+* ``table`` (and ``database``) are stripped: the document's example has ``"test "``, and
+  MySQL names cannot end with a space.
+* The key is ``pkNames`` read from the after image (the before image for deletes); an
+  update that changes the key keeps the old key in ``before`` and, when it differs, in
+  ``meta["old_key"]``. A table without ``pkNames`` needs ``primary_keys`` in the options,
+  else its rows are ``MISSING_KEY`` dead letters.
+* ``columns`` of the events of one table is one shared dict: treat it as read-only.
+* Column types come from ``mysqlType`` (type names, possibly with ``(p,s)``), falling back
+  to ``sqlType`` (JDBC numbers; DRS writes 93 for MySQL ``timestamp`` and 94 for
+  ``datetime``). Binary values are a Java byte-array text (``"[106, -3]"``), decimals are
+  exact, ``float``/``double`` text such as ``"1.2510357E7"`` is read as a float.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import re
+import zoneinfo
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from cdcflow.errors import Code, ConfigError, DecodeError
+from cdcflow.formats.base import (
+    Decoder,
+    DecoderOptions,
+    Encoder,
+    Message,
+    Record,
+    SourceChange,
+)
+from cdcflow.model import ChangeEvent, Op, SourceTable
+from cdcflow.types import to_decimal, to_float, to_int
+
+__all__ = [
+    "DrsJsonCDecoder",
+    "DrsJsonCEncoder",
+    "DrsJsonDecoder",
+    "DrsJsonEncoder",
+    "DrsJsonOptions",
+]
+
+IDENTIFIER_JSON = "drs-json"
+IDENTIFIER_JSON_C = "drs-json-c"
+
+# --------------------------------------------------------------------------- op codes
+# Values of ``type``, case-sensitive as DRS writes them.
+
+OP_INSERT = "INSERT"  # row inserted (incremental synchronization)
+OP_UPDATE = "UPDATE"  # row updated: new row in data, old row in old
+OP_DELETE = "DELETE"  # row deleted: in old (JSON) or in data (JSON-C)
+OP_INIT = "INIT"  # row read by the full (initial) synchronization (later doc versions)
+OP_DDL = "DDL"  # schema change; the statement is in sql, isDdl is true
+OP_INIT_DDL = "INIT_DDL"  # table definition sent by the full synchronization
+OP_TRUNCATE = "TRUNCATE"  # not in the DRS document; Canal's name, which DRS's JSON follows
+
+_INSERT, _UPDATE, _DELETE, _SNAPSHOT = 0, 1, 2, 3
+_ROW_OPS: dict[str, int] = {
+    OP_INSERT: _INSERT,
+    OP_UPDATE: _UPDATE,
+    OP_DELETE: _DELETE,
+    OP_INIT: _SNAPSHOT,
+}
+_ROW_OP_ENUM = (Op.INSERT, Op.UPDATE, Op.DELETE, Op.SNAPSHOT)
+_DDL_OPS = frozenset({OP_DDL, OP_INIT_DDL})
+#: a DDL statement that empties a table is a truncate, not a schema change
+_TRUNCATE_SQL = re.compile(r"\s*truncate\s", re.IGNORECASE)
+
+# --------------------------------------------------------------------------- values
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+_Decimal = decimal.Decimal
+_UTC = dt.UTC
+
+
+def _bad(column: str, value: Any, want: str) -> DecodeError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
+
+
+def _int(value: Any, column: str) -> int:
+    if value.__class__ is str:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    result = to_int(value, column)
+    assert result is not None
+    return result
+
+
+def _float(value: Any, column: str) -> float:
+    if value.__class__ is str:
+        try:
+            return float(value)  # "1.2510357E7", "NaN", "Infinity" as Java writes them
+        except ValueError:
+            pass
+    if value.__class__ is bool:
+        raise _bad(column, value, "floating-point number")
+    result = to_float(value, column)
+    assert result is not None
+    return result
+
+
+def _decimal(value: Any, column: str) -> decimal.Decimal:
+    if value.__class__ is str:
+        try:
+            d = _Decimal(value)
+        except decimal.InvalidOperation:
+            raise _bad(column, value, "decimal") from None
+        if d.is_finite():
+            return d
+        raise _bad(column, value, "decimal")
+    if value.__class__ is float:
+        raise _bad(column, value, "decimal (JSON float: digits may be lost; expected text)")
+    result = to_decimal(value, column)
+    assert result is not None
+    return result
+
+
+def _bool(value: Any, column: str) -> bool:
+    if value in ("1", "true", 1, True):
+        return True
+    if value in ("0", "false", 0, False):
+        return False
+    raise _bad(column, value, "boolean (0 or 1)")
+
+
+def _bytes(value: Any, column: str) -> bytes:
+    """Java ``Arrays.toString(byte[])`` text -> bytes: ``"[106, -3]"`` -> ``b"j\\xfd"``."""
+    if value.__class__ is str and value[:1] == "[":
+        try:
+            numbers = orjson.loads(value)  # a JSON array of integers: parsed in C
+        except orjson.JSONDecodeError:
+            numbers = None
+        if numbers.__class__ is list:
+            try:
+                return bytes(numbers)  # every number in 0..255
+            except (ValueError, TypeError):
+                if all(n.__class__ is int and -128 <= n <= 255 for n in numbers):
+                    return bytes(n & 0xFF for n in numbers)  # Java's signed bytes
+    raise _bad(column, value, "byte list such as [106, 103]")
+
+
+def _date(value: Any, column: str) -> dt.date | None:
+    if value.__class__ is str:
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            if value.startswith("0000-00-00"):
+                return None  # MySQL zero date
+    raise _bad(column, value, "date (yyyy-mm-dd)")
+
+
+def _time(value: Any, column: str) -> dt.time:
+    if value.__class__ is str:
+        try:
+            return dt.time.fromisoformat(value)
+        except ValueError:
+            pass
+    raise _bad(column, value, "time of day (hh:mm:ss[.ffffff], 00:00:00 to 23:59:59)")
+
+
+def _datetime(value: Any, column: str) -> dt.datetime | None:
+    """MySQL ``datetime`` text (a wall clock without zone) -> naive datetime."""
+    if value.__class__ is str:
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            if value.startswith("0000-00-00"):
+                return None  # MySQL zero date
+            parsed = None
+        if parsed is not None and parsed.tzinfo is None:
+            return parsed
+    raise _bad(column, value, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])")
+
+
+class _Timestamp:
+    """MySQL ``timestamp`` -> aware UTC datetime, exact to the microsecond.
+
+    Epoch-seconds text (``"1624614713.201"``, DRS JSON) is split at the dot and added as
+    integers, never through a float. Date-time text (``"2021-06-25 17:51:53"``, DRS JSON-C)
+    is a wall clock in ``zone``. Epoch 0 and ``0000-00-00 00:00:00`` are MySQL's zero
+    timestamp and become NULL (1970-01-01 00:00:00 UTC is outside MySQL's range).
+    """
+
+    __slots__ = ("zone",)
+
+    def __init__(self, zone: dt.tzinfo) -> None:
+        self.zone = zone
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Timestamp, (self.zone,))
+
+    def __call__(self, value: Any, column: str) -> dt.datetime | None:
+        if value.__class__ is str:
+            secs, dot, frac = value.partition(".")
+            negative = secs[:1] == "-"
+            digits = secs[1:] if negative else secs
+            if digits.isdigit() and digits.isascii():
+                if not dot or (frac.isdigit() and frac.isascii() and len(frac) <= 9):
+                    if frac[6:].strip("0"):
+                        raise _bad(column, value, "timestamp (sub-microsecond digits)")
+                    micros = int(digits) * 1_000_000 + (int(frac[:6].ljust(6, "0")) if frac else 0)
+                    if micros == 0:
+                        return None  # MySQL's zero timestamp
+                    try:
+                        return _EPOCH + (-micros if negative else micros) * _MICROSECOND
+                    except OverflowError:
+                        raise _bad(column, value, "timestamp (epoch seconds)") from None
+            elif value.startswith("0000-00-00"):
+                return None
+            else:
+                try:
+                    parsed = dt.datetime.fromisoformat(value)
+                except ValueError:
+                    parsed = None
+                if parsed is not None:
+                    if parsed.tzinfo is None:
+                        parsed = parsed.replace(tzinfo=self.zone)
+                    return parsed.astimezone(_UTC)
+        raise _bad(column, value, "timestamp (epoch seconds or yyyy-mm-dd hh:mm:ss)")
+
+
+# --------------------------------------------------------------------------- types
+# MySQL type name (lower case, without length and attributes) -> (logical type, converter).
+# A converter of None means the text is kept as it is (string columns).
+
+Converter = Callable[[Any, str], Any]
+_TZ = object()  # placeholder for the zone-dependent timestamp converter
+
+_MYSQL_TYPES: dict[str, tuple[str | None, Any]] = {
+    "tinyint": ("int32", _int),
+    "smallint": ("int32", _int),
+    "mediumint": ("int32", _int),
+    "int": ("int32", _int),
+    "integer": ("int32", _int),
+    "bigint": ("int64", _int),
+    "year": ("int32", _int),
+    "bit": ("int64", _int),
+    "bool": ("boolean", _bool),
+    "boolean": ("boolean", _bool),
+    "float": ("float32", _float),
+    "double": ("float64", _float),
+    "real": ("float64", _float),
+    "double precision": ("float64", _float),
+    "decimal": (None, _decimal),  # precision and scale only when the type name has them
+    "numeric": (None, _decimal),
+    "dec": (None, _decimal),
+    "fixed": (None, _decimal),
+    "char": ("string", None),
+    "varchar": ("string", None),
+    "tinytext": ("string", None),
+    "text": ("string", None),
+    "mediumtext": ("string", None),
+    "longtext": ("string", None),
+    "enum": ("string", None),
+    "set": ("string", None),
+    "json": ("json", None),
+    "binary": ("binary", _bytes),
+    "varbinary": ("binary", _bytes),
+    "tinyblob": ("binary", _bytes),
+    "blob": ("binary", _bytes),
+    "mediumblob": ("binary", _bytes),
+    "longblob": ("binary", _bytes),
+    "date": ("date", _date),
+    "time": ("time", _time),
+    "datetime": ("timestamp", _datetime),
+    "timestamp": ("timestamptz", _TZ),
+}
+
+#: JDBC type number (``sqlType``) -> MySQL type name, used when ``mysqlType`` lacks a
+#: column. DRS writes 93 (TIMESTAMP) for MySQL timestamp and 94 for datetime.
+# fmt: off
+_JDBC_TYPES: dict[int, str] = {
+    -7: "bit", -6: "tinyint", 5: "smallint", 4: "int", -5: "bigint", 16: "boolean",
+    6: "float", 7: "float", 8: "double", 2: "decimal", 3: "decimal",
+    1: "char", 12: "varchar", -1: "text", -15: "char", -9: "varchar", -16: "text",
+    2005: "text", 2011: "text", -2: "binary", -3: "varbinary", -4: "blob", 2004: "blob",
+    91: "date", 92: "time", 93: "timestamp", 94: "datetime",
+}
+# fmt: on
+
+
+def _split_type(type_name: str) -> tuple[str, str | None, bool]:
+    """``"int(11) unsigned zerofill"`` -> ``("int", "11", True)``."""
+    text = type_name.strip().lower()
+    unsigned = "unsigned" in text
+    paren = text.find("(")
+    if paren >= 0:
+        close = text.find(")", paren)
+        return text[:paren].strip(), text[paren + 1 : close] if close > 0 else None, unsigned
+    for word in (" unsigned", " signed", " zerofill"):
+        text = text.replace(word, "")
+    return text.strip(), None, unsigned
+
+
+def mysql_column(
+    type_name: Any, jdbc_type: Any, zone: dt.tzinfo
+) -> tuple[str | None, Converter | None]:
+    """The logical type and value converter of one DRS column.
+
+    Shared by ``drs-json``, ``drs-json-c`` and ``drs-avro`` (same vendor, same value texts).
+
+    Args:
+        type_name: the MySQL type (``"int"``, ``"decimal(10,2)"``, ``"int unsigned"``) or
+            ``None``.
+        jdbc_type: the JDBC type number, used when ``type_name`` is ``None``.
+        zone: the zone of timestamp text without an offset.
+
+    Returns:
+        ``(logical type or None, converter or None)``; ``None`` type: not declared (an
+        unknown type, or a decimal without precision); ``None`` converter: keep the value.
+    """
+    base, args, unsigned = None, None, False
+    if type_name.__class__ is str:
+        base, args, unsigned = _split_type(type_name)
+    if base is None or base not in _MYSQL_TYPES:
+        if jdbc_type.__class__ is int and jdbc_type in _JDBC_TYPES:
+            base, args, unsigned = _JDBC_TYPES[jdbc_type], None, False
+        else:
+            return None, None
+    logical, conv = _MYSQL_TYPES[base]
+    if conv is _TZ:
+        conv = _Timestamp(zone)
+    if conv is _decimal:
+        if args:
+            parts = [p.strip() for p in args.split(",")]
+            if all(p.isdigit() for p in parts) and 1 <= len(parts) <= 2:
+                scale = int(parts[1]) if len(parts) == 2 else 0
+                logical = f"decimal({max(int(parts[0]), scale, 1)},{scale})"
+    elif unsigned and base in ("int", "integer"):
+        logical = "int64"
+    elif unsigned and base == "bigint":
+        logical, conv = "decimal(20,0)", _decimal
+    elif base == "tinyint" and args == "1" and jdbc_type in (-7, 16):
+        logical, conv = "boolean", _bool
+    return logical, conv
+
+
+def parse_zone(name: str, option: str = "timestamp_zone") -> dt.tzinfo:
+    """``"UTC"``, ``"+08:00"`` or an IANA name (``"Asia/Shanghai"``) -> tzinfo.
+
+    Raises:
+        ConfigError: an unknown zone; the message names ``option``.
+    """
+    text = str(name).strip()
+    if text.upper() in ("UTC", "Z", "GMT"):
+        return _UTC
+    m = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", text)
+    if m:
+        delta = dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3)))
+        return dt.timezone(-delta if m.group(1) == "-" else delta)
+    try:
+        return zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(
+            f"{option}={name!r} is not a time zone: use UTC, an offset such as +08:00, "
+            "or an IANA name such as Asia/Shanghai",
+        ) from exc
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class DrsJsonOptions(DecoderOptions):
+    """Options of the ``drs-json`` and ``drs-json-c`` decoders.
+
+    Attributes:
+        primary_keys: key columns for tables whose messages have no ``pkNames`` (see
+            :class:`DecoderOptions`); without either, rows are ``MISSING_KEY`` dead letters.
+        timestamp_zone: zone of MySQL ``timestamp`` values written as text without an
+            offset (always in JSON-C; never in DRS JSON, which writes epoch seconds).
+            ``"UTC"`` (default), an offset such as ``"+08:00"``, or an IANA name. DRS
+            renders the text in the zone of its task, which the message does not say.
+    """
+
+    timestamp_zone: str = "UTC"
+
+
+# --------------------------------------------------------------------------- decoder
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+_MISSING = object()
+_CACHE_MAX = 4096
+_STRING_TYPES = ("string", "json")
+
+
+def _error(message: str, code: str) -> DecodeError:
+    return DecodeError(message, code)
+
+
+class _Table:
+    """What the decoder remembers about one ``(database, table)`` of the messages: its
+    :class:`SourceTable`, and the column plan built from the last type maps it saw."""
+
+    __slots__ = (
+        "columns",
+        "convs",
+        "ints",
+        "mysql_type",
+        "pk",
+        "source",
+        "sql_type",
+        "strings",
+        "typed_by_mysql",
+    )
+
+    def __init__(self, source: SourceTable) -> None:
+        self.source = source
+        self.mysql_type: Any = _MISSING
+        self.sql_type: Any = _MISSING
+        self.columns: dict[str, str] = {}
+        #: integer columns, string columns (both converted inline: the common cases),
+        #: and (column, converter) for every other typed column
+        self.ints: tuple[str, ...] = ()
+        self.strings: tuple[str, ...] = ()
+        self.convs: tuple[tuple[str, Converter], ...] = ()
+        self.pk: Any = _MISSING
+        #: every column of sqlType is also in mysqlType, so sqlType changes nothing
+        self.typed_by_mysql = False
+
+
+def _typed(row: dict[str, Any], entry: _Table) -> None:
+    """Replace the text values of ``row`` by typed values, in place (the hot path)."""
+    for col in entry.ints:
+        value = row.get(col)
+        if value is not None:
+            if value.__class__ is str:
+                try:
+                    row[col] = int(value)
+                    continue
+                except ValueError:
+                    pass
+            row[col] = _int(value, col)
+    for col in entry.strings:
+        value = row.get(col)
+        if value is not None and value.__class__ is not str:
+            raise _bad(col, value, "string")
+    for col, conv in entry.convs:
+        value = row.get(col)
+        if value is not None:
+            row[col] = conv(value, col)
+
+
+class _DrsJsonDecoderBase(Decoder):
+    """Shared implementation; ``_json_c`` selects the JSON-C rules."""
+
+    options_class: ClassVar[type[DecoderOptions]] = DrsJsonOptions
+    _json_c: ClassVar[bool] = False
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        super().__init__(options)
+        self._zone = parse_zone(getattr(self.options, "timestamp_zone", "UTC"))
+        self._tables: dict[tuple[Any, Any], _Table] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tables"] = {}  # a cache: rebuilt on the executor
+        return state
+
+    # -- per-table cache ---------------------------------------------------------------
+
+    def _table(self, database: Any, table: Any) -> _Table:
+        if database is None:
+            database = ""
+        if database.__class__ is not str or table.__class__ is not str:
+            raise _error(
+                f"'database' and 'table' must be strings, got {database!r} and {table!r}",
+                Code.BAD_FIELD,
+            )
+        entry = _Table(SourceTable(self.identifier, database.strip(), "", table.strip()))
+        if len(self._tables) >= _CACHE_MAX:
+            self._tables.clear()
+        self._tables[(database, table)] = entry
+        return entry
+
+    def _replan(self, entry: _Table, mysql_type: Any, sql_type: Any) -> None:
+        """Build the declared types and converters from the message's type maps."""
+        mt = mysql_type if mysql_type.__class__ is dict else {}
+        st = sql_type if sql_type.__class__ is dict else {}
+        columns: dict[str, str] = {}
+        ints: list[str] = []
+        strings: list[str] = []
+        convs: list[tuple[str, Converter]] = []
+        for name in {**st, **mt}:
+            logical, conv = mysql_column(mt.get(name), st.get(name), self._zone)
+            if logical is not None:
+                columns[name] = logical
+            if conv is _int:
+                ints.append(name)
+            elif conv is not None:
+                convs.append((name, conv))
+            elif logical in _STRING_TYPES:
+                strings.append(name)
+        entry.columns, entry.ints, entry.strings = columns, tuple(ints), tuple(strings)
+        entry.convs = tuple(convs)
+        entry.mysql_type, entry.sql_type = mysql_type, sql_type
+        entry.typed_by_mysql = bool(mt) and all(name in mt for name in st)
+
+    @staticmethod
+    def _check_pk(entry: _Table, pk: Any) -> None:
+        if pk is not None and (pk.__class__ is not list or not all(c.__class__ is str for c in pk)):
+            raise _error(f"'pkNames' must be a list of column names, got {pk!r}", Code.BAD_FIELD)
+        entry.pk = pk
+
+    # -- decode ------------------------------------------------------------------------
+
+    def decode(self, record: Record) -> list[ChangeEvent]:
+        """Decode one DRS JSON (or JSON-C) message into one event per row.
+
+        Raises:
+            DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
+                MISSING_KEY or BAD_VALUE (see ``docs/formats/drs-json.md``).
+        """
+        try:
+            msg = _loads(record.value)  # type: ignore[arg-type]
+        except _JSONDecodeError as exc:
+            raise _error(f"not JSON: {exc}", Code.BAD_JSON) from None
+        if msg.__class__ is not dict:
+            raise _error(
+                f"a DRS message is a JSON object, got {type(msg).__name__}", Code.NOT_AN_OBJECT
+            )
+        get = msg.get
+        typ = get("type")
+        seq_id = get("id")
+        ts_ms = get("es")
+        kind = _ROW_OPS.get(typ) if typ.__class__ is str else None
+        if (
+            kind is None
+            or seq_id.__class__ is not int
+            or (ts_ms is not None and ts_ms.__class__ is not int)
+            or "table" not in msg
+        ):
+            return [self._other(msg, record)]
+        database, table = get("database"), get("table")
+        try:
+            entry = self._tables[(database, table)]
+        except (KeyError, TypeError):
+            entry = self._table(database, table)
+        source = entry.source
+        if not source.table:
+            raise _error(f"{typ} message without a table name", Code.MISSING_FIELD)
+        if get("isDdl") is True:
+            raise _error(f"'isDdl' is true but 'type' is {typ}", Code.BAD_FIELD)
+
+        olds = None
+        if kind == _DELETE:
+            field = "data" if self._json_c else "old"
+            rows = get(field)
+            if not rows and get("old" if self._json_c else "data"):
+                raise _error(
+                    f"DELETE with no row in {field!r} but one in the other field: that is "
+                    f"DRS {'JSON' if self._json_c else 'JSON-C'}; decode this topic with "
+                    f"format {IDENTIFIER_JSON if self._json_c else IDENTIFIER_JSON_C}",
+                    Code.MISSING_FIELD,
+                )
+        else:
+            field = "data"
+            rows = get("data")
+        if rows.__class__ is not list:
+            if rows is None:
+                raise _error(f"{typ} message has no {field!r} rows", Code.MISSING_FIELD)
+            raise _error(f"{field!r} must be a JSON array of rows", Code.BAD_FIELD)
+        if kind == _UPDATE:
+            olds = get("old")
+            if olds is not None and (olds.__class__ is not list or len(olds) != len(rows)):
+                raise _error(
+                    "'old' must be an array with one row per row of 'data'", Code.BAD_FIELD
+                )
+
+        mysql_type = get("mysqlType")
+        if entry.mysql_type != mysql_type or not entry.typed_by_mysql:
+            sql_type = get("sqlType")
+            if entry.mysql_type != mysql_type or entry.sql_type != sql_type:
+                self._replan(entry, mysql_type, sql_type)
+        pk = get("pkNames")
+        if pk != entry.pk:
+            self._check_pk(entry, pk)
+        columns = entry.columns
+        op = _ROW_OP_ENUM[kind]
+        origin = record.origin
+        events = []
+        for i, row in enumerate(rows):
+            if row.__class__ is not dict:
+                raise _error(f"row {i} of {field!r} is not a JSON object", Code.BAD_FIELD)
+            _typed(row, entry)
+            if kind == _DELETE:
+                before, after = row, None
+            else:
+                before, after = None, row
+                if olds is not None:
+                    before = olds[i]
+                    if before is not None:
+                        if before.__class__ is not dict:
+                            raise _error(f"row {i} of 'old' is not a JSON object", Code.BAD_FIELD)
+                        _typed(before, entry)
+            # positional arguments (hot path); ``columns`` is shared by the table's events
+            event = ChangeEvent(
+                op,
+                source,
+                None,
+                before,
+                after,
+                columns,
+                (seq_id, i),
+                ts_ms,
+                None,
+                None,
+                None,
+                origin,
+                None,
+            )
+            if pk:
+                try:
+                    event.key = {pk[0]: row[pk[0]]} if len(pk) == 1 else {c: row[c] for c in pk}
+                except KeyError as exc:
+                    raise _error(
+                        f"key column {exc.args[0]!r} (pkNames) is missing from row {i} of "
+                        f"{source.qualified_name!r}",
+                        Code.MISSING_KEY,
+                    ) from None
+            else:
+                self.require_key(event, None)
+            if before is not None and after is not None:
+                self._old_key(event, before)
+            events.append(event)
+        return events
+
+    @staticmethod
+    def _old_key(event: ChangeEvent, before: dict[str, Any]) -> None:
+        """``meta["old_key"]``: the before image's key, when an update changed the key."""
+        key = event.key
+        assert key is not None
+        old_key = {}
+        for c in key:
+            v = before.get(c, _MISSING)
+            if v is _MISSING:
+                return  # the before image does not say: the key did not change
+            old_key[c] = v
+        if old_key != key:
+            event.meta = {"old_key": old_key}
+
+    def _other(self, msg: dict[str, Any], record: Record) -> ChangeEvent:
+        """Everything but a well-formed row message: DDL, truncate, or the error."""
+        typ = msg.get("type", _MISSING)
+        if typ is _MISSING or typ is None:
+            raise _error("no 'type' field: not a DRS JSON message", Code.MISSING_FIELD)
+        if typ.__class__ is not str:
+            raise _error(f"'type' must be a string, got {typ!r}", Code.BAD_FIELD)
+        seq_id = msg.get("id")
+        if seq_id.__class__ is not int:
+            if seq_id is None:
+                raise _error("no 'id' (DRS event sequence number)", Code.MISSING_FIELD)
+            raise _error(f"'id' must be an integer, got {seq_id!r}", Code.BAD_FIELD)
+        ts_ms = msg.get("es")
+        if ts_ms is not None and ts_ms.__class__ is not int:
+            raise _error(f"'es' must be epoch milliseconds, got {ts_ms!r}", Code.BAD_FIELD)
+        if "table" not in msg:
+            raise _error("no 'table' field", Code.MISSING_FIELD)
+        if typ in _ROW_OPS:  # pragma: no cover - a row message never gets here
+            raise AssertionError(typ)
+        if not (typ in _DDL_OPS or typ == OP_TRUNCATE or msg.get("isDdl") is True):
+            raise _error(
+                f"unknown DRS operation type {typ!r}; known: "
+                f"{sorted([*_ROW_OPS, *_DDL_OPS, OP_TRUNCATE])}",
+                Code.UNKNOWN_OP,
+            )
+        table = msg.get("table")
+        database = msg.get("database")
+        try:
+            source = self._tables[(database, table)].source
+        except (KeyError, TypeError):
+            source = self._table(database, "" if table is None else table).source
+        sql = msg.get("sql")
+        if sql is not None and sql.__class__ is not str:
+            raise _error("'sql' must be a string", Code.BAD_FIELD)
+        op = Op.DDL
+        if typ == OP_TRUNCATE or (sql and _TRUNCATE_SQL.match(sql)):
+            op = Op.TRUNCATE
+        meta = None if typ == OP_DDL else {"type": typ}
+        return ChangeEvent(
+            op=op,
+            source=source,
+            seq=(seq_id, 0),
+            ts_ms=ts_ms,
+            ddl=sql or None,
+            origin=record.origin,
+            meta=meta,
+        )
+
+
+class DrsJsonDecoder(_DrsJsonDecoderBase):
+    """Decoder of DRS JSON (``drs-json``): a DELETE's row is in ``old``."""
+
+    identifier: ClassVar[str] = IDENTIFIER_JSON
+    _json_c: ClassVar[bool] = False
+
+
+class DrsJsonCDecoder(_DrsJsonDecoderBase):
+    """Decoder of DRS JSON-C (``drs-json-c``): a DELETE's row is in ``data``; timestamps
+    are ``yyyy-mm-dd hh:mm:ss`` text in ``timestamp_zone``."""
+
+    identifier: ClassVar[str] = IDENTIFIER_JSON_C
+    _json_c: ClassVar[bool] = True
+
+
+# --------------------------------------------------------------------------- encoder
+
+#: logical type -> (mysqlType, sqlType) the encoder declares, as DRS does for MySQL
+_ENCODE_TYPES: dict[str, tuple[str, int]] = {
+    "boolean": ("tinyint", -6),
+    "int32": ("int", 4),
+    "int64": ("bigint", -5),
+    "float32": ("float", 6),
+    "float64": ("double", 8),
+    "decimal": ("decimal", 3),
+    "string": ("varchar", 12),
+    "json": ("json", 12),
+    "binary": ("varbinary", -3),
+    "date": ("date", 91),
+    "time": ("time", 92),
+    "timestamp": ("datetime", 94),
+    "timestamptz": ("timestamp", 93),
+}
+
+#: characters DRS writes as \u escapes (the document's "Common Escape Characters" table;
+#: it prints \u003d for "<", a typo for \u003c)
+_ESCAPES = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    (b"=", b"\\u003d"),
+    (b"'", b"\\u0027"),
+)
+
+
+def java_double(x: float) -> str:
+    """Java ``Double.toString``: ``1.2510357E7``, ``10357.0``, ``1.0E-4``, ``NaN``."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    if 1e-3 <= abs(x) < 1e7:
+        return repr(x)
+    _, digits, exp = decimal.Decimal(repr(abs(x))).normalize().as_tuple()
+    mantissa = f"{digits[0]}." + ("".join(map(str, digits[1:])) or "0")
+    return ("-" if x < 0 else "") + f"{mantissa}E{len(digits) - 1 + int(exp)}"
+
+
+def java_bytes(value: bytes) -> str:
+    """Java ``Arrays.toString(byte[])`` (signed bytes): ``b"j\\xfd"`` -> ``"[106, -3]"``."""
+    return "[" + ", ".join(str(b - 256 if b > 127 else b) for b in value) + "]"
+
+
+def _epoch_seconds_text(value: dt.datetime) -> str:
+    micros = (value.astimezone(_UTC) - _EPOCH) // _MICROSECOND
+    sign = "-" if micros < 0 else ""
+    seconds, micros = divmod(abs(micros), 1_000_000)
+    if micros % 1000 == 0:
+        return f"{sign}{seconds}.{micros // 1000:03d}"
+    return f"{sign}{seconds}.{micros:06d}"
+
+
+def encode_text(logical: str, value: Any, json_c: bool) -> str | None:
+    """One typed value as the text DRS writes for it (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    base = "decimal" if logical.startswith("decimal") else logical
+    if base in ("string", "json"):
+        return value
+    if base == "boolean":
+        return "1" if value else "0"
+    if base in ("int32", "int64"):
+        return str(int(value))
+    if base in ("float32", "float64"):
+        return java_double(float(value))
+    if base == "decimal":
+        return format(value, "f")
+    if base == "binary":
+        return java_bytes(bytes(value))
+    if base in ("date", "time"):
+        return value.isoformat()
+    if base == "timestamp":
+        return value.isoformat(sep=" ")
+    if base == "timestamptz":
+        if json_c:
+            return value.astimezone(_UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return _epoch_seconds_text(value)
+    return str(value)
+
+
+class _DrsJsonEncoderBase(Encoder):
+    """Shared implementation; ``_json_c`` selects the JSON-C rules."""
+
+    _json_c: ClassVar[bool] = False
+
+    def encode(self, change: SourceChange) -> list[Message]:
+        """One DRS message per change, with ``id = change.seq`` and ``es = change.ts_ms``.
+
+        The Kafka key is ``database.table`` (DRS's "by table" partitioning). A truncate is
+        a DDL message with a ``TRUNCATE TABLE`` statement.
+        """
+        table = change.table
+        database = table.database or table.schema
+        json_c = self._json_c
+        mysql_type = {}
+        sql_type = {}
+        for col, logical in change.columns.items():
+            base = "decimal" if logical.startswith("decimal") else logical
+            mysql_type[col], sql_type[col] = _ENCODE_TYPES.get(base, ("varchar", 12))
+
+        def image(row: Any) -> list[dict[str, Any]] | None:
+            if row is None:
+                return None
+            cols = change.columns
+            return [{c: encode_text(cols.get(c, "string"), v, json_c) for c, v in row.items()}]
+
+        msg: dict[str, Any] = {
+            "mysqlType": mysql_type,
+            "id": change.seq,
+            "es": change.ts_ms,
+            "ts": change.ts_ms,
+            "database": database,
+            "table": table.table,
+            "type": None,
+            "isDdl": False,
+            "sql": "",
+            "sqlType": sql_type,
+            "data": None,
+            "old": None,
+            "pkNames": list(change.key_columns) or None,
+        }
+        op = change.op
+        if op is Op.INSERT or op is Op.SNAPSHOT:
+            msg["type"] = OP_INSERT if op is Op.INSERT else OP_INIT
+            msg["data"] = image(change.after)
+        elif op is Op.UPDATE:
+            msg["type"] = OP_UPDATE
+            msg["data"] = image(change.after)
+            msg["old"] = image(change.before)
+        elif op is Op.DELETE:
+            msg["type"] = OP_DELETE
+            msg["data" if json_c else "old"] = image(change.before)
+        elif op is Op.TRUNCATE:
+            msg.update(
+                type=OP_DDL,
+                isDdl=True,
+                mysqlType=None,
+                sqlType=None,
+                pkNames=None,
+                sql=f"TRUNCATE TABLE `{database}`.`{table.table}`",
+            )
+        else:
+            raise ValueError(f"DRS JSON has no message for {op}")
+        value = orjson.dumps(msg)
+        for raw, escaped in _ESCAPES:
+            value = value.replace(raw, escaped)
+        return [Message(value=value, key=f"{database}.{table.table}".encode())]
+
+
+class DrsJsonEncoder(_DrsJsonEncoderBase):
+    """Encoder of DRS JSON (``drs-json``)."""
+
+    identifier: ClassVar[str] = IDENTIFIER_JSON
+    _json_c: ClassVar[bool] = False
+    exact_types: ClassVar[frozenset[str]] = frozenset(
+        {
+            "int32",
+            "int64",
+            "float64",
+            "decimal",
+            "string",
+            "json",
+            "binary",
+            "date",
+            "time",
+            "timestamp",
+            "timestamptz",
+        }
+    )
+
+
+class DrsJsonCEncoder(_DrsJsonEncoderBase):
+    """Encoder of DRS JSON-C (``drs-json-c``): timestamps lose their fraction of a second,
+    as the document's ``yyyy-mm-dd hh:mm:ss`` says, so ``timestamptz`` is not exact."""
+
+    identifier: ClassVar[str] = IDENTIFIER_JSON_C
+    _json_c: ClassVar[bool] = True
+    exact_types: ClassVar[frozenset[str]] = frozenset(
+        {
+            "int32",
+            "int64",
+            "float64",
+            "decimal",
+            "string",
+            "json",
+            "binary",
+            "date",
+            "time",
+            "timestamp",
+        }
+    )
