@@ -1,0 +1,413 @@
+"""AWS Database Migration Service JSON (``aws-dms-json``), as DMS writes to a Kafka
+(or Kinesis) target endpoint.
+
+Source documents: AWS DMS user guide, *Using Apache Kafka as a target* (message format,
+``IncludeTransactionDetails``, ``IncludeControlDetails``, ``IncludeTableAlterOperations``,
+``IncludeNullAndEmpty``), *Before image task settings* and the ``add-before-image-columns``
+transformation rule; corpus files under ``/work/shared/corpus/aws_dms/``. One record is::
+
+    {"data": {col: value, ["BI_<col>": before value]},
+     ["<BeforeImageSettings.FieldName>": {col: before value}],
+     ["control": {"table-def": {...}}],
+     "metadata": {"timestamp": "2024-10-27T12:39:03.210671Z", "record-type": "data"|"control",
+                  "operation": "load"|"insert"|"update"|"delete"|"create-table"|...,
+                  "partition-key-type", "schema-name", "table-name",
+                  ["transaction-id", "transaction-record-id", "prev-transaction-id",
+                   "prev-transaction-record-id", "commit-timestamp", "stream-position"]}}
+
+Decoding rules (details and the type table: ``docs/formats/aws-dms-json.md``):
+
+* ``load`` rows are ``Op.SNAPSHOT``; control records are ``Op.DDL`` (DMS sends no SQL
+  text: the operation and the ``control`` object go to ``meta``).
+* ``seq`` is ``(metadata.timestamp in microseconds,)``. DMS JSON carries no portable log
+  position (``stream-position`` is engine-specific text, and only with
+  ``IncludeTransactionDetails``); ``transaction-id`` is an id, not an order (Oracle and
+  SQL Server ids are not monotonic); ``commit-timestamp`` is the source commit time, which
+  puts changes cached during a full load before the load rows that already contain them.
+  ``timestamp`` is when DMS wrote the record, in DMS's own apply order, so it orders load
+  rows, cached changes and CDC the way DMS applies them. Records with equal timestamps
+  tie; consumers break ties by Kafka partition offset.
+* ``ts_ms`` is ``commit-timestamp`` when present, else ``timestamp``.
+* Before image of an update: ``BI_``-prefixed columns in ``data`` (the
+  ``add-before-image-columns`` rule) and/or the ``BeforeImageSettings`` object. A column
+  in the before image but absent from ``data`` became NULL (DMS leaves NULLs out of
+  ``data`` unless ``IncludeNullAndEmpty`` is set).
+* Key: DMS data records name no key columns. The decoder remembers the ``primary-key``
+  of each ``create-table`` control record with ``control.table-def``
+  (``IncludeControlDetails``), which DMS sends when it starts a table; else
+  ``options.primary_keys``; else ``MISSING_KEY``. This is the decoder's only state.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from cdcflow.errors import Code, DecodeError
+from cdcflow.formats.base import (
+    Decoder,
+    DecoderOptions,
+    Encoder,
+    Message,
+    Record,
+    SourceChange,
+)
+from cdcflow.formats.maxwell_json import (
+    InexactNumber,
+    TableInfo,
+    field_error,
+    json_image,
+    loads_exact,
+    with_key,
+)
+from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
+
+__all__ = ["AwsDmsJsonDecoder", "AwsDmsJsonEncoder", "AwsDmsJsonOptions"]
+
+IDENTIFIER = "aws-dms-json"
+
+# --------------------------------------------------------------------------- op codes
+RECORD_DATA = "data"  # a row: ``data`` holds it
+RECORD_CONTROL = "control"  # a table event: create/drop/alter
+DATA_OPS: dict[str, Op] = {
+    "load": Op.SNAPSHOT,  # full-load row
+    "insert": Op.INSERT,  # CDC insert: ``data`` is the new row
+    "update": Op.UPDATE,  # CDC update: ``data`` is the new row
+    "delete": Op.DELETE,  # CDC delete: ``data`` is the deleted row (or its key)
+}
+CONTROL_OPS = frozenset({
+    "create-table",  # a table starts (full load or CDC); ``control.table-def`` with details
+    "drop-table",  # table dropped
+    "rename-table",  # IncludeTableAlterOperations
+    "add-column",
+    "drop-column",
+    "rename-column",
+    "column-type-change",
+})
+_META_FIELDS = ("transaction-record-id", "prev-transaction-id", "prev-transaction-record-id",
+                "stream-position", "partition-key-value")
+_META_SET = frozenset(_META_FIELDS)
+
+
+@dataclass(frozen=True)
+class AwsDmsJsonOptions(DecoderOptions):
+    """Options of ``aws-dms-json``.
+
+    Attributes:
+        before_image_prefix: column prefix of the ``add-before-image-columns`` rule
+            (``before-image-def.column-prefix``); default ``"BI_"``; ``""`` turns it off
+            (for tables with real columns of that name).
+        before_image_fields: names of the ``BeforeImageSettings.FieldName`` object to read
+            the before image from, first found wins; default ``("before-image", "before")``.
+        infer_nulls_from_before: a column in an update's before image but absent from
+            ``data`` is NULL in the after image (DMS omits NULLs unless
+            ``IncludeNullAndEmpty``). Default ``True``.
+        float_as_decimal: decode JSON numbers with a fraction or exponent as exact
+            ``Decimal`` instead of ``float``. Slower. Default ``False``.
+    """
+
+    before_image_prefix: str = "BI_"
+    before_image_fields: tuple[str, ...] = ("before-image", "before")
+    infer_nulls_from_before: bool = True
+    float_as_decimal: bool = False
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class AwsDmsJsonDecoder(Decoder):
+    """Decodes AWS DMS JSON records (see the module docstring)."""
+
+    identifier: ClassVar[str] = IDENTIFIER
+    options_class: ClassVar[type[DecoderOptions]] = AwsDmsJsonOptions
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        super().__init__(options)
+        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
+        opts: AwsDmsJsonOptions = self.options  # type: ignore[assignment]
+        self._prefix = opts.before_image_prefix
+        self._prefix_bytes = b'"' + opts.before_image_prefix.encode()
+        # per table: identity and key columns (options, replaced by what a create-table
+        # control record declares)
+        self._tables: dict[tuple[str, str], TableInfo] = {}
+        self._seconds: dict[str, int] = {}  # "yyyy-mm-ddThh:mm:ss" -> epoch seconds
+
+    def decode(self, record: Record) -> list[ChangeEvent]:
+        """Decode one DMS record into one event.
+
+        Raises:
+            DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
+                ``UNKNOWN_OP``, ``MISSING_KEY``.
+        """
+        exact = self._exact
+        if exact:
+            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
+        else:
+            try:
+                msg = orjson.loads(record.value)  # type: ignore[arg-type]
+            except orjson.JSONDecodeError as exc:
+                raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
+        try:
+            return [self._decode(msg, record, exact)]
+        except InexactNumber:
+            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
+
+    def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
+        if type(msg) is not dict:
+            raise DecodeError("an AWS DMS record is a JSON object", Code.NOT_AN_OBJECT)
+        md = msg.get("metadata")
+        if type(md) is not dict:
+            if md is None:
+                raise DecodeError("AWS DMS record without 'metadata'", Code.MISSING_FIELD)
+            raise field_error("metadata", md, "an object")
+        get = md.get
+        rtype = get("record-type")
+        operation = get("operation")
+        if type(rtype) is not str or type(operation) is not str:
+            if rtype is None or operation is None:
+                raise DecodeError("AWS DMS metadata without 'record-type' or 'operation'",
+                                  Code.MISSING_FIELD)
+            raise DecodeError("'record-type' and 'operation' must be strings", Code.BAD_FIELD)
+        info = self._table(get("schema-name"), get("table-name"))
+        source = info.source
+        stamp = get("timestamp")
+        ts_us = None if stamp is None else self._epoch_us(stamp, "timestamp")
+        seq = None if ts_us is None else (ts_us,)
+        commit = get("commit-timestamp")
+        ts_ms = (ts_us if commit is None else self._epoch_us(commit, "commit-timestamp"))
+        if ts_ms is not None:
+            ts_ms //= 1000
+        meta = None
+        if not _META_SET.isdisjoint(md):
+            meta = {k: md[k] for k in _META_FIELDS if k in md}
+
+        if rtype == RECORD_CONTROL:
+            if operation not in CONTROL_OPS:
+                raise DecodeError(f"unknown AWS DMS control operation {operation!r}",
+                                  Code.UNKNOWN_OP)
+            meta = {**(meta or {}), "operation": operation}
+            control = msg.get("control")
+            if control is not None:
+                meta["control"] = control
+                if operation == "create-table":
+                    self._learn_key(info, control)
+            return ChangeEvent(Op.DDL, source, seq=seq, ts_ms=ts_ms, origin=record.origin,
+                               meta=meta)
+        if rtype != RECORD_DATA:
+            raise DecodeError(f"unknown AWS DMS record-type {rtype!r}", Code.UNKNOWN_OP)
+        op = DATA_OPS.get(operation)
+        if op is None:
+            raise DecodeError(f"unknown AWS DMS data operation {operation!r}", Code.UNKNOWN_OP)
+        if stamp is None:
+            raise DecodeError("AWS DMS data record without metadata 'timestamp'",
+                              Code.MISSING_FIELD)
+        data = msg.get("data")
+        if type(data) is not dict:
+            if data is None:
+                raise DecodeError("AWS DMS data record without 'data'", Code.MISSING_FIELD)
+            raise field_error("data", data, "an object")
+        json_image(data, checked)
+        before = None
+        if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]
+            before = self._split_before(data)
+        if op is Op.UPDATE:
+            for name in self.options.before_image_fields:  # type: ignore[attr-defined]
+                image = msg.get(name)
+                if image is not None:
+                    if type(image) is not dict:
+                        raise field_error(name, image, "an object")
+                    before = {**(before or {}), **json_image(image, checked)}
+                    break
+            if before and self.options.infer_nulls_from_before:  # type: ignore[attr-defined]
+                for k in before:
+                    if k not in data:
+                        data[k] = None
+            after = data
+            before = before or None
+        elif op is Op.DELETE:
+            before, after = data, None
+        else:
+            before, after = None, data
+        txid = get("transaction-id")
+        txn = None
+        if txid is not None:
+            order = get("transaction-record-id")
+            txn = Txn(str(txid), order if type(order) is int else None, None)
+        event = ChangeEvent(op, source, None, before, after, None, seq, ts_ms, txn, None, None,
+                            record.origin, meta)
+        return with_key(self, event, data, info.keys)
+
+    @staticmethod
+    def _learn_key(info: TableInfo, control: Any) -> None:
+        table_def = control.get("table-def") if type(control) is dict else None
+        keys = table_def.get("primary-key") if type(table_def) is dict else None
+        if type(keys) is list and keys and {*map(type, keys)} == {str}:
+            info.keys = keys
+
+    def _split_before(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """Move ``BI_<col>`` columns out of ``data``; return them as ``{col: value}``."""
+        prefix = self._prefix
+        names = [k for k in data if k.startswith(prefix)]
+        if not names:
+            return None
+        n = len(prefix)
+        return {k[n:]: data.pop(k) for k in names}
+
+    def _table(self, schema: Any, table: Any) -> TableInfo:
+        if type(schema) is str and type(table) is str:
+            found = self._tables.get((schema, table))
+            if found is None:
+                found = TableInfo(SourceTable(IDENTIFIER, schema=schema, table=table),
+                                  self.options.primary_keys)
+                if len(self._tables) > 10_000:  # a learned key would be forgotten: rare
+                    self._tables.clear()
+                self._tables[(schema, table)] = found
+            return found
+        if schema is None or table is None:
+            raise DecodeError("AWS DMS metadata without 'schema-name' or 'table-name'",
+                              Code.MISSING_FIELD)
+        raise DecodeError("'schema-name' and 'table-name' must be strings", Code.BAD_FIELD)
+
+    def _epoch_us(self, text: Any, name: str) -> int:
+        """``"2024-10-27T12:39:03.210671Z"`` -> epoch microseconds (UTC)."""
+        if type(text) is str and len(text) == 27 and text[26] == "Z" and text[19] == ".":
+            seconds = self._seconds.get(text[:19])  # the usual shape, seen this second
+            frac = text[20:26]
+            if seconds is not None and frac.isdigit() and frac.isascii():
+                return seconds * 1_000_000 + int(frac)
+        if type(text) is str and len(text) >= 19:
+            head = text[:19]
+            seconds = self._seconds.get(head)
+            if seconds is None:
+                try:
+                    wall = dt.datetime.fromisoformat(head)
+                except ValueError:
+                    wall = None
+                if wall is not None:
+                    seconds = int((wall.replace(tzinfo=dt.UTC) - _EPOCH).total_seconds())
+                    if len(self._seconds) > 100_000:
+                        self._seconds.clear()
+                    self._seconds[head] = seconds
+            if seconds is not None:
+                rest = text[19:].removesuffix("Z")
+                if not rest:
+                    return seconds * 1_000_000
+                frac = rest[1:]
+                if rest[0] == "." and frac.isdigit() and frac.isascii():
+                    return seconds * 1_000_000 + int(frac[:6].ljust(6, "0"))
+        raise DecodeError(f"metadata {name!r} {text!r} is not 'yyyy-MM-ddTHH:mm:ss.ffffffZ'",
+                          Code.BAD_FIELD)
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+def _json_value(v: Any, logical: str | None) -> Any:
+    """A typed value as DMS writes it."""
+    if v is None or logical == "json":
+        return v
+    if isinstance(v, decimal.Decimal):
+        return str(v)  # NUMERIC as text keeps its digits
+    if isinstance(v, bytes | bytearray):
+        return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return v.isoformat(timespec="microseconds") + "Z"
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    return v
+
+
+#: logical type -> DMS data type in ``table-def``
+_DMS_TYPES = {"boolean": "BOOLEAN", "int32": "INT32", "int64": "INT64", "float32": "REAL4",
+              "float64": "REAL8", "string": "STRING", "json": "STRING", "binary": "BLOB",
+              "date": "DATE", "time": "TIME", "timestamp": "DATETIME",
+              "timestamptz": "DATETIME"}
+
+
+def _stamp(us: int) -> str:
+    text = (_EPOCH + dt.timedelta(microseconds=us)).replace(tzinfo=None)
+    return text.isoformat(timespec="microseconds") + "Z"
+
+
+class AwsDmsJsonEncoder(Encoder):
+    """Writes workload changes as a DMS task with ``IncludeTransactionDetails`` and
+    ``BeforeImageSettings`` (``FieldName`` ``before-image``, ``ColumnFilter`` ``all``).
+
+    ``timestamp`` is DMS's write clock: ``ts_ms`` in microseconds, moved forward by 1 us
+    where needed so that it strictly increases, as DMS writes records one after another.
+    ``commit-timestamp`` is ``ts_ms``. Snapshot rows are ``load`` records.
+    """
+
+    identifier: ClassVar[str] = IDENTIFIER
+    # dates, timestamps, decimals and binary arrive as strings
+    exact_types: ClassVar[frozenset[str]] = frozenset(
+        {"int32", "int64", "float64", "string", "boolean"})
+
+    def __init__(self) -> None:
+        self._clock_us = 0
+        self._txn: tuple[str, int] | None = None
+        self._started: set[tuple[str, str]] = set()
+
+    def encode(self, change: SourceChange) -> list[Message]:
+        if change.op is Op.TRUNCATE:  # DMS publishes no truncate to Kafka
+            return []
+        table = change.table
+        schema = table.schema or table.database
+        types = change.columns
+        out = []
+        if (schema, table.table) not in self._started:  # DMS starts each table with one
+            self._started.add((schema, table.table))
+            self._clock_us = max(change.ts_ms * 1000, self._clock_us + 1)
+            out.append(self._create_table(change, schema, _stamp(self._clock_us)))
+        self._clock_us = max(change.ts_ms * 1000, self._clock_us + 1)
+        md: dict[str, Any] = {"timestamp": _stamp(self._clock_us), "record-type": "data"}
+        md["operation"] = {Op.SNAPSHOT: "load", Op.INSERT: "insert", Op.UPDATE: "update",
+                           Op.DELETE: "delete"}[change.op]
+        md["partition-key-type"] = "schema-table"
+        md["schema-name"] = schema
+        md["table-name"] = table.table
+        if change.op is not Op.SNAPSHOT:
+            tid = change.txn_id if change.txn_id is not None else str(change.seq)
+            if self._txn is None or self._txn[0] != tid:
+                self._txn = (tid, 1)
+            else:
+                self._txn = (tid, self._txn[1] + 1)
+            md["transaction-id"] = int(tid) if tid.isdigit() else tid
+            md["transaction-record-id"] = self._txn[1]
+            md["commit-timestamp"] = _stamp(change.ts_ms * 1000)
+        row = change.before if change.op is Op.DELETE else change.after
+        msg: dict[str, Any] = {
+            "data": {c: _json_value(v, types.get(c)) for c, v in (row or {}).items()}}
+        if change.op is Op.UPDATE and change.before is not None:
+            msg["before-image"] = {c: _json_value(v, types.get(c))
+                                   for c, v in change.before.items()}
+        msg["metadata"] = md
+        out.append(Message(value=orjson.dumps(msg), key=f"{schema}.{table.table}".encode()))
+        return out
+
+    def _create_table(self, change: SourceChange, schema: str, stamp: str) -> Message:
+        """The ``create-table`` control record (``IncludeControlDetails``)."""
+        columns = {}
+        for c, logical in change.columns.items():
+            column: dict[str, Any] = {"nullable": c not in change.key_columns}
+            if logical.startswith("decimal("):
+                p, s = logical[8:-1].split(",")
+                column.update(type="NUMERIC", precision=int(p), scale=int(s))
+            else:
+                column["type"] = _DMS_TYPES.get(logical, "STRING")
+            columns[c] = column
+        table_def: dict[str, Any] = {"columns": columns}
+        if change.key_columns:
+            table_def["primary-key"] = list(change.key_columns)
+        msg = {"control": {"table-def": table_def},
+               "metadata": {"timestamp": stamp, "record-type": "control",
+                            "operation": "create-table", "partition-key-type": "task-id",
+                            "schema-name": schema, "table-name": change.table.table}}
+        return Message(value=orjson.dumps(msg), key=b"cdcflow-task")

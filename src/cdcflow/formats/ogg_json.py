@@ -1,0 +1,336 @@
+"""Oracle GoldenGate JSON (``ogg-json``): the operation-model JSON formatter of
+GoldenGate for Big Data (GG for DAA) Kafka handler.
+
+Source documents: GoldenGate for Big Data *Using the Pluggable Formatters* (JSON
+formatter, operation model; metacolumn keywords ``${position}``, ``${csn}``, ``${xid}``,
+``${txind}``, ``${primarykeycolumns}``, ``${alltokens}``); corpus files under
+``/work/shared/corpus/ogg/``. One message is::
+
+    {"table": "SCHEMA.TABLE" | "CATALOG.SCHEMA.TABLE", "op_type": "I"|"U"|"D"|"T",
+     "op_ts": "yyyy-MM-dd HH:mm:ss.SSSSSS", "current_ts": "...", "pos": "000...0143",
+     ["primary_keys": [...]], ["csn", "xid", "txind", "tokens"],
+     "before": {col: value} | null, "after": {col: value} | null}
+
+Decoding rules (details and the type table: ``docs/formats/ogg-json.md``):
+
+* ``seq`` is ``(int(pos),)``: ``pos`` is the trail file sequence number and the record's
+  RBA printed as one fixed-width zero-padded decimal, so its numeric order is the trail
+  order (commit order). Without ``pos`` ``seq`` is ``None``.
+* ``ts_ms`` is ``op_ts`` (the source commit timestamp from the trail), read in
+  ``options.timestamp_zone`` (default UTC).
+* Images keep exactly the columns the message has: an update carries only the changed
+  and key columns unless the source logs full rows (``before`` needs ``GETUPDATEBEFORES``),
+  so a column absent from ``after`` is "not present", never NULL. OGG declares no
+  column types: values keep their JSON types (as in ``maxwell-json``).
+* Key: ``primary_keys``, else ``options.primary_keys``, else ``MISSING_KEY``.
+* ``T`` (truncate) is ``Op.TRUNCATE`` for the table, without key or images.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import zoneinfo
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from cdcflow.errors import Code, ConfigError, DecodeError
+from cdcflow.formats.base import Decoder, DecoderOptions, Encoder, Message, Record, SourceChange
+from cdcflow.formats.maxwell_json import (
+    InexactNumber,
+    TableInfo,
+    field_error,
+    json_image,
+    loads_exact,
+    with_key,
+)
+from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
+
+__all__ = ["OggJsonDecoder", "OggJsonEncoder", "OggJsonOptions"]
+
+IDENTIFIER = "ogg-json"
+
+# --------------------------------------------------------------------------- op codes
+# ``op_type`` values: the formatter's defaults (insertOpKey, updateOpKey, deleteOpKey,
+# truncateOpKey) and the full names a handler may be configured to print.
+OP_CODES: dict[str, Op] = {
+    "I": Op.INSERT,  # insert: ``after`` only
+    "U": Op.UPDATE,  # update (also a primary-key update): ``after``, ``before`` if logged
+    "D": Op.DELETE,  # delete: ``before`` only
+    "T": Op.TRUNCATE,  # truncate table: no images
+    "INSERT": Op.INSERT,
+    "UPDATE": Op.UPDATE,
+    "DELETE": Op.DELETE,
+    "TRUNCATE": Op.TRUNCATE,
+}
+#: ``txind`` (``${txind}``) values meaning "last operation of its transaction":
+#: E (end) and W (whole: the only operation), or the trail header codes 2 and 3.
+_TX_LAST = frozenset({"E", "W", "2", "3", 2, 3})
+_TX_NOT_LAST = frozenset({"B", "M", "0", "1", 0, 1})
+_STRINGS = frozenset({str})
+_TXN_FIELDS = frozenset({"xid", "csn"})
+_META_FIELDS = ("current_ts", "csn", "tokens")  # kept in ``meta`` when present
+_META_SET = frozenset(_META_FIELDS)
+
+
+@dataclass(frozen=True)
+class OggJsonOptions(DecoderOptions):
+    """Options of ``ogg-json``.
+
+    Attributes:
+        timestamp_zone: zone of ``op_ts`` text (IANA name such as ``"Europe/Paris"``);
+            default ``"UTC"``, as GoldenGate writes trail timestamps.
+        op_codes: extra ``op_type`` codes for a handler configured with custom
+            ``insertOpKey``/``updateOpKey``/``deleteOpKey``/``truncateOpKey``, as
+            ``{code: "insert"|"update"|"delete"|"truncate"}``. Default: none.
+        is_missing_fields: the formatter writes ``<column>_isMissing`` booleans
+            (``includeIsMissingFields=true``): drop them and leave a missing column out of
+            its image. Default ``False`` (such fields would be columns).
+        float_as_decimal: decode JSON numbers with a fraction or exponent as exact
+            ``Decimal`` (Oracle NUMBER) instead of ``float``. Slower. Default ``False``.
+    """
+
+    timestamp_zone: str = "UTC"
+    op_codes: Mapping[str, str] = field(default_factory=dict)
+    is_missing_fields: bool = False
+    float_as_decimal: bool = False
+
+    def __post_init__(self) -> None:
+        _zone(self.timestamp_zone)
+        for code, name in dict(self.op_codes).items():
+            if name not in ("insert", "update", "delete", "truncate"):
+                raise ConfigError(f"op_codes[{code!r}] must be insert, update, delete or "
+                                  f"truncate, not {name!r}")
+
+
+def _zone(name: str) -> dt.tzinfo:
+    if name.upper() in ("UTC", "Z", "GMT"):
+        return dt.UTC
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"timestamp_zone {name!r} is not an IANA time zone name "
+                          "such as 'UTC' or 'Europe/Paris'") from None
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _split_table(name: str) -> SourceTable:
+    parts = name.split(".")
+    if len(parts) >= 3:
+        return SourceTable(IDENTIFIER, ".".join(parts[:-2]), parts[-2], parts[-1])
+    if len(parts) == 2:
+        return SourceTable(IDENTIFIER, schema=parts[0], table=parts[1])
+    return SourceTable(IDENTIFIER, table=name)
+
+
+class OggJsonDecoder(Decoder):
+    """Decodes GoldenGate JSON operation messages (see the module docstring)."""
+
+    identifier: ClassVar[str] = IDENTIFIER
+    options_class: ClassVar[type[DecoderOptions]] = OggJsonOptions
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        super().__init__(options)
+        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
+        opts: OggJsonOptions = self.options  # type: ignore[assignment]
+        self._zone = _zone(opts.timestamp_zone)
+        self._ops = {**OP_CODES, **{c: Op(n) for c, n in dict(opts.op_codes).items()}}
+        self._tables: dict[str, TableInfo] = {}
+        self._seconds: dict[str, int] = {}  # "yyyy-mm-dd hh:mm:ss" -> epoch seconds
+
+    def decode(self, record: Record) -> list[ChangeEvent]:
+        """Decode one GoldenGate JSON message into one event.
+
+        Raises:
+            DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
+                ``UNKNOWN_OP``, ``MISSING_KEY``.
+        """
+        exact = self._exact
+        if exact:
+            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
+        else:
+            try:
+                msg = orjson.loads(record.value)  # type: ignore[arg-type]
+            except orjson.JSONDecodeError as exc:
+                raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
+        try:
+            return [self._decode(msg, record, exact)]
+        except InexactNumber:
+            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
+
+    def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
+        if type(msg) is not dict:
+            raise DecodeError("a GoldenGate JSON message is a JSON object", Code.NOT_AN_OBJECT)
+        get = msg.get
+        code = get("op_type")
+        if type(code) is not str:
+            if code is None:
+                raise DecodeError("GoldenGate message without 'op_type'", Code.MISSING_FIELD)
+            raise field_error("op_type", code, "a string")
+        op = self._ops.get(code)
+        if op is None:
+            raise DecodeError(f"unknown GoldenGate op_type {code!r}", Code.UNKNOWN_OP)
+        name = get("table")
+        if type(name) is not str:
+            if name is None:
+                raise DecodeError("GoldenGate message without 'table'", Code.MISSING_FIELD)
+            raise field_error("table", name, "a string")
+        info = self._tables.get(name)
+        if info is None:
+            info = TableInfo(_split_table(name), self.options.primary_keys)
+            if len(self._tables) > 10_000:
+                self._tables.clear()
+            self._tables[name] = info
+        source = info.source
+
+        pos = get("pos")
+        seq = None
+        if pos is not None:
+            if type(pos) is str and pos.isdigit() and pos.isascii():
+                seq = (int(pos),)
+            elif type(pos) is int and pos >= 0:
+                seq = (pos,)
+            else:
+                raise DecodeError(f"pos {pos!r} is not a decimal position", Code.BAD_FIELD)
+        op_ts = get("op_ts")
+        ts_ms = None if op_ts is None else self._ts_ms(op_ts)
+        txn = None if _TXN_FIELDS.isdisjoint(msg) else self._txn(get)
+        meta = None
+        if not _META_SET.isdisjoint(msg):
+            meta = {k: msg[k] for k in _META_FIELDS if msg.get(k) is not None} or None
+        if op is Op.TRUNCATE:
+            return ChangeEvent(op, source, seq=seq, ts_ms=ts_ms, txn=txn, origin=record.origin,
+                               meta=meta)
+
+        before = self._image(get("before"), "before", checked)
+        after = self._image(get("after"), "after", checked)
+        if op is Op.DELETE:
+            if before is None:
+                raise DecodeError("GoldenGate delete without a 'before' image", Code.MISSING_FIELD)
+            after = None
+        elif after is None:
+            raise DecodeError(f"GoldenGate {op.value} without an 'after' image",
+                              Code.MISSING_FIELD)
+        elif op is Op.INSERT:
+            before = None
+        event = ChangeEvent(op, source, None, before, after, None, seq, ts_ms, txn, None, None,
+                            record.origin, meta)
+        keys = get("primary_keys")
+        if keys is not None and (type(keys) is not list or not {*map(type, keys)} <= _STRINGS):
+            raise field_error("primary_keys", keys, "a list of column names")
+        return with_key(self, event, before if after is None else after,
+                        keys or info.keys)
+
+    def _image(self, image: Any, name: str, checked: bool) -> dict[str, Any] | None:
+        if image is None:
+            return None
+        if type(image) is not dict:
+            raise field_error(name, image, "an object or null")
+        if self.options.is_missing_fields:  # type: ignore[attr-defined]
+            missing = [k for k, v in image.items() if k.endswith("_isMissing") and type(v) is bool]
+            for flag in missing:
+                if image.pop(flag):
+                    image.pop(flag[: -len("_isMissing")], None)
+        return json_image(image, checked)
+
+    def _txn(self, get: Any) -> Txn | None:
+        xid = get("xid")
+        csn = get("csn")
+        if xid is None and csn is None:
+            return None
+        txind = get("txind")
+        last = None
+        if type(txind) is str or type(txind) is int:
+            last = True if txind in _TX_LAST else False if txind in _TX_NOT_LAST else None
+        return Txn(str(xid if xid is not None else csn), None, last)
+
+    def _ts_ms(self, text: Any) -> int:
+        """``"2020-05-13 15:40:06.123456"`` (or ISO ``T``) -> epoch ms in the option zone."""
+        if type(text) is str and len(text) >= 19:
+            seconds = self._seconds.get(text[:19])
+            if seconds is None:
+                try:
+                    wall = dt.datetime.fromisoformat(text[:19])
+                except ValueError:
+                    wall = None
+                if wall is not None:
+                    seconds = int((wall.replace(tzinfo=self._zone) - _EPOCH).total_seconds())
+                    if len(self._seconds) > 100_000:
+                        self._seconds.clear()
+                    self._seconds[text[:19]] = seconds
+            frac = text[20:23]
+            if seconds is not None and (len(text) == 19 or (text[19] == "." and frac.isdigit())):
+                return seconds * 1000 + (int(frac.ljust(3, "0")) if frac else 0)
+        raise DecodeError(f"op_ts {text!r} is not 'yyyy-MM-dd HH:mm:ss[.ffffff]'",
+                          Code.BAD_FIELD)
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+def _json_value(v: Any, logical: str | None) -> Any:
+    """A typed value as the JSON formatter prints it."""
+    if v is None:
+        return None
+    if logical == "json":
+        return v
+    if isinstance(v, decimal.Decimal):
+        return orjson.Fragment(str(v).encode())  # NUMBER as a JSON number
+    if isinstance(v, bytes | bytearray):
+        return base64.b64encode(bytes(v)).decode()  # RAW/BLOB as base64
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+        return v.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    return v
+
+
+def _ts_text(ms: int) -> str:
+    return (_EPOCH + dt.timedelta(milliseconds=ms)).replace(tzinfo=None).isoformat(
+        sep=" ", timespec="microseconds")
+
+
+class OggJsonEncoder(Encoder):
+    """Writes workload changes as the GoldenGate JSON formatter does, with
+    ``metaColumnsTemplate`` ``table, op_type, op_ts, current_ts, pos, primary_keys`` and
+    ``${xid}``/``${txind}`` when the change has a transaction id.
+
+    ``pos`` is ``seq`` printed as 20 zero-padded digits; ``op_ts`` is ``ts_ms`` in UTC;
+    updates carry full before and after images (``GETUPDATEBEFORES``, full logging).
+    """
+
+    identifier: ClassVar[str] = IDENTIFIER
+    # dates, timestamps and binary arrive as strings, NUMBER as floats, so only these
+    exact_types: ClassVar[frozenset[str]] = frozenset(
+        {"int32", "int64", "float64", "string", "boolean"})
+
+    def encode(self, change: SourceChange) -> list[Message]:
+        op_type = {Op.INSERT: "I", Op.SNAPSHOT: "I", Op.UPDATE: "U", Op.DELETE: "D",
+                   Op.TRUNCATE: "T"}[change.op]
+        table = change.table
+        types = change.columns
+        msg: dict[str, Any] = {
+            "table": ".".join(p for p in (table.schema or table.database, table.table) if p),
+            "op_type": op_type,
+            "op_ts": _ts_text(change.ts_ms),
+            "current_ts": _ts_text(change.ts_ms).replace(" ", "T"),
+            "pos": f"{change.seq:020d}",
+            "primary_keys": list(change.key_columns),
+        }
+        if change.txn_id is not None:
+            msg["xid"] = change.txn_id
+        if change.op in (Op.UPDATE, Op.DELETE) and change.before is not None:
+            msg["before"] = {c: _json_value(v, types.get(c)) for c, v in change.before.items()}
+        if change.op in (Op.INSERT, Op.SNAPSHOT, Op.UPDATE) and change.after is not None:
+            msg["after"] = {c: _json_value(v, types.get(c)) for c, v in change.after.items()}
+        row = change.after if change.after is not None else change.before or {}
+        key = "_".join(str(row.get(c)) for c in change.key_columns)
+        return [Message(value=orjson.dumps(msg), key=key.encode())]
