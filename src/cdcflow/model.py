@@ -218,8 +218,6 @@ def json_default(value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, dt.time):
         return value.isoformat()
-    if isinstance(value, int):  # beyond 64 bits: orjson refuses, keep it exact as a string
-        return str(value)
     raise TypeError(f"no JSON form for {type(value).__name__}")
 
 
@@ -264,6 +262,27 @@ def event_to_json_dict(event: ChangeEvent) -> dict[str, Any]:
     return out
 
 
+def _exact_big_ints(obj: Any) -> Any:
+    """Integers beyond 64 bits as decimal strings (orjson refuses them, never calling default)."""
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return obj if -(2**63) <= obj < 2**64 else str(obj)
+    if isinstance(obj, dict):
+        return {k: _exact_big_ints(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_exact_big_ints(v) for v in obj]
+    return obj
+
+
 def dumps(obj: Any) -> bytes:
-    """Canonical JSON bytes (see :func:`json_default`); keys keep insertion order."""
-    return orjson.dumps(obj, default=json_default, option=_ORJSON_OPTS)
+    """Canonical JSON bytes (see :func:`json_default`); keys keep insertion order.
+
+    Integers beyond the 64-bit range are written as decimal strings, so they stay exact.
+    """
+    try:
+        return orjson.dumps(obj, default=json_default, option=_ORJSON_OPTS)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_exact_big_ints(obj), default=json_default, option=_ORJSON_OPTS)

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: Wide enough for any source decimal (Oracle NUMBER: 38 digits; MySQL DECIMAL: 65).
+_DECIMAL_CONTEXT = decimal.Context(prec=200, Emax=10**6, Emin=-(10**6))
 EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
 
@@ -247,7 +249,7 @@ def to_decimal(value: Any, column: str, scale: int | None = None) -> decimal.Dec
         if not d.is_finite():
             raise TypeError
         if scale is not None:
-            d = d.quantize(decimal.Decimal(1).scaleb(-scale))
+            d = d.quantize(decimal.Decimal(1).scaleb(-scale), context=_DECIMAL_CONTEXT)
         return d
     except (TypeError, decimal.InvalidOperation):
         raise _bad(column, value, "decimal") from None
