@@ -1,0 +1,1106 @@
+"""Kafka as a Spark streaming source: Spark's JVM ``kafka`` source, or cdcflow's own.
+
+:func:`read_stream` returns a streaming DataFrame with the columns of Spark's Kafka
+source (:data:`KAFKA_SCHEMA`). Where Spark's Kafka connector is on the classpath it is
+used; otherwise the Python streaming data source ``cdcflow_kafka`` defined here reads
+the topics with confluent-kafka (librdkafka).
+
+The Python source (PySpark >= 4.2 ``DataSourceStreamReader``):
+
+* keeps its offsets in Spark's checkpoint as JSON ``{topic: {partition: next_offset}}``
+  (partitions as strings, topics and partitions sorted), so a restarted query resumes
+  exactly after the last committed micro-batch;
+* plans one Spark input partition per Kafka topic-partition offset range
+  ``[start, end)``; ``read`` assigns and seeks a consumer to ``start``, yields
+  ``pyarrow.RecordBatch``es of up to ``maxRecordsPerBatch`` rows and stops exactly
+  before ``end``;
+* does admission control (``maxOffsetsPerTrigger``, split fairly across partitions),
+  ``Trigger.AvailableNow``, topic discovery by ``subscribePattern`` at every
+  micro-batch (new topics and partitions start at their earliest offset);
+* never skips records silently: a next offset below a partition's low watermark
+  (records deleted by retention) or above its end (topic re-created) raises
+  :class:`~cdcflow.errors.SourceError` with code ``DATA_LOSS`` unless
+  ``failOnDataLoss=false``, which skips ahead with a warning.
+
+Options (names as in Spark's Kafka source, case-insensitive):
+
+=============================  ===========================================================
+``kafka.bootstrap.servers``    required; ``host:port[,host:port...]``
+``kafka.<librdkafka key>``     passed to librdkafka (``kafka.security.protocol``,
+                               ``kafka.sasl.mechanism``, ``kafka.sasl.username``, ...)
+``subscribe``                  comma-separated topics
+``subscribePattern``           regular expression matched against whole topic names
+``assign``                     JSON ``{"topic": [0, 1]}``
+``startingOffsets``            ``earliest`` / ``latest`` (default) / JSON
+                               ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)
+``maxOffsetsPerTrigger``       maximum records per micro-batch, over all partitions
+``failOnDataLoss``             ``true`` (default) / ``false``
+``kafkaConsumer.pollTimeoutMs``  how long ``read`` waits without progress, ms (120000)
+``maxRecordsPerBatch``         rows per Arrow batch yielded by ``read`` (10000)
+=============================  ===========================================================
+
+Exactly one of ``subscribe``, ``subscribePattern`` and ``assign`` must be set.
+Reference: Spark "Structured Streaming + Kafka Integration Guide" (options, schema).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from cdcflow.errors import ConfigError, SourceError
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "DATA_LOSS",
+    "FORMAT",
+    "KAFKA_SCHEMA",
+    "JVM_KAFKA_PROVIDER",
+    "KafkaDataSource",
+    "KafkaInputPartition",
+    "KafkaSourceOptions",
+    "KafkaStreamReader",
+    "jvm_kafka_available",
+    "parse_options",
+    "read_partition",
+    "read_stream",
+    "register",
+    "resolve_start_offset",
+    "split_fairly",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "cdcflow_kafka"
+"""Name of the Python data source (``spark.readStream.format(FORMAT)``)."""
+
+JVM_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+"""Class of Spark's own Kafka connector (``spark-sql-kafka-0-10``)."""
+
+DATA_LOSS = "DATA_LOSS"
+"""Error code of a :class:`SourceError` for records that can no longer be read."""
+
+EARLIEST = -2  # startingOffsets JSON: the partition's low watermark
+LATEST = -1  # startingOffsets JSON: the partition's high watermark
+
+_DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark: spark.network.timeout
+_DEFAULT_RECORDS_PER_BATCH = 10_000
+_REQUEST_TIMEOUT_S = 30.0
+
+# Options of Spark's Kafka source accepted and ignored here (they do not change what
+# is read): headers are always included; one input partition per Kafka partition.
+_IGNORED_OPTIONS = frozenset(
+    {
+        "includeheaders",
+        "minpartitions",
+        "groupidprefix",
+        "fetchoffset.numretries",
+        "fetchoffset.retryintervalms",
+        "maxtriggerdelay",
+    }
+)
+# Options of Spark's Kafka source that change what is read and are not implemented.
+_UNSUPPORTED_OPTIONS = {
+    "endingoffsets": "endingOffsets is for batch queries; this is a streaming source",
+    "startingoffsetsbytimestamp": "start from offsets (startingOffsets) instead",
+    "startingtimestamp": "start from offsets (startingOffsets) instead",
+    "startingoffsetsbytimestampstrategy": "start from offsets (startingOffsets) instead",
+    "minoffsetspertrigger": "remove it (only maxOffsetsPerTrigger is supported)",
+}
+_OWN_OPTIONS = {
+    "subscribe": "subscribe",
+    "subscribepattern": "subscribePattern",
+    "assign": "assign",
+    "startingoffsets": "startingOffsets",
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+    "failondataloss": "failOnDataLoss",
+    "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+    "maxrecordsperbatch": "maxRecordsPerBatch",
+}
+# librdkafka settings the source owns (Spark rejects the same ones).
+_FORBIDDEN_KAFKA_KEYS = {
+    "auto.offset.reset": "use the option startingOffsets instead",
+    "enable.auto.commit": "offsets are kept in Spark's checkpoint, not committed to Kafka",
+    "key.deserializer": "keys are always returned as bytes (cast or decode them in Spark)",
+    "value.deserializer": "values are always returned as bytes (decode them in Spark)",
+}
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _spark_schema() -> Any:
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    return StructType(
+        [
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("offset", LongType()),
+            StructField("timestamp", TimestampType()),
+            StructField("timestampType", IntegerType()),
+            StructField("headers", ArrayType(header)),
+        ]
+    )
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("timestampType", pa.int32()),
+            ("headers", pa.list_(pa.field("element", header))),
+        ]
+    )
+
+
+KAFKA_SCHEMA = _spark_schema()
+"""Columns of Spark's Kafka source: ``key binary, value binary, topic string, partition
+int, offset long, timestamp timestamp, timestampType int,
+headers array<struct<key:string,value:binary>>``. ``timestampType`` is Kafka's id
+(0 CreateTime, 1 LogAppendTime); ``headers`` is null for a record without headers."""
+
+ARROW_SCHEMA = _arrow_schema()
+"""The Arrow schema of the batches ``read`` yields (Spark's mapping of KAFKA_SCHEMA)."""
+_HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSourceOptions:
+    """Validated options of the Python Kafka source (see the module docstring).
+
+    Attributes:
+        client_config: librdkafka configuration: every ``kafka.*`` option without its
+            prefix, including ``bootstrap.servers``.
+        subscribe: topics to read, or ``None``.
+        subscribe_pattern: regular expression matched against whole topic names, or ``None``.
+        assign: ``{topic: (partition, ...)}`` to read, or ``None``.
+        starting_offsets: ``"earliest"``, ``"latest"`` or ``{topic: {partition: offset}}``
+            with -2 for earliest and -1 for latest.
+        max_offsets_per_trigger: maximum records per micro-batch, or ``None`` (no limit).
+        fail_on_data_loss: raise on records lost to retention or topic re-creation.
+        poll_timeout_ms: how long ``read`` waits for the next record, ms.
+        max_records_per_batch: rows per Arrow record batch.
+    """
+
+    client_config: Mapping[str, str]
+    subscribe: tuple[str, ...] | None = None
+    subscribe_pattern: str | None = None
+    assign: Mapping[str, tuple[int, ...]] | None = None
+    starting_offsets: str | Mapping[str, Mapping[int, int]] = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = _DEFAULT_POLL_TIMEOUT_MS
+    max_records_per_batch: int = _DEFAULT_RECORDS_PER_BATCH
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``kafka.bootstrap.servers``."""
+        return str(self.client_config["bootstrap.servers"])
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one this source reads."""
+        if self.subscribe is not None:
+            return topic in self.subscribe
+        if self.assign is not None:
+            return topic in self.assign
+        assert self.subscribe_pattern is not None
+        return re.fullmatch(self.subscribe_pattern, topic) is not None
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"option {name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _parse_starting_offsets(raw: str) -> str | dict[str, dict[int, int]]:
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    fix = (
+        'use "earliest", "latest" or JSON such as {"topic":{"0":23,"1":-2}} '
+        "(-2 = earliest, -1 = latest)"
+    )
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"option startingOffsets={raw!r} is not valid; {fix}") from exc
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(f"option startingOffsets={raw!r} is not valid; {fix}")
+    result: dict[str, dict[int, int]] = {}
+    for topic, parts in parsed.items():
+        if not isinstance(parts, dict):
+            raise ConfigError(f"option startingOffsets: {topic!r} must map to an object; {fix}")
+        result[topic] = {}
+        for p, off in parts.items():
+            try:
+                partition = int(p)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"option startingOffsets: partition {p!r} of {topic!r} is not a number; {fix}"
+                ) from exc
+            if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
+                raise ConfigError(
+                    f"option startingOffsets: offset {off!r} of {topic}[{p}] must be an "
+                    f"offset >= 0, -2 (earliest) or -1 (latest)"
+                )
+            result[topic][partition] = off
+    return result
+
+
+def _parse_assign(raw: str) -> dict[str, tuple[int, ...]]:
+    fix = 'use JSON such as {"topicA":[0,1],"topicB":[0]}'
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"option assign={raw!r} is not valid JSON; {fix}") from exc
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(f"option assign={raw!r} is not valid; {fix}")
+    result = {}
+    for topic, parts in parsed.items():
+        if not isinstance(parts, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts
+        ):
+            raise ConfigError(f"option assign: {topic!r} must map to a list of partitions; {fix}")
+        result[topic] = tuple(sorted(set(parts)))
+    return result
+
+
+def parse_options(options: Mapping[str, Any]) -> KafkaSourceOptions:
+    """Validate the options of the Kafka source.
+
+    Args:
+        options: option name -> value as given to ``DataStreamReader.option``; names
+            are case-insensitive.
+
+    Returns:
+        The validated options.
+
+    Raises:
+        ConfigError: a required option is missing, a value is malformed, the options
+            name no or several topic selections, or an option is unknown or not
+            supported; the message names the option and the fix.
+    """
+    opts = {str(k).lower(): ("" if v is None else str(v)) for k, v in options.items()}
+    unknown = sorted(
+        k
+        for k in opts
+        if not k.startswith("kafka.")
+        and k not in _OWN_OPTIONS
+        and k not in _IGNORED_OPTIONS
+        and k not in _UNSUPPORTED_OPTIONS
+    )
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {unknown} for the Kafka source; valid options: "
+            f"{sorted(_OWN_OPTIONS.values())} and kafka.<librdkafka setting>"
+        )
+    for key in opts:
+        if key in _UNSUPPORTED_OPTIONS:
+            raise ConfigError(
+                f"option {key} is not supported by cdcflow's Kafka source; "
+                f"{_UNSUPPORTED_OPTIONS[key]}"
+            )
+
+    client: dict[str, str] = {}
+    for key, value in opts.items():
+        if key.startswith("kafka."):
+            name = key[len("kafka.") :]
+            if name in _FORBIDDEN_KAFKA_KEYS:
+                raise ConfigError(
+                    f"option kafka.{name} is not supported: {_FORBIDDEN_KAFKA_KEYS[name]}"
+                )
+            client[name] = value
+    if not client.get("bootstrap.servers", "").strip():
+        raise ConfigError(
+            "option kafka.bootstrap.servers is required: set it to the broker list, "
+            "e.g. .option('kafka.bootstrap.servers', 'host1:9092,host2:9092')"
+        )
+
+    chosen = [_OWN_OPTIONS[k] for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
+    if len(chosen) != 1:
+        what = "none of them is set" if not chosen else f"{' and '.join(chosen)} are all set"
+        raise ConfigError(
+            "set exactly one of the options subscribe (comma-separated topics), "
+            f"subscribePattern (regular expression) or assign (JSON); {what}"
+        )
+    subscribe = pattern = assign = None
+    if opts.get("subscribe"):
+        subscribe = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
+        if not subscribe:
+            raise ConfigError("option subscribe names no topic; give comma-separated topics")
+    elif opts.get("subscribepattern"):
+        pattern = opts["subscribepattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"option subscribePattern={pattern!r} is not a valid regular expression: {exc}"
+            ) from exc
+    else:
+        assign = _parse_assign(opts["assign"])
+
+    starting: str | dict[str, dict[int, int]] = "latest"
+    if opts.get("startingoffsets"):
+        starting = _parse_starting_offsets(opts["startingoffsets"])
+    max_per_trigger = None
+    if opts.get("maxoffsetspertrigger"):
+        max_per_trigger = _positive_int("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
+    fail = opts.get("failondataloss", "true").strip().lower()
+    if fail not in ("true", "false"):
+        raise ConfigError(f"option failOnDataLoss must be true or false, got {fail!r}")
+    poll_ms = _DEFAULT_POLL_TIMEOUT_MS
+    if opts.get("kafkaconsumer.polltimeoutms"):
+        poll_ms = _positive_int("kafkaConsumer.pollTimeoutMs", opts["kafkaconsumer.polltimeoutms"])
+    per_batch = _DEFAULT_RECORDS_PER_BATCH
+    if opts.get("maxrecordsperbatch"):
+        per_batch = _positive_int("maxRecordsPerBatch", opts["maxrecordsperbatch"])
+    return KafkaSourceOptions(
+        client_config=client,
+        subscribe=subscribe,
+        subscribe_pattern=pattern,
+        assign=assign,
+        starting_offsets=starting,
+        max_offsets_per_trigger=max_per_trigger,
+        fail_on_data_loss=fail == "true",
+        poll_timeout_ms=poll_ms,
+        max_records_per_batch=per_batch,
+    )
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+TopicPartitionKey = tuple[str, int]
+
+
+def resolve_start_offset(
+    topic: str,
+    partition: int,
+    next_offset: int,
+    low: int,
+    high: int,
+    fail_on_data_loss: bool,
+) -> int:
+    """The offset to read ``topic[partition]`` from, checking that no record was lost.
+
+    Args:
+        topic: topic name.
+        partition: partition number.
+        next_offset: the next offset to read (from the checkpoint or startingOffsets).
+        low: the partition's low watermark (first offset still stored).
+        high: the partition's high watermark (offset of the next record to be written).
+        fail_on_data_loss: raise instead of skipping.
+
+    Returns:
+        ``next_offset`` when it lies in ``[low, high]``; otherwise (only with
+        ``fail_on_data_loss=False``, after logging a warning) ``low``.
+
+    Raises:
+        SourceError: code ``DATA_LOSS``: ``next_offset < low`` (records deleted by
+            retention before they were read) or ``next_offset > high`` (the topic was
+            deleted and re-created, or the log was truncated).
+    """
+    if low <= next_offset <= high:
+        return next_offset
+    where = f"topic {topic!r} partition {partition}"
+    if next_offset < low:
+        what = (
+            f"{where}: the next offset to read is {next_offset} but the earliest offset "
+            f"still stored is {low}; records {next_offset}..{low - 1} were deleted "
+            "(retention) before this query read them"
+        )
+    else:
+        what = (
+            f"{where}: the next offset to read is {next_offset} but the partition ends "
+            f"at {high}; the topic was deleted and re-created or its log was truncated, "
+            "so records may have been missed"
+        )
+    if fail_on_data_loss:
+        raise SourceError(
+            f"{what}. To go on, either reset this query's checkpoint (delete the "
+            "checkpoint directory and choose startingOffsets) or set the option "
+            f"failOnDataLoss=false to skip to offset {low} (the missing records are lost)",
+            DATA_LOSS,
+        )
+    log.warning("%s; failOnDataLoss=false: skipping to offset %d", what, low)
+    return low
+
+
+def split_fairly(backlog: Mapping[Any, int], max_rows: int) -> dict[Any, int]:
+    """Split a budget of ``max_rows`` records fairly over partitions (max-min fairness).
+
+    Each partition with a backlog gets an equal share; what a small partition does not
+    need goes to the others; the last few rows that do not divide evenly go to the
+    partitions with the largest remaining backlog (ties by key), so no partition
+    starves even when ``max_rows`` is smaller than the number of partitions.
+
+    Args:
+        backlog: partition -> records available (>= 0).
+        max_rows: the budget (>= 0).
+
+    Returns:
+        partition -> records to take, each ``<= backlog``, summing to
+        ``min(max_rows, sum(backlog))``.
+    """
+    take = {k: 0 for k in backlog}
+    remaining = max(0, int(max_rows))
+    active = sorted((k for k, n in backlog.items() if n > 0), key=lambda k: (backlog[k], k))
+    for i, k in enumerate(active):
+        share = remaining // (len(active) - i)
+        take[k] = min(backlog[k], share)
+        remaining -= take[k]
+    for k in sorted(active, key=lambda k: (take[k] - backlog[k], k)):
+        if remaining <= 0:
+            break
+        if take[k] < backlog[k]:
+            take[k] += 1
+            remaining -= 1
+    return take
+
+
+def _to_json(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str, int]]:
+    """Canonical checkpoint form: topics sorted, partitions sorted numerically."""
+    result: dict[str, dict[str, int]] = {}
+    for topic, partition in sorted(offsets):
+        result.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
+    return result
+
+
+def _from_json(offsets: Mapping[str, Mapping[str, int]] | None) -> dict[TopicPartitionKey, int]:
+    if not offsets:
+        return {}
+    return {
+        (topic, int(p)): int(off) for topic, parts in offsets.items() for p, off in parts.items()
+    }
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def _client_config(opts: KafkaSourceOptions, role: str) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "group.id": f"cdcflow-kafka-source-{role}-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        # Spark's default: read records of open transactions too, up to the high watermark.
+        "isolation.level": "read_uncommitted",
+        "auto.offset.reset": "error",
+        "enable.partition.eof": True,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "fetch.wait.max.ms": 100,
+    }
+    config.update(opts.client_config)
+    return config
+
+
+def _make_consumer(opts: KafkaSourceOptions, role: str) -> Any:
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        return Consumer(_client_config(opts, role))
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"librdkafka rejected the kafka.* options: {exc}; kafka.* options are passed "
+            "to librdkafka, whose setting names can differ from the Java client's (see "
+            "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md)"
+        ) from exc
+
+
+def _kafka_error(exc: BaseException, what: str) -> SourceError:
+    return SourceError(f"{what}: {exc}; check kafka.bootstrap.servers and that the brokers are up")
+
+
+# --------------------------------------------------------------------------- partitions
+
+
+class KafkaInputPartition(InputPartition):
+    """The records ``[start, end)`` of one Kafka topic-partition: one Spark task.
+
+    Attributes:
+        topic: topic name.
+        partition: partition number.
+        start: first offset to read (inclusive).
+        end: offset to stop before (exclusive).
+    """
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"KafkaInputPartition({self.topic}[{self.partition}] {self.start}..{self.end})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KafkaInputPartition) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.partition, self.start, self.end))
+
+
+def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Iterator[Any]:
+    """Read the records ``[part.start, part.end)`` of one topic-partition as Arrow batches.
+
+    The consumer is assigned to the partition at ``part.start`` and stops at the first
+    record at or beyond ``part.end`` (or at the end of the log): no record outside the
+    range is ever emitted. Gaps inside the range (compaction, transaction markers) are
+    normal and skipped.
+
+    Args:
+        opts: source options (client configuration, failOnDataLoss, timeouts).
+        part: topic, partition and offset range.
+
+    Yields:
+        ``pyarrow.RecordBatch`` with :data:`ARROW_SCHEMA`, up to
+        ``opts.max_records_per_batch`` rows each, in offset order.
+
+    Raises:
+        SourceError: code ``DATA_LOSS`` if records of the range were deleted and
+            ``failOnDataLoss`` is true; otherwise when no record arrives within
+            ``kafkaConsumer.pollTimeoutMs`` or the consumer reports an error.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    if part.end <= part.start:
+        return
+    consumer = _make_consumer(opts, "executor")
+    topic, partition, end = part.topic, part.partition, part.end
+    try:
+        consumer.assign([TopicPartition(topic, partition, part.start)])
+        next_offset = part.start
+        timeout_s = opts.poll_timeout_ms / 1000.0
+        last_progress = time.monotonic()
+        while next_offset < end:
+            want = min(opts.max_records_per_batch, end - next_offset)
+            try:
+                msgs = consumer.consume(num_messages=want, timeout=min(1.0, timeout_s))
+            except KafkaException as exc:
+                raise _kafka_error(exc, f"reading {topic}[{partition}]") from exc
+            if msgs and [m.error() for m in msgs].count(None) == len(msgs):
+                # Fast path: no error events and every record inside the range.
+                offsets = [m.offset() for m in msgs]
+                if offsets[0] >= next_offset and offsets[-1] < end:
+                    next_offset = offsets[-1] + 1
+                    last_progress = time.monotonic()
+                    yield _Columns.of(msgs, offsets).to_record_batch(topic, partition)
+                    continue
+            # Slow path, record by record: error events, or records outside the range.
+            cols = _Columns()
+            add_key, add_value, add_offset = (
+                cols.keys.append,
+                cols.values.append,
+                cols.offsets.append,
+            )
+            add_kind, add_stamp, add_headers = (
+                cols.kinds.append,
+                cols.stamps.append,
+                cols.headers.append,
+            )
+            done = False
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    code = err.code()
+                    if code == KafkaError._PARTITION_EOF:
+                        if m.offset() >= end:
+                            done = True
+                            break
+                        next_offset = _check_log_end(opts, consumer, part, next_offset)
+                        if next_offset >= end:
+                            done = True
+                            break
+                        continue
+                    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        next_offset = _recover_out_of_range(opts, consumer, part, next_offset)
+                        if next_offset >= end:
+                            done = True
+                            break
+                        continue
+                    raise SourceError(
+                        f"reading topic {topic!r} partition {partition} at offset "
+                        f"{next_offset}: {err.str()}"
+                    )
+                off = m.offset()
+                if off < next_offset:
+                    continue  # before the range (or a re-delivery): never emitted twice
+                if off >= end:
+                    done = True
+                    break
+                add_key(m.key())
+                add_value(m.value())
+                add_offset(off)
+                kind, ms = m.timestamp()
+                add_kind(kind)
+                add_stamp(ms)
+                add_headers(m.headers())
+                next_offset = off + 1
+            if cols.offsets:
+                last_progress = time.monotonic()
+                yield cols.to_record_batch(topic, partition)
+            if done:
+                break
+            if not cols.offsets and time.monotonic() - last_progress > timeout_s:
+                raise SourceError(
+                    f"no record of topic {topic!r} partition {partition} arrived for "
+                    f"{opts.poll_timeout_ms} ms while reading offsets {next_offset}..{end - 1}; "
+                    "check the brokers, or raise the option kafkaConsumer.pollTimeoutMs"
+                )
+    finally:
+        consumer.close()
+
+
+def _watermarks_of(consumer: Any, topic: str, partition: int) -> tuple[int, int]:
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=_REQUEST_TIMEOUT_S, cached=False
+        )
+    except KafkaException as exc:
+        raise _kafka_error(exc, f"querying the offsets of {topic}[{partition}]") from exc
+    return int(low), int(high)
+
+
+def _recover_out_of_range(
+    opts: KafkaSourceOptions, consumer: Any, part: KafkaInputPartition, next_offset: int
+) -> int:
+    """After "offset out of range": raise DATA_LOSS, or seek to the low watermark."""
+    from confluent_kafka import TopicPartition
+
+    low, high = _watermarks_of(consumer, part.topic, part.partition)
+    start = resolve_start_offset(
+        part.topic, part.partition, next_offset, low, high, opts.fail_on_data_loss
+    )
+    consumer.assign([TopicPartition(part.topic, part.partition, start)])
+    return start
+
+
+def _check_log_end(
+    opts: KafkaSourceOptions, consumer: Any, part: KafkaInputPartition, next_offset: int
+) -> int:
+    """End of log reached before ``part.end``: was the log truncated?"""
+    low, high = _watermarks_of(consumer, part.topic, part.partition)
+    if high >= part.end:
+        return next_offset  # more records are on their way
+    if high <= next_offset:
+        # The log ends before the planned range: offsets went backwards.
+        if opts.fail_on_data_loss:
+            raise SourceError(
+                f"topic {part.topic!r} partition {part.partition} now ends at offset {high} "
+                f"but offsets up to {part.end - 1} were planned for this micro-batch; the "
+                "topic was deleted and re-created or its log was truncated. To go on, reset "
+                "this query's checkpoint or set the option failOnDataLoss=false",
+                DATA_LOSS,
+            )
+        log.warning(
+            "%s[%d] ends at %d before the planned end %d; failOnDataLoss=false: stopping",
+            part.topic,
+            part.partition,
+            high,
+            part.end,
+        )
+        return part.end
+    return next_offset
+
+
+class _Columns:
+    """Column lists of one Arrow batch, filled one Kafka message at a time."""
+
+    __slots__ = ("keys", "values", "offsets", "kinds", "stamps", "headers")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.kinds: list[int] = []  # confluent-kafka TIMESTAMP_* (0 none, 1 create, 2 append)
+        self.stamps: list[int] = []  # epoch ms
+        self.headers: list[list[tuple[str, bytes | None]] | None] = []
+
+    @classmethod
+    def of(cls, msgs: Sequence[Any], offsets: list[int]) -> _Columns:
+        """Columns of error-free messages whose offsets are ``offsets``."""
+        cols = cls()
+        cols.keys = [m.key() for m in msgs]
+        cols.values = [m.value() for m in msgs]
+        cols.offsets = offsets
+        stamps = [m.timestamp() for m in msgs]
+        cols.kinds = [t[0] for t in stamps]
+        cols.stamps = [t[1] for t in stamps]
+        cols.headers = [m.headers() for m in msgs]
+        return cols
+
+    def to_record_batch(self, topic: str, partition: int) -> Any:
+        """The rows as a ``pyarrow.RecordBatch`` with :data:`ARROW_SCHEMA`."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(self.offsets)
+        kinds = pa.array(self.kinds, pa.int32())
+        # confluent-kafka's 0/1/2 (none/create/log-append) are Kafka's ids -1/0/1 plus one.
+        ts_type = pc.subtract(kinds, pa.scalar(1, pa.int32()))
+        micros = pc.multiply(pa.array(self.stamps, pa.int64()), pa.scalar(1000, pa.int64()))
+        stamps = pc.if_else(pc.equal(kinds, 0), pa.scalar(None, pa.int64()), micros)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array([topic] * n, pa.string()),
+                pa.array([partition] * n, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                stamps.cast(pa.timestamp("us", tz="UTC")),
+                ts_type,
+                pa.array(self.headers, _HEADERS_TYPE),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+
+
+# --------------------------------------------------------------------------- Spark source
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver-side planning and executor-side reading of the ``cdcflow_kafka`` source.
+
+    Spark keeps one instance per query in a Python worker on the driver and calls
+    ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on it; the
+    instance that runs ``read`` on executors is a pickled copy without clients.
+
+    Args:
+        options: validated source options.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.opts = options
+        self._consumer: Any = None  # metadata and watermark queries (driver only)
+        self._initial: dict[str, dict[str, int]] | None = None
+        self._target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self._latest: dict[TopicPartitionKey, int] | None = None
+        self._warned_gone: set[TopicPartitionKey] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_consumer"] = None
+        return state
+
+    # -------------------------------------------------------------- Kafka metadata
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._consumer = _make_consumer(self.opts, "driver")
+        return self._consumer
+
+    def _discover(self) -> list[TopicPartitionKey]:
+        """The topic-partitions this source reads, as the brokers' metadata says now."""
+        from confluent_kafka import KafkaException
+
+        try:
+            md = self._client().list_topics(timeout=_REQUEST_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _kafka_error(exc, "listing the topics") from exc
+        found: list[TopicPartitionKey] = []
+        for name, tm in md.topics.items():
+            if tm.error is not None or not self.opts.matches(name):
+                continue
+            if self.opts.subscribe_pattern is not None and name.startswith("__"):
+                continue  # internal topics (__consumer_offsets), as Kafka's own pattern subscription
+            wanted = self.opts.assign.get(name) if self.opts.assign is not None else None
+            for p in tm.partitions:
+                if wanted is None or p in wanted:
+                    found.append((name, int(p)))
+        return sorted(found)
+
+    def _wanted(self, tp: TopicPartitionKey) -> bool:
+        """Whether the options select ``tp`` (whatever the metadata says)."""
+        if not self.opts.matches(tp[0]):
+            return False
+        return self.opts.assign is None or tp[1] in self.opts.assign[tp[0]]
+
+    def _watermarks(
+        self, tps: Sequence[TopicPartitionKey]
+    ) -> dict[TopicPartitionKey, tuple[int, int]]:
+        """``{(topic, partition): (low, high)}`` of ``tps``."""
+        client = self._client()
+        return {tp: _watermarks_of(client, tp[0], tp[1]) for tp in tps}
+
+    # -------------------------------------------------------------- offsets
+
+    def initialOffset(self) -> dict:
+        """Offsets a new query starts from, per ``startingOffsets``.
+
+        Returns:
+            ``{topic: {partition: next_offset}}`` for every partition present now.
+
+        Raises:
+            ConfigError: startingOffsets JSON does not name exactly the partitions
+                the query reads.
+        """
+        if self._initial is not None:
+            return self._initial
+        tps = self._discover()
+        wm = self._watermarks(tps)
+        starting = self.opts.starting_offsets
+        offsets: dict[TopicPartitionKey, int] = {}
+        if starting in ("earliest", "latest"):
+            pick = 0 if starting == "earliest" else 1
+            offsets = {tp: wm[tp][pick] for tp in tps}
+        else:
+            assert isinstance(starting, Mapping)
+            given = {(t, p): off for t, parts in starting.items() for p, off in parts.items()}
+            missing = sorted(set(tps) - set(given))
+            extra = sorted(set(given) - set(tps))
+            if missing or extra:
+                raise ConfigError(
+                    "option startingOffsets must give an offset for every partition the "
+                    f"query reads (use -2 for earliest, -1 for latest); missing: "
+                    f"{[f'{t}[{p}]' for t, p in missing]}, not found in Kafka: "
+                    f"{[f'{t}[{p}]' for t, p in extra]}"
+                )
+            for tp in tps:
+                off = given[tp]
+                offsets[tp] = wm[tp][0] if off == EARLIEST else wm[tp][1] if off == LATEST else off
+        if self.opts.subscribe is not None:
+            absent = sorted(set(self.opts.subscribe) - {t for t, _ in tps})
+            if absent:
+                log.warning(
+                    "topics %s do not exist yet; they are read from their earliest "
+                    "offset once they appear",
+                    absent,
+                )
+        self._initial = _to_json(offsets)
+        return self._initial
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of a ``Trigger.AvailableNow`` run: the current high watermarks."""
+        tps = self._discover()
+        self._target = {tp: hw for tp, (_, hw) in self._watermarks(tps).items()}
+
+    def getDefaultReadLimit(self) -> Any:
+        """``ReadMaxRows(maxOffsetsPerTrigger)``, or ``ReadAllAvailable()`` without it."""
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        if self.opts.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.opts.max_offsets_per_trigger)
+
+    def latestOffset(self, start: dict, limit: Any = None) -> dict:
+        """The end offsets of the next micro-batch.
+
+        Discovers topics and partitions (new ones start at their earliest offset),
+        checks for data loss, caps at the ``Trigger.AvailableNow`` target and splits a
+        ``ReadMaxRows`` budget fairly across partitions.
+
+        Args:
+            start: ``{topic: {partition: next_offset}}`` where the batch starts.
+            limit: ``ReadAllAvailable`` or ``ReadMaxRows``; ``None`` reads everything.
+
+        Returns:
+            ``{topic: {partition: end_offset}}``; equal to ``start`` when there is
+            nothing new.
+
+        Raises:
+            SourceError: code ``DATA_LOSS`` (see :func:`resolve_start_offset`).
+        """
+        begin = _from_json(start)
+        tps = self._discover()
+        wm = self._watermarks(tps)
+        self._latest = {tp: hw for tp, (_, hw) in wm.items()}
+        end: dict[TopicPartitionKey, int] = {}
+        backlog: dict[TopicPartitionKey, int] = {}
+        for tp in sorted(set(begin) | set(tps)):
+            if tp not in wm:
+                if not self._wanted(tp):
+                    continue  # no longer subscribed (options changed on restart): dropped
+                end[tp] = begin[tp]  # gone from the metadata (topic deleted?): keep its offset
+                if tp not in self._warned_gone:
+                    self._warned_gone.add(tp)
+                    log.warning("%s[%d] is no longer in the topic metadata", *tp)
+                continue
+            low, high = wm[tp]
+            if tp not in begin:
+                if self._target is not None and tp not in self._target:
+                    continue  # appeared after the AvailableNow target was fixed
+                first = low  # a new topic or partition: from its earliest offset
+            else:
+                first = resolve_start_offset(
+                    tp[0], tp[1], begin[tp], low, high, self.opts.fail_on_data_loss
+                )
+            stop = high
+            if self._target is not None and tp in self._target:
+                stop = min(stop, max(first, self._target[tp]))
+            end[tp] = first
+            backlog[tp] = max(0, stop - first)
+        max_rows = None
+        if limit is not None and hasattr(limit, "max_rows"):
+            max_rows = int(limit.max_rows)
+        take = backlog if max_rows is None else split_fairly(backlog, max_rows)
+        for tp, n in take.items():
+            end[tp] += n
+        return _to_json(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        """High watermarks seen by the last ``latestOffset`` call (for query progress)."""
+        return _to_json(self._latest) if self._latest else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[Any]:
+        """One input partition per topic-partition with records in ``[start, end)``.
+
+        Raises:
+            SourceError: code ``DATA_LOSS`` if the start of a range was deleted meanwhile.
+        """
+        begin, stop = _from_json(start), _from_json(end)
+        present = set(self._discover())
+        wm = self._watermarks([tp for tp in sorted(stop) if tp in present])
+        parts = []
+        for tp in sorted(stop):
+            e = stop[tp]
+            s = begin.get(tp)
+            if tp in wm:
+                low, high = wm[tp]
+                s = resolve_start_offset(
+                    tp[0], tp[1], low if s is None else s, low, high, self.opts.fail_on_data_loss
+                )
+            if s is not None and s < e:
+                parts.append(KafkaInputPartition(tp[0], tp[1], s, e))
+        return parts
+
+    def read(self, partition: Any) -> Iterator[Any]:
+        """Arrow batches of one input partition (see :func:`read_partition`)."""
+        return read_partition(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, not in Kafka."""
+
+    def stop(self) -> None:
+        """Close the metadata client."""
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            finally:
+                self._consumer = None
+
+
+class KafkaDataSource(DataSource):
+    """The PySpark data source ``cdcflow_kafka`` (streaming reads only).
+
+    Options are validated when the DataFrame is created (``load()``); see the module
+    docstring for the list.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """``cdcflow_kafka``."""
+        return FORMAT
+
+    def schema(self) -> Any:
+        """:data:`KAFKA_SCHEMA`, after validating the options."""
+        parse_options(self.options)
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:
+        """A stream reader for these options."""
+        return KafkaStreamReader(parse_options(self.options))
+
+
+def register(spark: Any) -> None:
+    """Register the ``cdcflow_kafka`` data source with a SparkSession (idempotent).
+
+    Args:
+        spark: ``pyspark.sql.SparkSession``.
+    """
+    spark.dataSource.register(KafkaDataSource)
+
+
+def jvm_kafka_available(spark: Any) -> bool:
+    """Whether Spark's own Kafka connector (:data:`JVM_KAFKA_PROVIDER`) is on the classpath.
+
+    Args:
+        spark: ``pyspark.sql.SparkSession``; a Spark Connect session cannot be inspected
+            and gives ``False``.
+    """
+    try:
+        jvm = spark.sparkContext._jvm
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(JVM_KAFKA_PROVIDER, False, loader)
+        return True
+    except Exception:  # noqa: BLE001 - ClassNotFoundException, no JVM (Connect), ...
+        return False
+
+
+def read_stream(spark: Any, options: Mapping[str, Any], engine: str = "auto") -> Any:
+    """A streaming DataFrame of Kafka records with the columns of :data:`KAFKA_SCHEMA`.
+
+    With ``engine="auto"`` Spark's JVM ``kafka`` source is used when its connector
+    (``spark-sql-kafka-0-10``, class :data:`JVM_KAFKA_PROVIDER`) is on the classpath,
+    otherwise the Python source ``cdcflow_kafka``. The options are the same for both,
+    but ``kafka.*`` settings go to different clients: the Java client for the JVM source,
+    librdkafka for the Python one (e.g. SASL is ``kafka.sasl.jaas.config`` for Java but
+    ``kafka.sasl.username``/``kafka.sasl.password`` for librdkafka). The JVM source also
+    leaves out the ``headers`` column unless ``includeHeaders=true``; this function sets
+    it so both give the same columns.
+
+    The JVM path cannot be exercised in cdcflow's own test environment (no Spark Kafka
+    jars can be installed there); only the Python path is tested.
+
+    Args:
+        spark: ``pyspark.sql.SparkSession``.
+        options: source options (see the module docstring), e.g.
+            ``{"kafka.bootstrap.servers": "host:9092", "subscribe": "orders"}``.
+        engine: ``"auto"``, ``"jvm"`` or ``"python"``.
+
+    Returns:
+        A streaming ``pyspark.sql.DataFrame``, one row per Kafka record.
+
+    Raises:
+        ConfigError: invalid options (checked here, before Spark sees them), or an
+            unknown ``engine``.
+    """
+    parse_options(options)
+    if engine not in ("auto", "jvm", "python"):
+        raise ConfigError(f"engine must be 'auto', 'jvm' or 'python', got {engine!r}")
+    use_jvm = engine == "jvm" or (engine == "auto" and jvm_kafka_available(spark))
+    opts = {str(k): str(v) for k, v in options.items()}
+    if use_jvm:
+        opts.setdefault("includeHeaders", "true")
+        opts = {k: v for k, v in opts.items() if k.lower() != "maxrecordsperbatch"}
+        return spark.readStream.format("kafka").options(**opts).load()
+    register(spark)
+    return spark.readStream.format(FORMAT).options(**opts).load()
