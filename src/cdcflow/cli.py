@@ -211,5 +211,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """Console-script entry point: run :func:`main`, then leave without interpreter teardown.
+
+    Arrow's and delta-rs's native thread pools can still be alive when CPython finalizes,
+    and their destructors then abort the process (``terminate called without an active
+    exception``, exit 134) after all work is done (delta-io/delta-rs#2184). Everything is
+    flushed and the Spark session stopped first, so skipping finalization loses nothing.
+    """
+    import gc
+    import os
+
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse --help / usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+        if session is not None:
+            session.stop()
+    except ImportError:
+        pass
+    gc.collect()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -25,12 +25,31 @@ from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
 __all__ = ["run_demo", "MALFORMED"]
 
 PARTITIONS = 2
+#: Every format replicates the same source database; the format prefix keeps their
+#: mirrors apart (formats without a schema level give ``canal-json.shop.customers``).
+TARGET_TEMPLATE = "{format}.{database}.{schema}.{table}"
 #: Two malformed records per topic: not JSON at all, and JSON of the wrong shape.
 MALFORMED = (b"{this is not json", b'["an", "array", "is", "no", "change", "event"]')
 
 
 def _partition(message: Message) -> int:
     return zlib.crc32(message.key or message.value or b"") % PARTITIONS
+
+
+def _target(fmt: str, workload: Workload, spec, options: dict) -> str:
+    """The mirror a table lands in: encode one insert, decode it, route its source."""
+    from cdcflow.apply.batch import Router
+    from cdcflow.formats import decoder_for
+    from cdcflow.formats.base import Record, SourceChange
+    from cdcflow.model import Op
+
+    key = {c: 1 for c in spec.key_columns}
+    change = SourceChange(Op.INSERT, workload.source_table(spec), dict(spec.columns),
+                          spec.key_columns, None, {c: key.get(c) for c in spec.columns}, 1, 0)
+    records = [Record(value=m.value, key=m.key, headers=m.headers) for m in encoder_for(fmt).encode(change)]
+    events = [e for e in decoder_for(fmt, options or None).decode_batch(records).events if e.key]
+    src = events[0].source
+    return Router(TARGET_TEMPLATE).target(src.format, src.database, src.schema, src.table)
 
 
 def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
@@ -53,7 +72,7 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
         started = time.perf_counter()
         for fmt in formats:
             encoder = encoder_for(fmt)
-            workload = Workload(tables_for(encoder.exact_types), database=fmt.replace("-", "_"), seed=seed)
+            workload = Workload(tables_for(encoder.exact_types), database="shop", seed=seed)
             workloads[fmt] = workload
             changes = list(workload.changes(changes_per_format))
             messages = [m for change in changes for m in encoder.encode(change)]
@@ -78,6 +97,7 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
                 "warehouse": str(root),
                 "checkpoint": str(root / "_checkpoint"),
                 "trigger": "available_now",
+                "target_template": TARGET_TEMPLATE,
                 "kafka": {"bootstrap_servers": broker.bootstrap_servers, "max_offsets_per_trigger": 50_000},
                 "sources": [
                     {"format": fmt, "topics": [f"demo.{fmt}"], "options": decoder_options[fmt]}
@@ -100,7 +120,7 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
     for fmt, workload in workloads.items():
         print(f"\n== {fmt}")
         for spec in workload.tables:
-            target = f"{workload.database}.{workload.schema}.{spec.name}"
+            target = _target(fmt, workload, spec, decoder_options[fmt])
             expected = workload.expected_rows(spec.name)
             try:
                 mirror = wh.read(target)

@@ -82,7 +82,12 @@ class Pipeline:
         return DeltaWarehouse(self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}")
 
     def _start(self, source: SourceConfig, once: bool):
+        from cdcflow.formats import decoder_for
         from cdcflow.source.kafka import read_stream
+
+        # the format's options are checked here, on the driver, so a bad option is a
+        # ConfigError naming the key instead of a failure inside a Spark task
+        decoder_for(source.format, dict(source.options) or None)
 
         options = self.config.kafka.reader_options()
         if source.topics:

@@ -202,7 +202,7 @@ class DecodeFunction:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from cdcflow.formats import decoder_for
 
-        decoder = decoder_for(self.format_name, self.options)
+        decoder = decoder_for(self.format_name, self.options or None)
         for batch in batches:
             yield decode_kafka_batch(decoder, batch)
 

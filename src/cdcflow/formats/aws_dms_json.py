@@ -44,6 +44,7 @@ import base64
 import datetime as dt
 import decimal
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import orjson
@@ -391,6 +392,20 @@ class AwsDmsJsonEncoder(Encoder):
         msg["metadata"] = md
         out.append(Message(value=orjson.dumps(msg), key=f"{schema}.{table.table}".encode()))
         return out
+
+    def decoder_options(self, changes: Iterable[SourceChange]) -> dict[str, Any]:
+        """``primary_keys`` for the workload's tables, as a DMS consumer configures them.
+
+        The ``create-table`` control records name the keys too, but DMS partitions them by
+        task id, so a decoder reading another partition (or a later micro-batch) has not
+        seen them; configured keys always apply.
+        """
+        keys: dict[str, list[str]] = {}
+        for change in changes:
+            schema = change.table.schema or change.table.database
+            if change.key_columns:
+                keys[f"{schema}.{change.table.table}"] = list(change.key_columns)
+        return {"primary_keys": keys}
 
     def _create_table(self, change: SourceChange, schema: str, stamp: str) -> Message:
         """The ``create-table`` control record (``IncludeControlDetails``)."""
