@@ -72,7 +72,10 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
         started = time.perf_counter()
         for fmt in formats:
             encoder = encoder_for(fmt)
-            workload = Workload(tables_for(encoder.exact_types), database="shop", seed=seed)
+            # a format whose encoder writes another format's messages (auto) gets its own database
+            own = getattr(encoder, "event_format", fmt) == fmt
+            database = "shop" if own else f"shop_via_{fmt}"
+            workload = Workload(tables_for(encoder.exact_types), database=database, seed=seed)
             workloads[fmt] = workload
             changes = list(workload.changes(changes_per_format))
             messages = [m for change in changes for m in encoder.encode(change)]

@@ -32,7 +32,10 @@ class Code:
     UNKNOWN_OP = "UNKNOWN_OP"  # an operation code the format does not define
     MISSING_KEY = "MISSING_KEY"  # a row change whose key columns cannot be found
     BAD_VALUE = "BAD_VALUE"  # a column value that does not fit its declared type
-    UNKNOWN_FORMAT = "UNKNOWN_FORMAT"  # --format auto could not tell the format
+    UNKNOWN_FORMAT = "UNKNOWN_FORMAT"  # --format auto: the record fits no candidate format
+    AMBIGUOUS_FORMAT = "AMBIGUOUS_FORMAT"  # --format auto: the record fits several candidates
+    MISSING_METADATA = "MISSING_METADATA"  # reserved: table metadata (Qlik MD) not seen yet
+    DATA_LOSS = "DATA_LOSS"  # Kafka records were deleted before they were read
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
     UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner

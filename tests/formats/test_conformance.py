@@ -113,7 +113,7 @@ def test_round_trip_through_the_formats_own_encoder(fmt):
     rows = [e for e in result.events if e.op in (Op.INSERT, Op.UPDATE, Op.DELETE)]
     assert [e.op for e in rows] == [Op.INSERT, Op.UPDATE, Op.DELETE]
     assert all(e.key == {"id": 1} for e in rows)
-    assert all(e.source.table == "items" and e.source.format == fmt for e in rows)
+    assert all(e.source.table == "items" and e.source.format == getattr(encoder, "event_format", fmt) for e in rows)
     assert rows[0].after == _restrict(ROW_1, exact)
     assert rows[1].after == _restrict(ROW_2, exact)
     assert rows[2].after is None

@@ -145,3 +145,14 @@ def test_composite_and_odd_column_names(tmp_path):
     ap.apply(table_of(e(Op.UPDATE, 15, "a2", 3), e(Op.DELETE, 16, "b", 4)), 1)
     rows = wh.read("db.no_pk").to_pylist()
     assert [(r["#alibaba_rds_row_id#"], r["name"]) for r in rows] == [(15, "a2")]
+
+
+def test_a_record_joined_into_another_records_event_is_accounted_for(tmp_path):
+    wh, ap = _wh(tmp_path)
+    joined = upd(1, "b", seq=2, offset=6)  # carries the change of records 5 (before half) and 6
+    result = DecodeResult(events=[ins(1, "a", seq=1, offset=4), joined],
+                          decoded_origins=[Origin("t", 0, 4), Origin("t", 0, 5), Origin("t", 0, 6)])
+    report = ap.apply(pa.Table.from_batches([flatten(result)]), 0)
+    assert report.records == 3
+    acc = wh.read("batches", system=True).to_pylist()
+    assert [(a["records"], a["events"], a["joined"]) for a in acc] == [(3, 2, 1)]

@@ -9,7 +9,8 @@ writes, each idempotent per ``(pipeline, batch_id)``:
 4. tombstones of deleted keys and truncates;
 5. the batch's accounting row per Kafka partition (records, events, skipped, dead).
 
-Every record of the batch is accounted for: ``records = events-records + skipped + dead``.
+Every record of the batch is accounted for: ``records = records with events + joined +
+skipped + dead`` (``joined``: an update half whose change its partner's event carries).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_SKIP
+from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
 from cdcflow.apply.schema import merge_types
 from cdcflow.errors import ApplyError, Code
@@ -248,7 +249,7 @@ class BatchApplier:
         if events.num_rows == 0:
             return pa.Table.from_batches([], schema=BATCHES_SCHEMA)
         per_record = events.group_by(["topic", "partition", "offset"]).aggregate(
-            [("kind", "min")]  # "dead" < "event" < "skip": a record is one kind only
+            [("kind", "min")]  # "dead" < "event" < "joined" < "skip": one kind per record
         )
         grouped = per_record.group_by(["topic", "partition"]).aggregate(
             [("offset", "min"), ("offset", "max"), ("offset", "count")]
@@ -273,6 +274,7 @@ class BatchApplier:
                 "last_offset": grouped["offset_max"].cast(pa.int64()),
                 "records": grouped["offset_count"].cast(pa.int64()),
                 "events": pa.array([ev_counts[(t, p)] for t, p in zip(topics, parts, strict=True)], pa.int64()),
+                "joined": pa.array([counts[(t, p)][KIND_JOINED] for t, p in zip(topics, parts, strict=True)], pa.int64()),
                 "skipped": pa.array([counts[(t, p)][KIND_SKIP] for t, p in zip(topics, parts, strict=True)], pa.int64()),
                 "dead_letters": pa.array([counts[(t, p)][KIND_DEAD] for t, p in zip(topics, parts, strict=True)], pa.int64()),
                 "committed_at_ms": pa.array([now] * len(topics), pa.int64()),

@@ -26,6 +26,7 @@ __all__ = [
     "EVENT_SCHEMA",
     "KIND_DEAD",
     "KIND_EVENT",
+    "KIND_JOINED",
     "KIND_SKIP",
     "decode_kafka_batch",
     "flatten",
@@ -33,13 +34,14 @@ __all__ = [
 ]
 
 KIND_EVENT = "event"
+KIND_JOINED = "joined"  # decoded, and its change is part of another record's event
 KIND_SKIP = "skip"
 KIND_DEAD = "dead"
 
 #: One row per decoded event / skipped record / dead letter.
 EVENT_SCHEMA = pa.schema(
     [
-        pa.field("kind", pa.string(), nullable=False),  # event | skip | dead
+        pa.field("kind", pa.string(), nullable=False),  # event | joined | skip | dead
         pa.field("op", pa.string()),
         pa.field("format", pa.string()),
         pa.field("database", pa.string()),
@@ -137,6 +139,9 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
             offset=o.offset,
             event_index=idx,
         )
+    for o in result.decoded_origins:
+        if (o.topic, o.partition, o.offset) not in index_in_record:
+            add(kind=KIND_JOINED, reason="JOINED", topic=o.topic, partition=o.partition, offset=o.offset)
     for s in result.skipped:
         o = s.origin
         add(kind=KIND_SKIP, reason=s.reason, topic=o.topic, partition=o.partition, offset=o.offset)

@@ -30,6 +30,7 @@ DECODERS: dict[str, str] = {
     "maxwell-json": "cdcflow.formats.maxwell_json:MaxwellJsonDecoder",
     "ogg-json": "cdcflow.formats.ogg_json:OggJsonDecoder",
     "aws-dms-json": "cdcflow.formats.aws_dms_json:AwsDmsJsonDecoder",
+    "auto": "cdcflow.formats.auto:AutoDecoder",
 }
 
 #: identifier -> "module:EncoderClass" (used by the demo and test workload generator)
@@ -46,6 +47,7 @@ ENCODERS: dict[str, str] = {
     "maxwell-json": "cdcflow.formats.maxwell_json:MaxwellJsonEncoder",
     "ogg-json": "cdcflow.formats.ogg_json:OggJsonEncoder",
     "aws-dms-json": "cdcflow.formats.aws_dms_json:AwsDmsJsonEncoder",
+    "auto": "cdcflow.formats.auto:AutoEncoder",
 }
 
 

@@ -95,9 +95,12 @@ class DecodeResult:
     """What :meth:`Decoder.decode_batch` made of its records.
 
     ``records == decoded_records + len(skipped) + len(dead_letters)`` always holds.
+    ``decoded_origins`` lists the decoded records; after :meth:`Decoder.combine`, a record
+    whose change was joined into another record's event has no event of its own.
     """
 
     events: list[ChangeEvent] = field(default_factory=list)
+    decoded_origins: list[Origin] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     records: int = 0
@@ -225,6 +228,7 @@ class Decoder(ABC):
                 result.skipped.append(Skipped("NO_EVENTS", record.origin))
                 continue
             result.decoded_records += 1
+            result.decoded_origins.append(record.origin)
             events.extend(decoded)
         result.events = self.combine(events)
         return result

@@ -86,6 +86,7 @@ BATCHES_SCHEMA = pa.schema(
         ("last_offset", pa.int64()),
         ("records", pa.int64()),
         ("events", pa.int64()),
+        ("joined", pa.int64()),  # records whose change another record's event carries
         ("skipped", pa.int64()),
         ("dead_letters", pa.int64()),
         ("committed_at_ms", pa.int64()),
