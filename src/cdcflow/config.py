@@ -16,7 +16,7 @@ Example (every key with its default where it has one)::
     sources:
       - name: pg                   # default: the format identifier
         format: debezium-json
-        topics: [pg.public.customers]   # or topic_pattern: "pg\\..*"
+        topics: [pg.public.customers]   # or topic_pattern: 'pg\\..*'
         options:                   # the format's options
           primary_keys: {customers: [id]}
 
