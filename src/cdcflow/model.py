@@ -200,7 +200,14 @@ def seq_key(seq: tuple[int, ...] | None) -> str | None:
     """
     if seq is None:
         return None
-    return ".".join(_seq_part(int(n)) for n in seq)
+    parts = []
+    for n in seq:
+        if n >= 0:
+            digits = str(n)
+            parts.append(f"{len(digits):02d}{digits}")
+        else:
+            parts.append(_seq_part(int(n)))
+    return ".".join(parts)
 
 
 # --------------------------------------------------------------------------- JSON form

@@ -95,6 +95,13 @@ class BatchReport:
         }
 
 
+def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool) -> pa.Table:
+    """The rows of one kind (an empty table without scanning when every row is an event)."""
+    if all_events:
+        return events.slice(0, 0)
+    return events.filter(pc.equal(kind, value))
+
+
 class BatchApplier:
     """Applies :data:`~cdcflow.apply.events.EVENT_SCHEMA` batches to a warehouse.
 
@@ -119,10 +126,13 @@ class BatchApplier:
         report = BatchReport(batch_id=batch_id)
         wh = self.warehouse
         kind = events["kind"]
-        rows = events.filter(pc.equal(kind, KIND_EVENT))
-        dead = events.filter(pc.equal(kind, KIND_DEAD))
-        skips = events.filter(pc.equal(kind, KIND_SKIP))
-        report.events = rows.num_rows
+        is_event = pc.equal(kind, KIND_EVENT)
+        n_events = pc.sum(pc.cast(is_event, pa.int64())).as_py() or 0
+        all_events = n_events == events.num_rows
+        rows = events if all_events else events.filter(is_event)
+        dead = _only(events, kind, KIND_DEAD, all_events)
+        skips = _only(events, kind, KIND_SKIP, all_events)
+        report.events = n_events
         report.skipped.update(skips["reason"].to_pylist())
         report.dead_letters.update(dead["reason"].to_pylist())
 
@@ -130,36 +140,47 @@ class BatchApplier:
         if self.changelog and rows.num_rows:
             wh.append(wh.system_path("changelog"), self._changelog(rows, batch_id), batch_id)
 
-        table_rows = rows.filter(pc.is_in(rows["op"], _TABLE_OPS))
-        targets = [
-            self.router.target(f, d, s, t)
-            for f, d, s, t in zip(
-                table_rows["format"].to_pylist(), table_rows["database"].to_pylist(),
-                table_rows["schema"].to_pylist(), table_rows["table"].to_pylist(), strict=True,
-            )
-        ]
-        if targets:
-            table_rows = table_rows.append_column("_target", pa.array(targets, pa.string()))
-            for target in sorted(set(targets)):
-                part = table_rows.filter(pc.equal(table_rows["_target"], target))
-                try:
-                    report.mirrors.append(self._apply_mirror(target, part, batch_id))
-                except ApplyError as exc:
-                    log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
-                    report.dead_letters[exc.code] += part.num_rows
-                    dead_letters.append(self._apply_dead_letters(part, target, exc, batch_id))
+        for target, part in self._by_target(rows):
+            try:
+                report.mirrors.append(self._apply_mirror(target, part, batch_id))
+            except ApplyError as exc:
+                log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
+                report.dead_letters[exc.code] += part.num_rows
+                dead_letters.append(self._apply_dead_letters(part, target, exc, batch_id))
         all_dead = pa.concat_tables(dead_letters)
         # dead letters are written after the mirrors so apply failures land in the same commit
         wh.append(wh.system_path("dead_letters"), all_dead, batch_id)
-        wh.append(wh.system_path("batches"), self._accounting(events, batch_id), batch_id)
-        report.records = self._record_count(events)
+        per_record = self._per_record(events)
+        wh.append(wh.system_path("batches"), self._accounting(per_record, rows, batch_id), batch_id)
+        report.records = per_record.num_rows
         report.seconds = time.perf_counter() - started
         return report
+
+    def _by_target(self, rows: pa.Table):
+        """``(target, rows)`` per target table, for the row changes and truncates."""
+        is_table_op = pc.is_in(rows["op"], _TABLE_OPS)
+        if not pc.all(is_table_op).as_py():
+            rows = rows.filter(is_table_op)
+        if rows.num_rows == 0:
+            return
+        source = pc.binary_join_element_wise(
+            rows["format"], rows["database"], rows["schema"], rows["table"], "\x1f"
+        )
+        by_target: dict[str, list[str]] = {}
+        for combo in pc.unique(source).to_pylist():
+            target = self.router.target(*combo.split("\x1f"))
+            by_target.setdefault(target, []).append(combo)
+        if len(by_target) == 1:
+            yield next(iter(by_target)), rows
+            return
+        for target in sorted(by_target):
+            yield target, rows.filter(pc.is_in(source, pa.array(by_target[target], pa.string())))
 
     # ------------------------------------------------------------------ pieces
 
     def _apply_mirror(self, target: str, part: pa.Table, batch_id: int) -> MirrorResult:
-        declared = [orjson.loads(c) if c else None for c in part["columns"].to_pylist()]
+        # distinct declarations, in order of first appearance
+        declared = [orjson.loads(c) for c in pc.unique(part["columns"]).to_pylist() if c]
         table = self.warehouse.open(self.warehouse.table_path(target))
         existing: dict[str, str] = {}
         if table is not None:
@@ -237,47 +258,53 @@ class BatchApplier:
         )
 
     @staticmethod
-    def _record_count(events: pa.Table) -> int:
-        """Distinct (topic, partition, offset) in the batch: every consumed record once."""
-        if events.num_rows == 0:
-            return 0
-        unique = events.group_by(["topic", "partition", "offset"]).aggregate([])
-        return unique.num_rows
+    def _per_record(events: pa.Table) -> pa.Table:
+        """One row per consumed record: (topic, partition, offset, kind).
+
+        A record is one kind only ("dead" < "event" < "joined" < "skip" by name).
+        """
+        return events.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
 
     @staticmethod
-    def _accounting(events: pa.Table, batch_id: int) -> pa.Table:
-        if events.num_rows == 0:
+    def _accounting(per_record: pa.Table, rows: pa.Table, batch_id: int) -> pa.Table:
+        if per_record.num_rows == 0:
             return pa.Table.from_batches([], schema=BATCHES_SCHEMA)
-        per_record = events.group_by(["topic", "partition", "offset"]).aggregate(
-            [("kind", "min")]  # "dead" < "event" < "joined" < "skip": one kind per record
-        )
-        grouped = per_record.group_by(["topic", "partition"]).aggregate(
+        ranges = per_record.group_by(["topic", "partition"]).aggregate(
             [("offset", "min"), ("offset", "max"), ("offset", "count")]
         )
-        counts: dict[tuple[str, int], Counter] = {}
-        for t, p, k in zip(per_record["topic"].to_pylist(), per_record["partition"].to_pylist(),
-                           per_record["kind_min"].to_pylist(), strict=True):
-            counts.setdefault((t, p), Counter())[k] += 1
-        ev_counts = Counter(
-            zip(events.filter(pc.equal(events["kind"], KIND_EVENT))["topic"].to_pylist(),
-                events.filter(pc.equal(events["kind"], KIND_EVENT))["partition"].to_pylist(), strict=True)
-        )
+        kinds = per_record.group_by(["topic", "partition", "kind_min"]).aggregate([("offset", "count")])
+        counts: dict[tuple[str, int, str], int] = {
+            (t, p, k): c
+            for t, p, k, c in zip(kinds["topic"].to_pylist(), kinds["partition"].to_pylist(),
+                                  kinds["kind_min"].to_pylist(), kinds["offset_count"].to_pylist(), strict=True)
+        }
+        per_event = rows.group_by(["topic", "partition"]).aggregate([("offset", "count")])
+        events = {
+            (t, p): c
+            for t, p, c in zip(per_event["topic"].to_pylist(), per_event["partition"].to_pylist(),
+                               per_event["offset_count"].to_pylist(), strict=True)
+        }
+        topics = ranges["topic"].to_pylist()
+        parts = ranges["partition"].to_pylist()
+        keys = list(zip(topics, parts, strict=True))
         now = int(time.time() * 1000)
-        topics = grouped["topic"].to_pylist()
-        parts = grouped["partition"].to_pylist()
+
+        def count(kind: str) -> pa.Array:
+            return pa.array([counts.get((t, p, kind), 0) for t, p in keys], pa.int64())
+
         return pa.table(
             {
-                "batch_id": pa.array([batch_id] * len(topics), pa.int64()),
+                "batch_id": pa.array([batch_id] * len(keys), pa.int64()),
                 "topic": topics,
                 "partition": pa.array(parts, pa.int32()),
-                "first_offset": grouped["offset_min"].cast(pa.int64()),
-                "last_offset": grouped["offset_max"].cast(pa.int64()),
-                "records": grouped["offset_count"].cast(pa.int64()),
-                "events": pa.array([ev_counts[(t, p)] for t, p in zip(topics, parts, strict=True)], pa.int64()),
-                "joined": pa.array([counts[(t, p)][KIND_JOINED] for t, p in zip(topics, parts, strict=True)], pa.int64()),
-                "skipped": pa.array([counts[(t, p)][KIND_SKIP] for t, p in zip(topics, parts, strict=True)], pa.int64()),
-                "dead_letters": pa.array([counts[(t, p)][KIND_DEAD] for t, p in zip(topics, parts, strict=True)], pa.int64()),
-                "committed_at_ms": pa.array([now] * len(topics), pa.int64()),
+                "first_offset": ranges["offset_min"].cast(pa.int64()),
+                "last_offset": ranges["offset_max"].cast(pa.int64()),
+                "records": ranges["offset_count"].cast(pa.int64()),
+                "events": pa.array([events.get(k, 0) for k in keys], pa.int64()),
+                "joined": count(KIND_JOINED),
+                "skipped": count(KIND_SKIP),
+                "dead_letters": count(KIND_DEAD),
+                "committed_at_ms": pa.array([now] * len(keys), pa.int64()),
             },
             schema=BATCHES_SCHEMA,
         )

@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 
 from cdcflow.formats.base import Decoder, DecodeResult, Record
-from cdcflow.model import ROW_OPS, Op, Origin, dumps, seq_key
+from cdcflow.model import ROW_OPS, Op, Origin, dumps, json_default, seq_key
 from cdcflow.types import infer_type
 
 __all__ = [
@@ -73,72 +73,140 @@ EVENT_SCHEMA = pa.schema(
 _NAMES = EVENT_SCHEMA.names
 
 
+_dumps = orjson.dumps
+_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_NON_STR_KEYS
+
+
 def _json(obj: Any) -> str | None:
-    return None if obj is None else dumps(obj).decode()
+    if obj is None:
+        return None
+    try:
+        return _dumps(obj, default=json_default, option=_OPTS).decode()
+    except orjson.JSONEncodeError:
+        return dumps(obj).decode()  # integers beyond 64 bits
+
+
+#: Python type -> logical type, for images whose format declares no types.
+_INFERRED = {bool: "boolean", float: "float64", str: "string", bytes: "binary"}
+
+
+def _inferred(value: Any) -> str | None:
+    t = _INFERRED.get(type(value))
+    if t is not None:
+        return t
+    if type(value) is int:
+        return "int64" if -(2**63) <= value < 2**63 else "decimal(38,0)"
+    return infer_type(value)
+
+
+class _ColumnsCache:
+    """Canonical ``columns`` JSON, computed once per distinct (declared, image shape)."""
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple, str | None] = {}
+
+    def get(self, declared: dict[str, str] | None, image: dict[str, Any] | None) -> str | None:
+        shape = (
+            tuple(declared.items()) if declared else (),
+            tuple(image) if image else (),
+            tuple(map(type, image.values())) if image else (),
+        )
+        cached = self._shapes.get(shape, False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        columns = dict(declared) if declared else {}
+        for c, v in (image or {}).items():
+            if c not in columns:
+                t = _inferred(v)
+                if t is not None:
+                    columns[c] = t
+        text = _json(columns) if columns else None
+        if len(self._shapes) < 10_000:
+            self._shapes[shape] = text
+        return text
 
 
 def flatten(result: DecodeResult) -> pa.RecordBatch:
-    """Turn a :class:`DecodeResult` into one :data:`EVENT_SCHEMA` batch."""
-    cols: dict[str, list[Any]] = {n: [] for n in _NAMES}
+    """Turn a :class:`DecodeResult` into one :data:`EVENT_SCHEMA` batch.
+
+    Rows: one per event (``kind="event"``), one per record whose change another record's
+    event carries (``joined``), per skipped record (``skip``) and per dead letter
+    (``dead``). ``columns`` is the event's declared types completed with the types of
+    undeclared image values (computed once per distinct image shape).
+    """
+    n = len(result.events)
+    cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
+    kind, op, fmt, database, schema, table = (cols[c] for c in ("kind", "op", "format", "database", "schema", "table"))
+    key, old_key, before, after, partial, columns = (cols[c] for c in ("key", "old_key", "before", "after", "partial", "columns"))
+    seq, ts_ms, txn_id, txn_order, txn_last, ddl, meta = (cols[c] for c in ("seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta"))
+    topic, partition, offset, event_index = (cols[c] for c in ("topic", "partition", "offset", "event_index"))
     index_in_record: dict[tuple[str, int, int], int] = {}
-
-    def add(**values: Any) -> None:
-        for n in _NAMES:
-            cols[n].append(values.get(n))
-
+    cache = _ColumnsCache()
+    row_ops = ROW_OPS
+    update = Op.UPDATE
     for e in result.events:
         o = e.origin
         pos = (o.topic, o.partition, o.offset)
         idx = index_in_record.get(pos, 0)
         index_in_record[pos] = idx + 1
-        columns = dict(e.columns) if e.columns else {}
-        partial = False
-        if e.op in ROW_OPS:
-            image = e.after if e.after is not None else e.before
-            if e.op is Op.UPDATE and e.after is not None and columns:
-                partial = any(c not in e.after for c in columns)
-            if image:
-                for c, v in image.items():
-                    if c not in columns:
-                        t = infer_type(v)
-                        if t is not None:
-                            columns[c] = t
-        old_key = None
-        if e.key is not None and e.before is not None and e.after is not None:
-            if all(c in e.before for c in e.key):
-                before_key = {c: e.before[c] for c in e.key}
-                if before_key != e.key:
-                    old_key = before_key
-        txn = e.txn
-        add(
-            kind=KIND_EVENT,
-            op=e.op.value,
-            format=e.source.format,
-            database=e.source.database,
-            schema=e.source.schema,
-            table=e.source.table,
-            key=_json(e.key),
-            old_key=_json(old_key),
-            before=_json(e.before),
-            after=_json(e.after),
-            partial=partial,
-            columns=_json(columns) if columns else None,
-            seq=seq_key(e.seq),
-            ts_ms=e.ts_ms,
-            txn_id=txn.id if txn else None,
-            txn_order=txn.order if txn else None,
-            txn_last=txn.last if txn else None,
-            ddl=e.ddl,
-            meta=_json(
-                {**(e.meta or {}), **({"changed": list(e.changed)} if e.changed else {})}
+        src = e.source
+        ek, eb, ea = e.key, e.before, e.after
+        declared = e.columns
+        if e.op in row_ops:
+            image = ea if ea is not None else eb
+            columns.append(cache.get(declared, image))
+            partial.append(
+                e.op is update and ea is not None and bool(declared)
+                and any(c not in ea for c in declared)
             )
-            if (e.meta or e.changed)
-            else None,
-            topic=o.topic,
-            partition=o.partition,
-            offset=o.offset,
-            event_index=idx,
-        )
+        else:
+            columns.append(cache.get(declared, None))
+            partial.append(False)
+        moved = None
+        if ek is not None and eb is not None and ea is not None:
+            try:
+                before_key = {c: eb[c] for c in ek}
+            except KeyError:
+                before_key = None
+            if before_key is not None and before_key != ek:
+                moved = before_key
+        txn = e.txn
+        kind.append(KIND_EVENT)
+        op.append(e.op.value)
+        fmt.append(src.format)
+        database.append(src.database)
+        schema.append(src.schema)
+        table.append(src.table)
+        key.append(_json(ek))
+        old_key.append(_json(moved))
+        before.append(_json(eb))
+        after.append(_json(ea))
+        seq.append(seq_key(e.seq))
+        ts_ms.append(e.ts_ms)
+        if txn is None:
+            txn_id.append(None)
+            txn_order.append(None)
+            txn_last.append(None)
+        else:
+            txn_id.append(txn.id)
+            txn_order.append(txn.order)
+            txn_last.append(txn.last)
+        ddl.append(e.ddl)
+        if e.meta or e.changed:
+            meta.append(_json({**(e.meta or {}), **({"changed": list(e.changed)} if e.changed else {})}))
+        else:
+            meta.append(None)
+        topic.append(o.topic)
+        partition.append(o.partition)
+        offset.append(o.offset)
+        event_index.append(idx)
+    for name in ("reason", "error", "raw_key", "raw_value"):
+        cols[name].extend([None] * n)
+
+    def add(**values: Any) -> None:
+        for name in _NAMES:
+            cols[name].append(values.get(name))
+
     for o in result.decoded_origins:
         if (o.topic, o.partition, o.offset) not in index_in_record:
             add(kind=KIND_JOINED, reason="JOINED", topic=o.topic, partition=o.partition, offset=o.offset)
