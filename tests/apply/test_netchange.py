@@ -68,6 +68,7 @@ def test_events_without_sequence_keep_arrival_order():
     assert rows[1][1]["name"] == "b"
 
 
-def test_columns_declared_travel_with_events():
-    t = table_of(ins(1, "a", seq=1))
+def test_columns_declared_travel_once_per_declaration():
+    t = table_of(ins(1, "a", seq=1), ins(2, "b", seq=2))
     assert orjson.loads(t["columns"][0].as_py()) == COLUMNS
+    assert t["columns"][1].as_py() is None

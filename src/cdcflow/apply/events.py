@@ -52,7 +52,7 @@ EVENT_SCHEMA = pa.schema(
         pa.field("before", pa.string()),  # canonical JSON object or null
         pa.field("after", pa.string()),
         pa.field("partial", pa.bool_()),  # after image lacks some declared columns
-        pa.field("columns", pa.string()),  # JSON {column: logical type}
+        pa.field("columns", pa.string()),  # JSON {column: logical type}; first event per declaration
         pa.field("seq", pa.string()),  # model.seq_key form
         pa.field("ts_ms", pa.int64()),
         pa.field("txn_id", pa.string()),
@@ -132,7 +132,8 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
     Rows: one per event (``kind="event"``), one per record whose change another record's
     event carries (``joined``), per skipped record (``skip``) and per dead letter
     (``dead``). ``columns`` is the event's declared types completed with the types of
-    undeclared image values (computed once per distinct image shape).
+    undeclared image values; it is set on the first event of each table that carries a
+    given declaration and null on the rest (the apply needs the distinct set only).
     """
     n = len(result.events)
     cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
@@ -142,6 +143,7 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
     topic, partition, offset, event_index = (cols[c] for c in ("topic", "partition", "offset", "event_index"))
     index_in_record: dict[tuple[str, int, int], int] = {}
     cache = _ColumnsCache()
+    declared_once: set[tuple[str, str, str, str, str | None]] = set()
     row_ops = ROW_OPS
     update = Op.UPDATE
     for e in result.events:
@@ -154,14 +156,24 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
         declared = e.columns
         if e.op in row_ops:
             image = ea if ea is not None else eb
-            columns.append(cache.get(declared, image))
+            decl = cache.get(declared, image)
             partial.append(
                 e.op is update and ea is not None and bool(declared)
                 and any(c not in ea for c in declared)
             )
         else:
-            columns.append(cache.get(declared, None))
+            decl = cache.get(declared, None)
             partial.append(False)
+        # a table's declaration travels once per batch (on its first row event), not per row;
+        # other events (DDL, truncate) always keep theirs
+        once = (src.format, src.database, src.schema, src.table, decl)
+        if e.op not in row_ops:
+            columns.append(decl)
+        elif once in declared_once:
+            columns.append(None)
+        else:
+            declared_once.add(once)
+            columns.append(decl)
         moved = None
         if ek is not None and eb is not None and ea is not None:
             try:
