@@ -60,6 +60,9 @@ class Pipeline:
         config: the validated configuration.
         spark: a SparkSession; default: :func:`cdcflow.spark.get_or_create_session`.
         on_batch: called with ``(source_name, report)`` after every applied batch.
+        kafka_engine: ``"auto"`` (Spark's JVM Kafka source if present, else the Python
+            source with decoding fused into the read), ``"jvm"``, ``"python"`` (fused), or
+            ``"python-mapinarrow"`` (raw Python source + ``mapInArrow``, for comparison).
     """
 
     def __init__(
@@ -67,8 +70,10 @@ class Pipeline:
         config: PipelineConfig,
         spark=None,
         on_batch: Callable[[str, BatchReport], None] | None = None,
+        kafka_engine: str = "auto",
     ) -> None:
         self.config = config
+        self.kafka_engine = kafka_engine
         if spark is None:
             from cdcflow.spark import get_or_create_session
 
@@ -81,9 +86,36 @@ class Pipeline:
         """The warehouse view of one source: its own application-transaction id."""
         return DeltaWarehouse(self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}")
 
+    def _decoded_stream(self, source: SourceConfig, options: dict[str, str]):
+        """Decoded events as a streaming DataFrame of EVENT_SCHEMA rows.
+
+        On the Python Kafka source, decoding is fused into the read (``cdcflow_changes``:
+        one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``.
+        """
+        from cdcflow.source.kafka import jvm_kafka_available, read_stream
+
+        if self.kafka_engine == "jvm" or (self.kafka_engine == "auto" and jvm_kafka_available(self.spark)):
+            raw = read_stream(self.spark, options, engine="jvm")
+            return raw.mapInArrow(
+                DecodeFunction(source.format, dict(source.options)), spark_event_schema()
+            )
+        if self.kafka_engine == "python-mapinarrow":
+            raw = read_stream(self.spark, options, engine="python")
+            return raw.mapInArrow(
+                DecodeFunction(source.format, dict(source.options)), spark_event_schema()
+            )
+        from cdcflow.model import dumps
+        from cdcflow.source.changes import FORMAT
+
+        fused = {
+            **options,
+            "cdcflow.format": source.format,
+            "cdcflow.formatOptions": dumps(dict(source.options)).decode(),
+        }
+        return self.spark.readStream.format(FORMAT).options(**fused).load()
+
     def _start(self, source: SourceConfig, once: bool):
         from cdcflow.formats import decoder_for
-        from cdcflow.source.kafka import read_stream
 
         # the format's options are checked here, on the driver, so a bad option is a
         # ConfigError naming the key instead of a failure inside a Spark task
@@ -95,10 +127,7 @@ class Pipeline:
         else:
             assert source.topic_pattern is not None
             options["subscribePattern"] = source.topic_pattern
-        raw = read_stream(self.spark, options)
-        decoded = raw.mapInArrow(
-            DecodeFunction(source.format, dict(source.options)), spark_event_schema()
-        )
+        decoded = self._decoded_stream(source, options)
         applier = BatchApplier(self.warehouse_for(source), Router(self.config.target_template))
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch

@@ -44,7 +44,8 @@ def get_or_create_session(app_name: str = "cdcflow", master: str | None = None):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
-    from cdcflow.source.kafka import register
+    from cdcflow.source import changes, kafka
 
-    register(session)
+    kafka.register(session)
+    changes.register(session)
     return session

@@ -156,3 +156,13 @@ def test_a_record_joined_into_another_records_event_is_accounted_for(tmp_path):
     assert report.records == 3
     acc = wh.read("batches", system=True).to_pylist()
     assert [(a["records"], a["events"], a["joined"]) for a in acc] == [(3, 2, 1)]
+
+
+def test_heartbeats_and_markers_are_skipped_on_purpose_but_kept_in_the_changelog(tmp_path):
+    wh, ap = _wh(tmp_path)
+    beat = ChangeEvent(op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=5, origin=Origin("t", 0, 1))
+    report = ap.apply(table_of(ins(1, "a", seq=1, offset=0), beat), 0)
+    assert report.skipped == {"HEARTBEAT": 1}
+    acc = wh.read("batches", system=True).to_pylist()
+    assert [(a["records"], a["skipped"]) for a in acc] == [(2, 1)]
+    assert sorted(wh.read("changelog", system=True)["op"].to_pylist()) == ["heartbeat", "insert"]

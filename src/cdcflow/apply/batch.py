@@ -134,6 +134,10 @@ class BatchApplier:
         skips = _only(events, kind, KIND_SKIP, all_events)
         report.events = n_events
         report.skipped.update(skips["reason"].to_pylist())
+        # heartbeats, transaction markers, DDL and messages are kept in the changelog but
+        # change no table: their records count as skipped on purpose, by op
+        markers = rows.filter(pc.invert(pc.is_in(rows["op"], _TABLE_OPS)))
+        report.skipped.update(op.upper() for op in markers["op"].to_pylist())
         report.dead_letters.update(dead["reason"].to_pylist())
 
         dead_letters = [self._decode_dead_letters(dead, batch_id)]
@@ -259,11 +263,20 @@ class BatchApplier:
 
     @staticmethod
     def _per_record(events: pa.Table) -> pa.Table:
-        """One row per consumed record: (topic, partition, offset, kind).
+        """One row per consumed record: (topic, partition, offset, kind_min).
 
-        A record is one kind only ("dead" < "event" < "joined" < "skip" by name).
+        A record is one kind only ("dead" < "event" < "joined" < "skip" by name). An event
+        that changes no table (heartbeat, transaction marker, DDL, message) counts as
+        "skip"; a record with any table change among its events stays "event".
         """
-        return events.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
+        is_marker = pc.and_(
+            pc.equal(events["kind"], KIND_EVENT),
+            pc.invert(pc.fill_null(pc.is_in(events["op"], _TABLE_OPS), False)),
+        )
+        kinds = pc.if_else(is_marker, KIND_SKIP, events["kind"])
+        slim = pa.table({"topic": events["topic"], "partition": events["partition"],
+                         "offset": events["offset"], "kind": kinds})
+        return slim.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
 
     @staticmethod
     def _accounting(per_record: pa.Table, rows: pa.Table, batch_id: int) -> pa.Table:
