@@ -86,14 +86,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from cdcflow.apply.batch import BatchApplier, Router
-    from cdcflow.apply.events import flatten
+    from cdcflow.apply.events import flatten, load_decoder_state
     from cdcflow.sinks.delta import DeltaWarehouse
 
     decoder = _decoder(args.format, args.primary_key)
-    result = decoder.decode_batch(_records(args.format, args.files))
     warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()), pipeline_id=args.pipeline_id)
+    decoder.load_state(load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id))
+    result = decoder.decode_batch(_records(args.format, args.files))
     batch_id = _next_batch_id(warehouse)
-    events = pa.Table.from_batches([flatten(result)])
+    events = pa.Table.from_batches([flatten(result, decoder.state_items)])
     report = BatchApplier(warehouse, Router(args.target_template)).apply(events, batch_id)
     print(f"batch {batch_id}: {report.records} records, {report.events} events, "
           f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}")

@@ -86,6 +86,13 @@ class Pipeline:
         """The warehouse view of one source: its own application-transaction id."""
         return DeltaWarehouse(self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}")
 
+    def _decode_function(self, source: SourceConfig) -> DecodeFunction:
+        wh = self.warehouse_for(source)
+        return DecodeFunction(
+            source.format, dict(source.options),
+            state_path=wh.system_path("decoder_state"), state_key=wh.pipeline_id,
+        )
+
     def _decoded_stream(self, source: SourceConfig, options: dict[str, str]):
         """Decoded events as a streaming DataFrame of EVENT_SCHEMA rows.
 
@@ -96,21 +103,20 @@ class Pipeline:
 
         if self.kafka_engine == "jvm" or (self.kafka_engine == "auto" and jvm_kafka_available(self.spark)):
             raw = read_stream(self.spark, options, engine="jvm")
-            return raw.mapInArrow(
-                DecodeFunction(source.format, dict(source.options)), spark_event_schema()
-            )
+            return raw.mapInArrow(self._decode_function(source), spark_event_schema())
         if self.kafka_engine == "python-mapinarrow":
             raw = read_stream(self.spark, options, engine="python")
-            return raw.mapInArrow(
-                DecodeFunction(source.format, dict(source.options)), spark_event_schema()
-            )
+            return raw.mapInArrow(self._decode_function(source), spark_event_schema())
         from cdcflow.model import dumps
         from cdcflow.source.changes import FORMAT
 
+        wh = self.warehouse_for(source)
         fused = {
             **options,
             "cdcflow.format": source.format,
             "cdcflow.formatOptions": dumps(dict(source.options)).decode(),
+            "cdcflow.statePath": wh.system_path("decoder_state"),
+            "cdcflow.stateKey": wh.pipeline_id,
         }
         return self.spark.readStream.format(FORMAT).options(**fused).load()
 

@@ -194,3 +194,20 @@ def test_tombstones_are_skipped_on_purpose_and_counted(spark, broker, tmp_path):
     batches = _accounting(wh, s.produced)
     assert sum(b["skipped"] for b in batches) == 2
     assert DeltaTable(wh.system_path("changelog")).to_pyarrow_table().num_rows >= 50
+
+
+def test_qlik_metadata_from_an_earlier_micro_batch_types_later_data(spark, broker, tmp_path):
+    """Qlik sends a table's metadata (MD) once; data messages in later micro-batches (and
+    other Spark tasks) must still find it: the decoder state is persisted and preloaded."""
+    fmt = "qlik-json"
+    s = Scenario(broker, fmt, seed=21)
+    s.produce(120)
+    summary = Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=10), spark=spark).run(once=True)
+    assert summary.totals()["batches"] >= 5
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    state = wh.read("decoder_state", system=True)
+    assert state.num_rows >= len(s.workload.tables)  # one metadata item per table at least
+    assert sorted(set(state["batch_id"].to_pylist()))[0] == 0
+    s.check_mirrors(wh)
+    _accounting(wh, s.produced)
+    assert not (tmp_path / "wh" / "_cdcflow" / "dead_letters").exists()

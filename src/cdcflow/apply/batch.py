@@ -34,6 +34,7 @@ from cdcflow.sinks.delta import (
     BATCHES_SCHEMA,
     CHANGELOG_COLUMNS,
     DEAD_LETTER_SCHEMA,
+    DECODER_STATE_SCHEMA,
     DeltaWarehouse,
     MirrorResult,
 )
@@ -141,6 +142,7 @@ class BatchApplier:
         report.dead_letters.update(dead["reason"].to_pylist())
 
         dead_letters = [self._decode_dead_letters(dead, batch_id)]
+        self._persist_decoder_state(rows, batch_id)
         if self.changelog and rows.num_rows:
             wh.append(wh.system_path("changelog"), self._changelog(rows, batch_id), batch_id)
 
@@ -159,6 +161,23 @@ class BatchApplier:
         report.records = per_record.num_rows
         report.seconds = time.perf_counter() - started
         return report
+
+    def _persist_decoder_state(self, rows: pa.Table, batch_id: int) -> None:
+        """Append what the decoders learned in this batch (before anything else uses it)."""
+        learned = rows.filter(pc.is_valid(rows["state"]))["state"].to_pylist()
+        items = [orjson.dumps(i).decode() for lst in learned for i in orjson.loads(lst)]
+        if not items:
+            return
+        data = pa.table(
+            {
+                "source": [self.warehouse.pipeline_id] * len(items),
+                "batch_id": pa.array([batch_id] * len(items), pa.int64()),
+                "position": pa.array(range(len(items)), pa.int64()),
+                "item": items,
+            },
+            schema=DECODER_STATE_SCHEMA,
+        )
+        self.warehouse.append(self.warehouse.system_path("decoder_state"), data, batch_id)
 
     def _by_target(self, rows: pa.Table):
         """``(target, rows)`` per target table, for the row changes and truncates."""

@@ -12,14 +12,14 @@ column, from which :mod:`cdcflow.apply.typing` rebuilds typed Arrow columns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
 from cdcflow.formats.base import Decoder, DecodeResult, Record
-from cdcflow.model import ROW_OPS, Op, Origin, dumps, json_default, seq_key
+from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, dumps, json_default, seq_key
 from cdcflow.types import infer_type
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "KIND_SKIP",
     "decode_kafka_batch",
     "flatten",
+    "load_decoder_state",
     "records_from_kafka_batch",
 ]
 
@@ -64,6 +65,7 @@ EVENT_SCHEMA = pa.schema(
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("event_index", pa.int32()),  # position among one record's events
+        pa.field("state", pa.string()),  # JSON list: what the event taught its decoder
         pa.field("reason", pa.string()),  # skip reason or dead-letter code
         pa.field("error", pa.string()),  # dead-letter message
         pa.field("raw_key", pa.binary()),  # dead letters only
@@ -126,12 +128,16 @@ class _ColumnsCache:
         return text
 
 
-def flatten(result: DecodeResult) -> pa.RecordBatch:
+def flatten(
+    result: DecodeResult, state_of: Callable[[ChangeEvent], list[Any]] | None = None
+) -> pa.RecordBatch:
     """Turn a :class:`DecodeResult` into one :data:`EVENT_SCHEMA` batch.
 
     Rows: one per event (``kind="event"``), one per record whose change another record's
     event carries (``joined``), per skipped record (``skip``) and per dead letter
-    (``dead``). ``columns`` is the event's declared types completed with the types of
+    (``dead``). ``state`` holds ``state_of(event)`` (the decoder's
+    :meth:`~cdcflow.formats.base.Decoder.state_items`) where non-empty. ``columns`` is the
+    event's declared types completed with the types of
     undeclared image values; it is set on the first event of each table that carries a
     given declaration and null on the rest (the apply needs the distinct set only).
     """
@@ -141,6 +147,7 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
     key, old_key, before, after, partial, columns = (cols[c] for c in ("key", "old_key", "before", "after", "partial", "columns"))
     seq, ts_ms, txn_id, txn_order, txn_last, ddl, meta = (cols[c] for c in ("seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta"))
     topic, partition, offset, event_index = (cols[c] for c in ("topic", "partition", "offset", "event_index"))
+    state = cols["state"]
     index_in_record: dict[tuple[str, int, int], int] = {}
     cache = _ColumnsCache()
     declared_once: set[tuple[str, str, str, str, str | None]] = set()
@@ -212,6 +219,8 @@ def flatten(result: DecodeResult) -> pa.RecordBatch:
         partition.append(o.partition)
         offset.append(o.offset)
         event_index.append(idx)
+        items = state_of(e) if state_of is not None else None
+        state.append(_json(items) if items else None)
     for name in ("reason", "error", "raw_key", "raw_value"):
         cols[name].extend([None] * n)
 
@@ -269,7 +278,26 @@ def records_from_kafka_batch(batch: pa.RecordBatch) -> list[Record]:
 
 def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode one Arrow batch of Kafka records into an :data:`EVENT_SCHEMA` batch."""
-    return flatten(decoder.decode_batch(records_from_kafka_batch(batch)))
+    return flatten(decoder.decode_batch(records_from_kafka_batch(batch)), decoder.state_items)
+
+
+def load_decoder_state(path: str | None, key: str) -> list[Any]:
+    """The decoder-state items persisted for source ``key`` at ``path``, oldest first.
+
+    ``path`` is the warehouse's ``_cdcflow/decoder_state`` table; a missing table means
+    no state yet.
+    """
+    if not path:
+        return []
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path).to_pyarrow_table(filters=[("source", "=", key)])
+    except TableNotFoundError:
+        return []
+    table = table.sort_by([("batch_id", "ascending"), ("position", "ascending")])
+    return [orjson.loads(x) for x in table["item"].to_pylist()]
 
 
 class DecodeFunction:
@@ -280,14 +308,23 @@ class DecodeFunction:
         options: the format's options as a plain mapping.
     """
 
-    def __init__(self, format_name: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        format_name: str,
+        options: dict[str, Any] | None = None,
+        state_path: str | None = None,
+        state_key: str = "",
+    ) -> None:
         self.format_name = format_name
         self.options = options or {}
+        self.state_path = state_path
+        self.state_key = state_key
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from cdcflow.formats import decoder_for
 
         decoder = decoder_for(self.format_name, self.options or None)
+        decoder.load_state(load_decoder_state(self.state_path, self.state_key))
         for batch in batches:
             yield decode_kafka_batch(decoder, batch)
 

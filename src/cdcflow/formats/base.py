@@ -119,9 +119,15 @@ class DecoderOptions:
             ``{table: (col, ...)}``. ``table`` is matched against ``db.schema.table``,
             ``db.table``, ``schema.table`` and the bare table name, first hit wins;
             ``"*"`` applies to every table.
+        max_record_bytes: the largest record value, in bytes, that is decoded; a longer
+            one becomes a ``TOO_LARGE`` dead letter without being parsed, so one huge
+            message cannot exhaust an executor's memory. Default 16 MiB (Kafka's
+            default ``max.message.bytes`` is 1 MiB); raise it for larger messages
+            (YAML: ``formats.<name>.max_record_bytes``).
     """
 
     primary_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    max_record_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
@@ -187,6 +193,19 @@ class Decoder(ABC):
             SkipRecord: the record is deliberately not applied.
         """
 
+    def state_items(self, event: ChangeEvent) -> list[Any]:
+        """What ``event`` taught this decoder that later records may need (JSON-able items).
+
+        The pipeline persists the items (``_cdcflow/decoder_state``) and hands them to
+        :meth:`load_state` of every later decoder of the same source, in other Spark tasks
+        and micro-batches. Qlik Replicate's metadata messages are the case in point.
+        Default: nothing to keep.
+        """
+        return []
+
+    def load_state(self, items: Iterable[Any]) -> None:
+        """Preload items that :meth:`state_items` produced earlier, oldest first."""
+
     def combine(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
         """Join events that belong together (e.g. update halves). Default: unchanged."""
         return events
@@ -195,17 +214,27 @@ class Decoder(ABC):
         """Decode records, sorting every one into decoded / skipped / dead-lettered.
 
         A Kafka tombstone (``value is None``) is skipped with reason ``TOMBSTONE``; a
-        record that decodes to no events is skipped with ``NO_EVENTS``; any exception
-        other than :class:`SkipRecord` becomes a dead letter (``DecodeError`` keeps its
-        code, anything else is ``BAD_FIELD`` with the exception text), so one bad record
-        never stops the stream.
+        value longer than ``options.max_record_bytes`` is dead-lettered as ``TOO_LARGE``
+        before it is decoded; a record that decodes to no events is skipped with
+        ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a dead letter
+        (``DecodeError`` keeps its code, anything else is ``BAD_FIELD`` with the exception
+        text), so one bad record never stops the stream.
         """
         result = DecodeResult()
         events = result.events
+        limit = self.options.max_record_bytes
         for record in records:
             result.records += 1
             if record.value is None:
                 result.skipped.append(Skipped("TOMBSTONE", record.origin))
+                continue
+            if len(record.value) > limit:
+                message = (
+                    f"record value is {len(record.value)} bytes, over the limit of {limit} "
+                    f"bytes; raise max_record_bytes in the format options (YAML: "
+                    f"formats.{self.identifier}.max_record_bytes) to decode it"
+                )
+                result.dead_letters.append(self._dead(record, Code.TOO_LARGE, message))
                 continue
             try:
                 decoded = self.decode(record)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
@@ -478,6 +478,23 @@ class QlikJsonDecoder(Decoder):
                 raise ConfigError(f"qlik-json metadata option: {exc.message}") from exc
 
     # -- metadata ---------------------------------------------------------------
+
+    def state_items(self, event: ChangeEvent) -> list[Any]:
+        """A metadata message's normalized metadata, persisted for later micro-batches."""
+        if event.op is not Op.DDL or event.source.format != IDENTIFIER or not event.meta:
+            return []
+        try:
+            return [metadata_from_event(event)]
+        except (ValueError, DecodeError):
+            return []
+
+    def load_state(self, items: Iterable[Any]) -> None:
+        """Learn metadata persisted from earlier batches (older versions never win)."""
+        for item in items:
+            try:
+                self._learn(_normalize_metadata(item))
+            except DecodeError:
+                continue
 
     def _learn(self, meta: dict[str, Any]) -> _Table:
         lin = meta["lineage"]

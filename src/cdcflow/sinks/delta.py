@@ -7,6 +7,7 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/dead_letters/         raw bytes, topic/partition/offset, code
     <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
     <warehouse>/_cdcflow/batches/              per micro-batch and partition: offsets and counts
+    <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
 
 Exactly once: every commit carries the application transaction
 ``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
@@ -90,6 +91,15 @@ BATCHES_SCHEMA = pa.schema(
         ("skipped", pa.int64()),
         ("dead_letters", pa.int64()),
         ("committed_at_ms", pa.int64()),
+    ]
+)
+
+DECODER_STATE_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # the warehouse view's pipeline id (<pipeline>.<source>)
+        ("batch_id", pa.int64()),
+        ("position", pa.int64()),  # order inside the batch
+        ("item", pa.string()),  # JSON, as Decoder.state_items gave it
     ]
 )
 

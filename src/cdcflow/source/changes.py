@@ -9,7 +9,9 @@ Offsets, admission control, ``Trigger.AvailableNow`` and data-loss checks are th
 source's own: only ``read`` differs.
 
 Options: those of ``cdcflow_kafka``, plus ``cdcflow.format`` (format identifier, required)
-and ``cdcflow.formatOptions`` (the format's options as JSON, default ``{}``).
+``cdcflow.formatOptions`` (the format's options as JSON, default ``{}``), and
+``cdcflow.statePath``/``cdcflow.stateKey`` (where decoder state is persisted, see
+:meth:`cdcflow.formats.base.Decoder.state_items`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], DecodeFunction]:
         format_options = orjson.loads(own.get(_FORMAT_OPTIONS_OPTION) or "{}")
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"option 'cdcflow.formatOptions' must be a JSON object: {exc}") from exc
-    return kafka, DecodeFunction(str(fmt), format_options)
+    return kafka, DecodeFunction(
+        str(fmt), format_options,
+        state_path=own.get("cdcflow.statepath") or None, state_key=own.get("cdcflow.statekey") or "",
+    )
 
 
 class ChangesStreamReader(KafkaStreamReader):
