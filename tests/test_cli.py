@@ -1,0 +1,117 @@
+"""The cdcflow command, called in-process through cli.main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdcflow.cli import main
+
+CASES = Path(__file__).parent / "formats" / "cases"
+
+
+def _events(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "fmt, case",
+    [("dataworks-json", "doc-all-examples"), ("debezium-json", "seed-4-update-corrected"),
+     ("canal-json", "seatunnel-canal-data")],
+)
+def test_decode_prints_the_golden_events(capsys, fmt, case):
+    path = CASES / fmt / f"{case}.input.jsonl"
+    if not path.exists():
+        pytest.fail(f"golden input {path} is missing")
+    opts = CASES / fmt / f"{case}.options.json"
+    args = ["decode", "--format", fmt, str(path)]
+    if opts.exists():
+        for table, cols in json.loads(opts.read_text()).get("primary_keys", {}).items():
+            args += ["--primary-key", f"{table}={','.join(cols)}"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    expected = [x for x in _events((CASES / fmt / f"{case}.expected.jsonl").read_text())
+                if "dead_letter" not in x and "skipped" not in x]
+    assert _events(out) == expected
+    assert "records:" in err
+    assert code == (1 if "dead_letter" in (CASES / fmt / f"{case}.expected.jsonl").read_text() else 0)
+
+
+def test_decode_reports_dead_letters_on_stderr_and_exits_1(tmp_path, capsys):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"not": "debezium"}\nnull\n{oops\n')
+    assert main(["decode", "--format", "debezium-json", str(f)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    dead = [json.loads(line)["dead_letter"] for line in err.splitlines() if line.startswith("{")]
+    assert [(d["line"], d["code"]) for d in dead] == [(1, "MISSING_FIELD"), (3, "BAD_JSON")]
+    assert "1 skipped, 2 dead letters" in err
+
+
+def test_apply_writes_delta_tables_and_prints_them(tmp_path, capsys):
+    wh = tmp_path / "wh"
+    src = CASES / "dataworks-json" / "paimon-aliyun-insert.input.jsonl"
+    assert main(["apply", "--format", "dataworks-json", "--warehouse", str(wh), str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "batch 0: 1 records, 1 events" in out
+    assert "bigdata_test.sync_test_table" in out and str(wh) in out
+    # a second call is the next batch of the same warehouse
+    upd = CASES / "dataworks-json" / "paimon-aliyun-update-in-one.input.jsonl"
+    assert main(["apply", "--format", "dataworks-json", "--warehouse", str(wh), str(upd)]) == 0
+    assert "batch 1:" in capsys.readouterr().out
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(wh / "bigdata_test.sync_test_table")).to_pyarrow_table().to_pylist()
+    assert [(r["id"], r["val"]) for r in rows] == [(2, 2.2)]
+
+
+def test_apply_primary_key_option(tmp_path, capsys):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"before": null, "after": {"code": "A", "n": 1}, "op": "c", '
+                 '"source": {"db": "d", "schema": "s", "table": "t", "lsn": 1}}\n')
+    main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"), str(f)])
+    assert "dead letters {'MISSING_KEY': 1}" in capsys.readouterr().out
+    main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"),
+          "--primary-key", "t=code", str(f)])
+    assert "d.s.t" in capsys.readouterr().out
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("warehouse: w\ncheckpoint: c\nkafka: {bootstrap: x}\nsources: [{format: debezium-json, topics: [a]}]\n")
+    assert main(["run", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "kafka.bootstrap: unknown key" in err and "bootstrap_servers" in err
+
+
+def test_unknown_format_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["decode", "--format", "nope", "x"])
+    assert e.value.code == 2
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
+    from cdcflow.formats import encoder_for
+    from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+
+    enc = encoder_for("debezium-json")
+    w = Workload(tables_for(enc.exact_types), seed=2)
+    broker.create_topic("cli.run", partitions=1)
+    broker.produce("cli.run", [m for c in w.changes(100) for m in enc.encode(c)], partition=0)
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f"pipeline_id: cli\nwarehouse: wh\ncheckpoint: ck\n"
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap_servers}'}}\n"
+        f"sources: [{{format: debezium-json, topics: [cli.run]}}]\n"
+    )
+    assert main(["run", str(cfg), "--once"]) == 0
+    assert "100 records, 100 events" in capsys.readouterr().out
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    for spec in w.tables:
+        assert compare_with_mirror(w.expected_rows(spec.name), wh.read(f"shop.public.{spec.name}"), spec.key_columns) == []
