@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -63,6 +64,9 @@ class Pipeline:
         kafka_engine: ``"auto"`` (Spark's JVM Kafka source if present, else the Python
             source with decoding fused into the read), ``"jvm"``, ``"python"`` (fused), or
             ``"python-mapinarrow"`` (raw Python source + ``mapInArrow``, for comparison).
+        staging: on local Spark with the Python source, decode tasks hand their events to
+            the driver as memory-mapped Arrow files instead of through the JVM (see
+            :mod:`cdcflow.source.changes`).
     """
 
     def __init__(
@@ -71,9 +75,11 @@ class Pipeline:
         spark=None,
         on_batch: Callable[[str, BatchReport], None] | None = None,
         kafka_engine: str = "auto",
+        staging: bool = True,
     ) -> None:
         self.config = config
         self.kafka_engine = kafka_engine
+        self.staging = staging
         if spark is None:
             from cdcflow.spark import get_or_create_session
 
@@ -111,6 +117,7 @@ class Pipeline:
         from cdcflow.source.changes import FORMAT
 
         wh = self.warehouse_for(source)
+        staging = self._staging_path(source)
         fused = {
             **options,
             "cdcflow.format": source.format,
@@ -118,7 +125,22 @@ class Pipeline:
             "cdcflow.statePath": wh.system_path("decoder_state"),
             "cdcflow.stateKey": wh.pipeline_id,
         }
+        if staging is not None:
+            fused["cdcflow.stagingPath"] = staging
         return self.spark.readStream.format(FORMAT).options(**fused).load()
+
+    def _staging_path(self, source: SourceConfig) -> str | None:
+        """Where decode tasks stage event files: only for local Spark on the Python source.
+
+        Local Spark's executors share the driver's file system; on a cluster the events
+        travel through Spark instead (no shared staging folder is assumed).
+        """
+        if self.kafka_engine not in ("auto", "python") or not self.staging:
+            return None
+        master = self.spark.sparkContext.master
+        if not master.startswith("local"):
+            return None
+        return os.path.join(self.config.checkpoint, source.name, "staging")
 
     def _start(self, source: SourceConfig, once: bool):
         from cdcflow.formats import decoder_for
@@ -134,13 +156,26 @@ class Pipeline:
             assert source.topic_pattern is not None
             options["subscribePattern"] = source.topic_pattern
         decoded = self._decoded_stream(source, options)
+        staging = self._staging_path(source)
+        if staging is not None and os.path.isdir(staging):
+            shutil.rmtree(staging)  # no batch is in flight before the query starts
         applier = BatchApplier(self.warehouse_for(source), Router(self.config.target_template))
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch
 
         def apply_batch(df, batch_id: int) -> None:
-            events = df.toArrow()
+            if staging is not None:
+                from cdcflow.source.changes import read_staged
+
+                manifest = df.toArrow()
+                events = read_staged(manifest)
+            else:
+                events = df.toArrow()
             report = applier.apply(events, batch_id)
+            if staging is not None:
+                del events
+                for path in manifest["staged_path"].to_pylist():
+                    os.remove(path)
             reports.append(report)
             log.info("source %s batch %s: %s", source.name, batch_id, report.as_dict())
             if on_batch is not None:

@@ -211,3 +211,23 @@ def test_qlik_metadata_from_an_earlier_micro_batch_types_later_data(spark, broke
     s.check_mirrors(wh)
     _accounting(wh, s.produced)
     assert not (tmp_path / "wh" / "_cdcflow" / "dead_letters").exists()
+
+
+@pytest.mark.parametrize(
+    "engine, staging",
+    [("python", True), ("python", False), ("python-mapinarrow", False)],
+    ids=["fused-staged", "fused-in-band", "mapinarrow"],
+)
+def test_every_decode_path_gives_the_same_tables(spark, broker, tmp_path, engine, staging):
+    """Staged Arrow files, events through Spark, and the mapInArrow path (used with Spark's
+    JVM Kafka source) must give the same mirrors and accounting."""
+    fmt = "dataworks-json"
+    s = Scenario(broker, fmt, seed=17)
+    s.produce(300)
+    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=200)
+    Pipeline(config, spark=spark, kafka_engine=engine, staging=staging).run(once=True)
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    _accounting(wh, s.produced)
+    staged = tmp_path / "ck" / fmt / "staging"
+    assert not staged.exists() or not any(staged.iterdir()), "staged files are removed after commit"

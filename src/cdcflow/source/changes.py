@@ -16,20 +16,46 @@ Options: those of ``cdcflow_kafka``, plus ``cdcflow.format`` (format identifier,
 
 from __future__ import annotations
 
+import os
+import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
-from cdcflow.apply.events import DecodeFunction
+from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
 from cdcflow.errors import ConfigError
 from cdcflow.source.kafka import KafkaDataSource, KafkaStreamReader, parse_options, read_partition
 
-__all__ = ["ChangesDataSource", "FORMAT", "register"]
+__all__ = ["ChangesDataSource", "FORMAT", "STAGED_SCHEMA", "read_staged", "register"]
+
+#: Manifest rows returned instead of the events when staging is on.
+STAGED_SCHEMA = pa.schema([pa.field("staged_path", pa.string()), pa.field("rows", pa.int64())])
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.\-]")
 
 FORMAT = "cdcflow_changes"
 _FORMAT_OPTION = "cdcflow.format"
 _FORMAT_OPTIONS_OPTION = "cdcflow.formatoptions"  # Spark hands options over lower-cased
+
+
+def _staging(options: dict[str, Any]) -> str | None:
+    for k, v in options.items():
+        if str(k).lower() == "cdcflow.stagingpath" and v:
+            return str(v)
+    return None
+
+
+def read_staged(manifest: pa.Table) -> pa.Table:
+    """The event rows of the files a staged micro-batch's manifest lists (memory-mapped)."""
+    tables = [
+        pa.ipc.open_file(pa.memory_map(path)).read_all()
+        for path in manifest["staged_path"].to_pylist()
+    ]
+    if not tables:
+        return EVENT_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
 
 
 def _split(options: dict[str, Any]) -> tuple[dict[str, Any], DecodeFunction]:
@@ -51,13 +77,31 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], DecodeFunction]:
 class ChangesStreamReader(KafkaStreamReader):
     """The Kafka stream reader whose ``read`` yields decoded event batches."""
 
-    def __init__(self, opts: Any, decode: DecodeFunction) -> None:
+    def __init__(self, opts: Any, decode: DecodeFunction, staging: str | None = None) -> None:
         super().__init__(opts)
         self.decode = decode
+        self.staging = staging
 
     def read(self, partition: Any) -> Iterator[Any]:
-        """:data:`~cdcflow.apply.events.EVENT_SCHEMA` batches of one Kafka partition range."""
-        return self.decode(read_partition(self.opts, partition))
+        """:data:`~cdcflow.apply.events.EVENT_SCHEMA` batches of one Kafka partition range,
+        or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them."""
+        batches = self.decode(read_partition(self.opts, partition))
+        if self.staging is None:
+            return batches
+        return self._stage(partition, batches)
+
+    def _stage(self, part: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        os.makedirs(self.staging, exist_ok=True)
+        name = f"{_UNSAFE.sub('_', part.topic)}-{part.partition}-{part.start}-{part.end}.arrow"
+        path = os.path.join(self.staging, name)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        rows = 0
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, EVENT_SCHEMA) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        os.replace(tmp, path)  # atomic: a re-run of the same range replaces the file whole
+        yield pa.RecordBatch.from_pydict({"staged_path": [path], "rows": [rows]}, schema=STAGED_SCHEMA)
 
 
 class ChangesDataSource(KafkaDataSource):
@@ -72,11 +116,16 @@ class ChangesDataSource(KafkaDataSource):
 
         kafka, _ = _split(dict(self.options))
         parse_options(kafka)
+        if _staging(dict(self.options)):
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return from_arrow_schema(STAGED_SCHEMA)
         return spark_event_schema()
 
     def streamReader(self, schema: Any) -> ChangesStreamReader:
-        kafka, decode = _split(dict(self.options))
-        return ChangesStreamReader(parse_options(kafka), decode)
+        options = dict(self.options)
+        kafka, decode = _split(options)
+        return ChangesStreamReader(parse_options(kafka), decode, _staging(options))
 
 
 def register(spark: Any) -> None:

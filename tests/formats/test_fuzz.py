@@ -1,0 +1,739 @@
+"""Fuzzing every registered decoder: bad bytes end as dead letters, never as a crash.
+
+For each format (``cdcflow.formats.format_names()``), hypothesis feeds
+:meth:`~cdcflow.formats.base.Decoder.decode_batch`:
+
+* arbitrary bytes, arbitrary JSON, and JSON objects built from the format's own field
+  names and values;
+* mutations of valid messages -- the format's encoder output for a few workload changes
+  and the golden inputs in ``tests/formats/cases/<format>/`` -- with byte flips,
+  truncations, insertions, deleted/duplicated slices and splices, and, on JSON, deleted,
+  duplicated and renamed fields, type swaps (number/string/null/object/array), huge
+  numbers, ``NaN``/``Infinity`` literals, invalid UTF-8, lone surrogates and mutated JSON
+  inside string fields; batches also lose, repeat and reorder records, so stateful
+  decoders (Qlik metadata) and :meth:`~cdcflow.formats.base.Decoder.combine` (update
+  halves) see broken sequences.
+
+Fixed cases add 10 MB messages (a valid envelope with a 10 MB string value, 10 MB of
+garbage) and deeply nested JSON (depth 300 to 100,000, bare and inside a valid envelope).
+
+The property (:func:`check`): ``decode_batch`` never raises and finishes within
+:data:`HANG_SECONDS`; every record ends exactly once as decoded, skipped or dead-lettered;
+a dead letter has a known code and keeps the record's exact bytes and origin; events are
+well formed; input that is not JSON yields no event from a JSON format; and
+:func:`cdcflow.apply.events.flatten` turns the result into Arrow rows without raising.
+
+The default run is sized for about a minute on two cores. ``CDCFLOW_FUZZ_EXAMPLES=N``
+runs N examples per format and property instead (e.g. 5000 for a long run); pytest's
+``--hypothesis-seed`` replays a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import functools
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdcflow.apply.events import flatten
+from cdcflow.errors import Code
+from cdcflow.formats import decoder_for, encoder_for, format_names
+from cdcflow.formats.base import DecodeResult, Decoder, Record, SourceChange
+from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, SourceTable, Txn, seq_key
+from cdcflow.testing.golden import load_case
+from cdcflow.testing.workload import TableSpec, Workload, tables_for
+
+FORMATS = format_names()
+KNOWN_CODES = frozenset(v for k, v in vars(Code).items() if k.isupper())
+CASES = Path(__file__).parent / "cases"
+
+#: A batch of a few small records taking longer than this is a hang.
+HANG_SECONDS = 5.0
+MB = 1024 * 1024
+
+
+def _examples(default: int) -> int:
+    """Examples per format and property: ``CDCFLOW_FUZZ_EXAMPLES`` or ``default``."""
+    raw = os.environ.get("CDCFLOW_FUZZ_EXAMPLES", "").strip()
+    return int(raw) if raw else default
+
+
+def _fuzz_settings(default: int) -> settings:
+    return settings(
+        max_examples=_examples(default),
+        deadline=None,  # check() measures every batch against HANG_SECONDS instead
+        database=None,  # no .hypothesis/ folder in the repository
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+# --------------------------------------------------------------------------- the property
+
+
+def _is_json(value: bytes) -> bool:
+    """Whether any reasonable JSON parser could read ``value`` (orjson, or the stdlib,
+    which also takes NaN/Infinity, huge numbers and UTF-16/32)."""
+    try:
+        orjson.loads(value)
+        return True
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        json.loads(value)
+        return True
+    except (ValueError, RecursionError):
+        return False
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes, decimal.Decimal, dt.date, dt.time, dt.datetime)
+
+
+def _check_value(value: Any, where: str, depth: int = 0) -> None:
+    assert depth < 2_000, f"{where}: value nested deeper than 2000 levels"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert isinstance(k, str), f"{where}: non-string key {k!r}"
+            _check_value(v, where, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_value(v, where, depth + 1)
+    else:
+        assert isinstance(value, _SCALARS), f"{where}: value of type {type(value).__name__}"
+
+
+def _check_image(image: Any, where: str) -> None:
+    if image is None:
+        return
+    assert isinstance(image, dict), f"{where} is a {type(image).__name__}, not a dict"
+    for column, value in image.items():
+        assert isinstance(column, str), f"{where}: column name {column!r} is not a string"
+        _check_value(value, f"{where}[{column!r}]")
+
+
+def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
+    """The sanity of one decoded event (not its meaning)."""
+    assert isinstance(event, ChangeEvent), type(event)
+    assert isinstance(event.op, Op), f"op {event.op!r} is not an Op"
+    src = event.source
+    assert isinstance(src, SourceTable) and all(
+        isinstance(p, str) for p in (src.format, src.database, src.schema, src.table)
+    ), src
+    if event.op in ROW_OPS:
+        assert isinstance(event.key, dict) and event.key, f"{event.op} without a key: {event.key!r}"
+        assert all(isinstance(c, str) for c in event.key), event.key
+        assert event.before is not None or event.after is not None, f"{event.op} without an image"
+    else:
+        assert event.key is None or isinstance(event.key, dict), event.key
+    _check_image(event.key, "key")
+    _check_image(event.before, "before")
+    _check_image(event.after, "after")
+    if event.seq is not None:
+        assert isinstance(event.seq, tuple), f"seq {event.seq!r} is not a tuple"
+        assert all(type(n) is int for n in event.seq), f"seq {event.seq!r} is not all ints"
+        seq_key(event.seq)
+    assert event.ts_ms is None or type(event.ts_ms) is int, f"ts_ms {event.ts_ms!r}"
+    if event.columns is not None:
+        assert isinstance(event.columns, dict), event.columns
+        assert all(isinstance(c, str) and isinstance(t, str) for c, t in event.columns.items())
+    assert event.txn is None or isinstance(event.txn, Txn), event.txn
+    assert event.ddl is None or isinstance(event.ddl, str), event.ddl
+    assert event.changed is None or (
+        isinstance(event.changed, tuple) and all(isinstance(c, str) for c in event.changed)
+    ), event.changed
+    assert event.meta is None or isinstance(event.meta, dict), event.meta
+    assert event.origin in decoded, f"event from {event.origin}, not a decoded record"
+
+
+def check(decoder: Decoder, records: Sequence[Record], *, hang_seconds: float = HANG_SECONDS) -> DecodeResult:
+    """Decode ``records`` and assert the fuzzing property (see the module docstring).
+
+    Returns:
+        The decode result, for further checks.
+    """
+    origins = [r.origin for r in records]
+    assert len(set(origins)) == len(origins), "test bug: records need distinct origins"
+    by_origin = {r.origin: r for r in records}
+    started = time.perf_counter()
+    result = decoder.decode_batch(records)
+    elapsed = time.perf_counter() - started
+    assert elapsed < hang_seconds, f"decode_batch took {elapsed:.1f} s for {len(records)} records"
+
+    # every record ends exactly once as decoded, skipped or dead-lettered
+    assert result.records == len(records)
+    assert result.records == (
+        result.decoded_records + len(result.skipped) + len(result.dead_letters)
+    ), (result.records, result.decoded_records, result.skipped, result.dead_letters)
+    assert len(result.decoded_origins) == result.decoded_records
+    ends = Counter(result.decoded_origins)
+    ends.update(s.origin for s in result.skipped)
+    ends.update(d.origin for d in result.dead_letters)
+    assert ends == Counter(origins), "a record ended twice or not at all"
+
+    for s in result.skipped:
+        assert isinstance(s.reason, str) and s.reason, s
+    for d in result.dead_letters:
+        record = by_origin[d.origin]
+        assert d.code in KNOWN_CODES, f"unknown dead-letter code {d.code!r}"
+        assert d.format == decoder.identifier
+        assert isinstance(d.message, str) and d.message.strip(), d
+        assert d.value is record.value or (type(d.value) is bytes and d.value == record.value)
+        assert d.key == record.key
+
+    decoded = set(result.decoded_origins)
+    for event in result.events:
+        check_event(event, decoded)
+
+    # a JSON format never makes an event out of bytes that are not JSON
+    if not decoder.binary_values:
+        from_records = {e.origin for e in result.events}
+        for origin in from_records:
+            value = by_origin[origin].value
+            assert value is not None and _is_json(value), (
+                f"events from a record that is not JSON: {value[:200]!r}"
+            )
+
+    batch = flatten(result)
+    joined = sum(1 for o in result.decoded_origins if o not in {e.origin for e in result.events})
+    assert batch.num_rows == (
+        len(result.events) + joined + len(result.skipped) + len(result.dead_letters)
+    )
+    return result
+
+
+def _records(values: Iterable[tuple[bytes | None, bytes | None, tuple]], topic: str = "fuzz") -> list[Record]:
+    return [
+        Record(value=v, key=k, headers=h, origin=Origin(topic, 0, i))
+        for i, (v, k, h) in enumerate(values)
+    ]
+
+
+# --------------------------------------------------------------------------- seed messages
+
+
+@dataclasses.dataclass(frozen=True)
+class Seed:
+    """Valid (or golden) records of one format, with the options to decode them."""
+
+    name: str
+    records: tuple[Record, ...]
+    options: Any
+
+    def decoder(self, fmt: str) -> Decoder:
+        return decoder_for(fmt, self.options)
+
+
+#: Every type the workload generates values for; each format keeps the ones it carries.
+_FUZZ_TABLE = TableSpec(
+    "fuzz_types",
+    {
+        "id": "int64", "i32": "int32", "f64": "float64", "amount": "decimal(18,4)",
+        "flag": "boolean", "day": "date", "at": "timestamptz", "local": "timestamp",
+        "raw": "binary", "label": "string",
+    },
+    ("id",),
+)
+
+
+def _encoder_seed(fmt: str, seed: int, truncate_every: int) -> Seed:
+    encoder = encoder_for(fmt)
+    specs = tables_for(encoder.exact_types) + tables_for(encoder.exact_types, [_FUZZ_TABLE])
+    workload = Workload(specs, seed=seed)
+    changes: list[SourceChange] = []
+    messages = []
+    for change in workload.changes(12, truncate_every=truncate_every):
+        try:
+            encoded = encoder.encode(change)
+        except Exception:  # noqa: BLE001 - e.g. Qlik publishes nothing for a truncate
+            continue
+        changes.append(change)
+        messages.extend(encoded)
+    values = [(m.value, m.key, m.headers) for m in messages]
+    return Seed(f"encoder-{seed}", tuple(_records(values)), encoder.decoder_options(changes))
+
+
+def _golden_seeds(folder: str, wrap_for: str | None = None) -> list[Seed]:
+    out = []
+    for path in sorted((CASES / folder).glob("*.expected.jsonl")):
+        case = load_case(path)
+        options = case.options
+        if wrap_for == "auto":
+            options = {"format_options": {folder: options}} if options else None
+        out.append(Seed(f"{folder}/{case.name}", tuple(case.records), options))
+    return out
+
+
+@functools.cache
+def seeds(fmt: str) -> tuple[Seed, ...]:
+    """The format's own encoder output, and its golden inputs (``auto``: every JSON
+    format's golden inputs, each format's options passed through ``format_options``)."""
+    out = [_encoder_seed(fmt, 1, 0), _encoder_seed(fmt, 2, 4)]
+    if fmt == "auto":
+        for other in FORMATS:
+            if other != "auto" and not decoder_for(other).binary_values:
+                out.extend(_golden_seeds(other, wrap_for="auto"))
+    else:
+        out.extend(_golden_seeds(fmt))
+    return tuple(s for s in out if any(r.value is not None for r in s.records))
+
+
+def _walk(node: Any, keys: set[str], strings: set[str]) -> None:
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            keys.update(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str) and len(node) <= 64:
+            strings.add(node)
+
+
+@functools.cache
+def vocabulary(fmt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Field names and short string values found in the format's JSON seeds."""
+    keys: set[str] = set()
+    strings: set[str] = set()
+    for seed in seeds(fmt):
+        for r in seed.records:
+            try:
+                _walk(orjson.loads(r.value or b""), keys, strings)
+            except orjson.JSONDecodeError:
+                continue
+    return tuple(sorted(keys)) or ("a",), tuple(sorted(strings)) or ("a",)
+
+
+# --------------------------------------------------------------------------- strategies
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+_JSON = st.recursive(
+    st.none() | st.booleans() | _INT64 | _FLOATS | st.text(max_size=16),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
+)
+
+
+def _vocab_json(fmt: str) -> st.SearchStrategy[Any]:
+    """JSON built from the format's own field names and string values."""
+    keys, strings = vocabulary(fmt)
+    leaves = st.none() | st.booleans() | _INT64 | _FLOATS | st.sampled_from(strings) | st.text(max_size=8)
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(keys), inner, max_size=8),
+        max_leaves=24,
+    )
+
+
+#: Raw JSON literals a mutation puts in place of a value.
+LITERALS: tuple[bytes, ...] = (
+    b"null", b"true", b"false", b"0", b"-0", b"-1", b"1", b"0.5", b"-0.0", b"1e-400",
+    b"2147483648", b"-2147483649", b"9223372036854775807", b"9223372036854775808",
+    b"-9223372036854775809", b"18446744073709551616", b"1" + b"0" * 40, b"-" + b"9" * 400,
+    b"1e400", b"-1e400", b"1.7976931348623157e309", b"1e-7", b"123456789.123456789123456789",
+    b"NaN", b"Infinity", b"-Infinity", b"nan", b"inf",
+    b'""', b'" "', b'"x"', b'"0"', b'"-1"', b'"1e400"', b'"NaN"', b'"null"', b'"true"',
+    b'"\\u0000"', b'"\\ud800"', b'"\\udfff\\ud800"', b'"\xff\xfe"', b'"\xc3("', b'"\xed\xa0\x80"',
+    b'"2024-13-45T25:61:61Z"', b'"0000-00-00 00:00:00"', b'"9999-12-31 23:59:59.999999999"',
+    b'"24:00:00"', b'"2024-02-30"', b'"+08:00"', b'"\\/Date(1)\\/"',
+    b"{}", b"[]", b"[null]", b"[[]]", b'{"":null}', b'{"a":{"b":[1,{"c":null}]}}', b"[1,2,3]",
+    b'"' + b"x" * 5000 + b'"', b"[" + b"0," * 2000 + b"0]",
+)
+
+#: Bytes a mutation inserts.
+TOKENS: tuple[bytes, ...] = (
+    b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b" ", b"\x00", b"\xff", b"\xc3", b"\xed\xa0\x80",
+    b"\\u0000", b"\\ud800", b"null", b"NaN", b"-", b"9" * 30, b"e999", b'"a":1,', b",}", b",]",
+    # Avro zig-zag varints: huge and negative lengths / counts, an unterminated varint
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\xfe\xff\xff\xff\x0f", b"\x01", b"\x03",
+    b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", b"\x80",
+)
+
+_MARK = "\x00fuzz-mark\x00"
+_MARK_JSON = orjson.dumps(_MARK)
+_DUP = "\x00fuzz-dup\x00"
+_DUP_JSON = orjson.dumps(_DUP)
+
+
+def _slots(doc: Any, limit: int = 500) -> list[tuple[Any, Any]]:
+    """``(container, key or index)`` of every value under ``doc`` (breadth first)."""
+    out: list[tuple[Any, Any]] = []
+    queue = [doc]
+    while queue and len(out) < limit:
+        node = queue.pop(0)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            out.append((node, k))
+            if isinstance(v, dict | list):
+                queue.append(v)
+    return out
+
+
+def _derived(value: Any) -> list[bytes]:
+    """Replacements made from the value being replaced (type swaps that keep its content)."""
+    out = [orjson.dumps([value]), orjson.dumps({"value": value}), orjson.dumps(orjson.dumps(value).decode())]
+    if isinstance(value, bool):
+        out += [b"1" if value else b"0", b'"true"' if value else b'"false"']
+    elif isinstance(value, int | float):
+        text = orjson.dumps(value)
+        out += [b'"' + text + b'"', b"-" + text, text + b"0" * 30, text + b"e400", text + b".5"]
+    elif isinstance(value, str):
+        raw = value.encode()
+        if raw[:1].isdigit() or raw[:1] == b"-":
+            out += [raw, raw + b"0" * 30]
+        out += [orjson.dumps(value * 50), orjson.dumps(value[:-1]), b'"' + raw[:3] + b"\xff" + raw[3:] + b'"']
+    return out
+
+
+def _rebuild(d: dict, k: str, new_key: str | None, dup: bool) -> None:
+    """Rename ``d[k]`` to ``new_key``, or add a duplicate marker after it, in place."""
+    items = list(d.items())
+    d.clear()
+    for key, val in items:
+        if key == k and new_key is not None:
+            d[new_key] = val
+            continue
+        d[key] = val
+        if key == k and dup:
+            d[_DUP] = _MARK
+
+
+def _mutate_json(draw: st.DrawFn, value: bytes, fmt: str, depth: int = 0) -> bytes | None:
+    """One structural mutation of a JSON container, or ``None`` when ``value`` is not one."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict | list) or not doc:
+        return None
+    slots = _slots(doc)
+    parent, k = draw(st.sampled_from(slots))
+    current = parent[k]
+    keys, strings = vocabulary(fmt)
+    action = draw(st.sampled_from(["delete", "swap", "swap", "swap", "duplicate", "rename", "inner", "graft"]))
+    raw = draw(
+        st.sampled_from(LITERALS)
+        | st.sampled_from(_derived(current))
+        | st.sampled_from(strings).map(orjson.dumps)
+        | _vocab_json(fmt).map(orjson.dumps)
+    )
+    if action == "inner" and isinstance(current, str) and current[:1] in "{[" and depth < 2:
+        inner = _mutate_json(draw, current.encode(), fmt, depth + 1)
+        if inner is not None:
+            raw = orjson.dumps(inner.decode("utf-8", "replace"))
+        action = "swap"
+    if action == "graft":
+        other_parent, other_k = draw(st.sampled_from(slots))
+        raw = orjson.dumps(other_parent[other_k])
+        action = "swap"
+    if action == "delete":
+        del parent[k]
+        return orjson.dumps(doc)
+    if isinstance(parent, dict) and action in ("duplicate", "rename"):
+        if action == "rename":
+            _rebuild(parent, k, draw(st.sampled_from(keys) | st.text(max_size=6)), dup=False)
+            return orjson.dumps(doc)
+        _rebuild(parent, k, None, dup=True)
+        text = orjson.dumps(doc)
+        return text.replace(_DUP_JSON, orjson.dumps(k), 1).replace(_MARK_JSON, raw, 1)
+    parent[k] = _MARK
+    return orjson.dumps(doc).replace(_MARK_JSON, raw, 1)
+
+
+def _mutate_bytes(draw: st.DrawFn, value: bytes, others: Sequence[bytes]) -> bytes:
+    n = len(value)
+    action = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "duplicate", "splice"]))
+    at = draw(st.integers(0, n))
+    if action == "flip" and n:
+        at = min(at, n - 1)
+        return value[:at] + bytes([value[at] ^ draw(st.integers(1, 255))]) + value[at + 1:]
+    if action == "truncate":
+        return value[:at]
+    if action in ("delete", "duplicate"):
+        length = draw(st.integers(1, 64))
+        piece = value[at:at + length]
+        return value[:at] + (piece * 2 if action == "duplicate" else b"") + value[at + length:]
+    if action == "splice" and others:
+        other = draw(st.sampled_from(others))
+        a = draw(st.integers(0, len(other)))
+        return value[:at] + other[a:a + draw(st.integers(1, 200))] + value[at:]
+    return value[:at] + draw(st.sampled_from(TOKENS) | st.binary(min_size=1, max_size=8)) + value[at:]
+
+
+def mutate(draw: st.DrawFn, value: bytes, fmt: str, others: Sequence[bytes]) -> bytes:
+    """One to three mutations of ``value``: structural on JSON, byte-level on anything."""
+    for _ in range(draw(st.integers(1, 3))):
+        mutated = None
+        if draw(st.booleans()):
+            mutated = _mutate_json(draw, value, fmt)
+        value = mutated if mutated is not None else _mutate_bytes(draw, value, others)
+    return value
+
+
+@st.composite
+def mutated_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
+    """A seed's records with one or two of them mutated, and maybe some lost, repeated or
+    swapped."""
+    seed = draw(st.sampled_from(seeds(fmt)))
+    items = [(r.value, r.key, r.headers) for r in seed.records]
+    others = [v for v, _, _ in items if v]
+    for _ in range(draw(st.integers(1, 2))):
+        i = draw(st.integers(0, len(items) - 1))
+        value, key, headers = items[i]
+        if key is not None and draw(st.integers(0, 9)) == 0:
+            key = mutate(draw, key, fmt, others)
+        else:
+            value = mutate(draw, value if value is not None else b"{}", fmt, others)
+        items[i] = (value, key, headers)
+    if len(items) > 1:
+        reshape = draw(st.sampled_from(["none", "none", "drop", "repeat", "swap"]))
+        i = draw(st.integers(0, len(items) - 2))
+        if reshape == "drop":
+            del items[i]
+        elif reshape == "repeat":
+            items.insert(i, items[i])
+        elif reshape == "swap":
+            items[i], items[i + 1] = items[i + 1], items[i]
+    return seed, _records(items)
+
+
+@st.composite
+def arbitrary_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
+    """Records of arbitrary bytes / JSON, decoded with the options of one of the seeds."""
+    seed = draw(st.sampled_from(seeds(fmt)))
+    value = (
+        st.binary(max_size=300)
+        | _JSON.map(orjson.dumps)
+        | _vocab_json(fmt).map(orjson.dumps)
+        | st.dictionaries(st.sampled_from(vocabulary(fmt)[0]), _vocab_json(fmt), max_size=10).map(orjson.dumps)
+    )
+    items = draw(st.lists(st.tuples(st.none() | value, st.none() | st.binary(max_size=16), st.just(())), min_size=1, max_size=4))
+    return seed, _records(items)
+
+
+# --------------------------------------------------------------------------- fuzz tests
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@_fuzz_settings(60)
+@given(data=st.data())
+def test_arbitrary_input_is_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
+    seed, records = data.draw(arbitrary_batches(fmt))
+    check(seed.decoder(fmt), records)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@_fuzz_settings(150)
+@given(data=st.data())
+def test_mutated_messages_are_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
+    seed, records = data.draw(mutated_batches(fmt))
+    check(seed.decoder(fmt), records)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_seed_decodes_cleanly_through_check(fmt: str) -> None:
+    """The unmutated seeds satisfy the property (so a failure above is the mutation's)."""
+    for seed in seeds(fmt):
+        check(seed.decoder(fmt), list(seed.records))
+
+
+# --------------------------------------------------------------------------- 10 MB messages
+
+_TABLE = SourceTable(format="", database="shop", schema="public", table="items")
+
+
+def _insert(columns: dict[str, str], row: dict[str, Any]) -> SourceChange:
+    return SourceChange(
+        op=Op.INSERT, table=_TABLE, columns=columns, key_columns=("id",), before=None,
+        after=row, seq=42, ts_ms=1_700_000_000_000,
+    )
+
+
+def _encoded(fmt: str, change: SourceChange) -> tuple[list[Record], Any]:
+    encoder = encoder_for(fmt)
+    messages = encoder.encode(change)
+    return _records([(m.value, m.key, m.headers) for m in messages]), encoder.decoder_options([change])
+
+
+#: 10 MiB of text with characters that need escaping in JSON and several UTF-8 lengths
+_UNIT = "scooter \"quoted\" back\\slash\nnaïve café 日本 🎉 "
+BIG_TEXT = (_UNIT * (10 * MB // len(_UNIT) + 1))[: 10 * MB]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_10_mb_string_value_in_a_valid_envelope(fmt: str) -> None:
+    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": BIG_TEXT}))
+    assert max(len(r.value or b"") for r in records) > 10 * MB
+    result = check(decoder_for(fmt, options), records)
+    rows = [e for e in result.events if e.op in ROW_OPS]
+    if rows:  # handled: the value arrives whole
+        assert [e.after["name"] for e in rows] == [BIG_TEXT]
+    else:  # or dead-lettered with a clear code
+        assert result.dead_letters, result.skipped
+
+
+_GARBAGE = random.Random(10).randbytes(10 * MB)
+BIG_GARBAGE = {
+    "random": _GARBAGE,
+    "unterminated-json-string": b'{"a":"' + b"x" * (10 * MB),
+    "long-json-array": b"[" + b"1," * (5 * MB) + b"1]",
+    "avro-like": b"\x00" * 16 + _GARBAGE[: 10 * MB - 16],
+}
+
+
+@pytest.mark.parametrize("kind", list(BIG_GARBAGE))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_10_mb_of_garbage_is_dead_lettered(fmt: str, kind: str) -> None:
+    records = _records([(BIG_GARBAGE[kind], None, ())])
+    result = check(decoder_for(fmt), records)
+    if not decoder_for(fmt).binary_values:
+        assert result.events == [] and len(result.dead_letters) == 1
+
+
+# --------------------------------------------------------------------------- deep nesting
+
+DEPTHS = (300, 1_000, 10_000, 100_000)  # orjson writes at most 254 levels and reads 1024
+
+
+def _deep_array(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _deep_object(depth: int) -> bytes:
+    return b'{"a":' * depth + b"null" + b"}" * depth
+
+
+_SENTINEL = "fuzzsentinel0"
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_deeply_nested_json_is_decoded_or_dead_lettered(fmt: str, depth: int) -> None:
+    values = [
+        _deep_array(depth), _deep_object(depth), b"[" * depth, b'{"a":' * depth,
+        b'{"payload":' + _deep_object(depth) + b"}",
+    ]
+    result = check(decoder_for(fmt), _records([(v, None, ()) for v in values]))
+    if not decoder_for(fmt).binary_values:
+        assert result.events == []
+
+
+def _envelope_with(fmt: str, raw: bytes) -> tuple[list[Record], Any]:
+    """The format's valid insert message with the string value of column ``name``
+    replaced by the raw JSON ``raw`` (JSON formats)."""
+    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": _SENTINEL}))
+    quoted = orjson.dumps(_SENTINEL)
+    out = []
+    for r in records:
+        value = r.value.replace(quoted, raw) if r.value and quoted in r.value else r.value
+        out.append((value, r.key, r.headers))
+    assert any(quoted in (r.value or b"") for r in records), "sentinel not found"
+    return _records(out), options
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if not decoder_for(f).binary_values])
+def test_deeply_nested_column_value_in_a_valid_envelope(fmt: str, depth: int) -> None:
+    for raw in (_deep_array(depth), _deep_object(depth)):
+        records, options = _envelope_with(fmt, raw)
+        check(decoder_for(fmt, options), records)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_deeply_nested_json_text_as_a_string_or_json_column(fmt: str, depth: int) -> None:
+    """Nested JSON *text* as a column value: a ``json`` column may be parsed by the decoder."""
+    exact = encoder_for(fmt).exact_types
+    columns = {"id": "int64", "name": "string"}
+    text = _deep_array(depth).decode()
+    row: dict[str, Any] = {"id": 1, "name": text}
+    if "json" in exact:
+        columns["doc"] = "json"
+        row["doc"] = _deep_object(depth).decode()
+    records, options = _encoded(fmt, _insert(columns, row))
+    result = check(decoder_for(fmt, options), records)
+    rows = [e for e in result.events if e.op in ROW_OPS]
+    if rows:
+        assert rows[0].after["name"] == text
+
+
+# --------------------------------------------------------------------------- size limit
+
+
+def _options_class(fmt: str) -> type:
+    return type(decoder_for(fmt)).options_class
+
+
+def _options_with_limit(fmt: str, options: Any, limit: int) -> Any:
+    """The format's options object built from ``options`` with ``max_record_bytes=limit``."""
+    cls = _options_class(fmt)
+    base = cls() if options is None else (
+        options if dataclasses.is_dataclass(options) else cls.from_mapping(options)
+    )
+    return dataclasses.replace(base, max_record_bytes=limit)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_options_class_takes_max_record_bytes(fmt: str, tmp_path: Path) -> None:
+    cls = _options_class(fmt)
+    assert cls().max_record_bytes == 16 * MB
+    assert cls(max_record_bytes=123).max_record_bytes == 123
+    mapping: dict[str, Any] = {"max_record_bytes": 123}
+    if fmt == "drs-avro":  # its configuration path requires a schema file
+        from cdcflow.formats.drs_avro import STANDIN_SCHEMA
+
+        schema = tmp_path / "record.avsc"
+        schema.write_text(json.dumps(STANDIN_SCHEMA))
+        mapping["schema_path"] = str(schema)
+    assert decoder_for(fmt, mapping).options.max_record_bytes == 123
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_record_over_max_record_bytes_is_dead_lettered_too_large(fmt: str) -> None:
+    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x" * 5000}))
+    biggest = max(len(r.value or b"") for r in records)
+    small = [r for r in records if len(r.value or b"") < biggest]
+    # at the limit: decoded as before
+    at_limit = decoder_for(fmt, _options_with_limit(fmt, options, biggest)).decode_batch(records)
+    assert at_limit.dead_letters == [] and at_limit.events
+    # one byte under it: the big record is a TOO_LARGE dead letter, the others decode
+    decoder = decoder_for(fmt, _options_with_limit(fmt, options, biggest - 1))
+    result = check(decoder, records)
+    assert [d.code for d in result.dead_letters] == [Code.TOO_LARGE]
+    dead = result.dead_letters[0]
+    assert len(dead.value) == biggest
+    assert str(biggest) in dead.message and str(biggest - 1) in dead.message
+    assert "max_record_bytes" in dead.message
+    assert result.decoded_records + len(result.skipped) == len(small)
+
+
+def test_the_default_limit_dead_letters_a_17_mb_record_without_parsing_it() -> None:
+    value = b'{"a":"' + b"x" * (17 * MB) + b'"}'
+    decoder = decoder_for("debezium-json")
+    decoder.decode = None  # type: ignore[method-assign]  # any decode attempt would raise TypeError
+    result = decoder.decode_batch([Record(value=value, origin=Origin("t", 1, 5))])
+    assert [(d.code, d.origin, d.value is value) for d in result.dead_letters] == [
+        (Code.TOO_LARGE, Origin("t", 1, 5), True)
+    ]
+    assert "formats.debezium-json.max_record_bytes" in result.dead_letters[0].message
+
+
+def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
+    decoder = decoder_for("maxwell-json", {"max_record_bytes": 0})
+    result = decoder.decode_batch([Record(value=None), Record(value=b"{}", origin=Origin("t", 0, 1))])
+    assert [s.reason for s in result.skipped] == ["TOMBSTONE"]
+    assert [d.code for d in result.dead_letters] == [Code.TOO_LARGE]
