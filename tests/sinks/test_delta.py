@@ -166,3 +166,15 @@ def test_heartbeats_and_markers_are_skipped_on_purpose_but_kept_in_the_changelog
     acc = wh.read("batches", system=True).to_pylist()
     assert [(a["records"], a["skipped"]) for a in acc] == [(2, 1)]
     assert sorted(wh.read("changelog", system=True)["op"].to_pylist()) == ["heartbeat", "insert"]
+
+
+def test_progress_follows_the_source_and_heartbeats_advance_it(tmp_path):
+    wh, ap = _wh(tmp_path)
+    ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
+    beat = ChangeEvent(op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=9_999, origin=Origin("t", 0, 50))
+    ap.apply(table_of(beat), 1)
+    rows = sorted(wh.read("progress", system=True).to_pylist(), key=lambda r: r["batch_id"])
+    assert [(r["batch_id"], r["events"], r["rows_changed"], r["last_source_ts_ms"]) for r in rows] == [
+        (0, 2, 2, 1002), (1, 1, 0, 9_999)]
+    assert rows[0]["last_seq"] == table_of(ins(2, "b", seq=2))["seq"][0].as_py()
+    assert all(r["lag_ms"] == r["committed_at_ms"] - r["last_source_ts_ms"] for r in rows)

@@ -7,7 +7,8 @@ writes, each idempotent per ``(pipeline, batch_id)``:
 2. the changelog (every decoded event, with its origin);
 3. one merge per mirror table (apply failures become dead letters, other tables go on);
 4. tombstones of deleted keys and truncates;
-5. the batch's accounting row per Kafka partition (records, events, skipped, dead).
+5. the batch's accounting row per Kafka partition (records, events, skipped, dead);
+6. a progress row: last source sequence and time (heartbeats count), rows changed, lag.
 
 Every record of the batch is accounted for: ``records = records with events + joined +
 skipped + dead`` (``joined``: an update half whose change its partner's event carries).
@@ -35,6 +36,7 @@ from cdcflow.sinks.delta import (
     CHANGELOG_COLUMNS,
     DEAD_LETTER_SCHEMA,
     DECODER_STATE_SCHEMA,
+    PROGRESS_SCHEMA,
     DeltaWarehouse,
     MirrorResult,
 )
@@ -158,6 +160,7 @@ class BatchApplier:
         wh.append(wh.system_path("dead_letters"), all_dead, batch_id)
         per_record = self._per_record(events)
         wh.append(wh.system_path("batches"), self._accounting(per_record, rows, batch_id), batch_id)
+        wh.append(wh.system_path("progress"), self._progress(rows, report, batch_id), batch_id)
         report.records = per_record.num_rows
         report.seconds = time.perf_counter() - started
         return report
@@ -278,6 +281,28 @@ class BatchApplier:
                 "raw_value": pa.array(event_json, pa.binary()),
             },
             schema=DEAD_LETTER_SCHEMA,
+        )
+
+    def _progress(self, rows: pa.Table, report: BatchReport, batch_id: int) -> pa.Table:
+        """One progress row for the batch (also for a batch of heartbeats only)."""
+        if rows.num_rows == 0:
+            return PROGRESS_SCHEMA.empty_table()
+        last_seq = pc.max(rows["seq"]).as_py()
+        last_ts = pc.max(rows["ts_ms"]).as_py()
+        now = int(time.time() * 1000)
+        changed = sum(m.upserts + m.deletes for m in report.mirrors)
+        return pa.table(
+            {
+                "source": [self.warehouse.pipeline_id],
+                "batch_id": pa.array([batch_id], pa.int64()),
+                "last_seq": pa.array([last_seq], pa.string()),
+                "last_source_ts_ms": pa.array([last_ts], pa.int64()),
+                "events": pa.array([rows.num_rows], pa.int64()),
+                "rows_changed": pa.array([changed], pa.int64()),
+                "committed_at_ms": pa.array([now], pa.int64()),
+                "lag_ms": pa.array([None if last_ts is None else now - last_ts], pa.int64()),
+            },
+            schema=PROGRESS_SCHEMA,
         )
 
     @staticmethod

@@ -8,6 +8,7 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
     <warehouse>/_cdcflow/batches/              per micro-batch and partition: offsets and counts
     <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
+    <warehouse>/_cdcflow/progress/             per batch and source: last sequence, source time, lag
 
 Exactly once: every commit carries the application transaction
 ``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
@@ -91,6 +92,19 @@ BATCHES_SCHEMA = pa.schema(
         ("skipped", pa.int64()),
         ("dead_letters", pa.int64()),
         ("committed_at_ms", pa.int64()),
+    ]
+)
+
+PROGRESS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("batch_id", pa.int64()),
+        ("last_seq", pa.string()),  # highest source sequence seen (seq_key form)
+        ("last_source_ts_ms", pa.int64()),  # newest source time seen, heartbeats included
+        ("events", pa.int64()),  # decoded events in the batch
+        ("rows_changed", pa.int64()),  # upserts + deletes committed to mirrors
+        ("committed_at_ms", pa.int64()),
+        ("lag_ms", pa.int64()),  # committed_at_ms - last_source_ts_ms
     ]
 )
 
