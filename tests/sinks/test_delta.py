@@ -99,18 +99,22 @@ def test_partial_update_keeps_the_stored_value_of_absent_columns(tmp_path):
     assert _state(wh)[1] == {"id": 1, "name": "a", "qty": 7}
 
 
-def test_type_conflict_dead_letters_that_table_and_others_go_on(tmp_path):
+def test_a_value_that_does_not_fit_dead_letters_its_key_and_the_rest_goes_on(tmp_path):
     wh, ap = _wh(tmp_path)
     other = SourceTable("test", "db", "", "other")
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
     bad = ev(Op.UPDATE, 1, after={"id": 1, "name": "a", "qty": "not a number"}, seq=2)
+    same_table = ins(2, "fine", seq=3)
+    too_big = ev(Op.INSERT, 3, after={"id": 3, "name": "c", "qty": 2**63}, seq=4)
     good = ev(Op.INSERT, 7, after={"id": 7, "name": "x", "qty": 1}, seq=3, table=other)
-    report = ap.apply(table_of(bad, good), 1)
-    assert report.dead_letters == {"TYPE_CONFLICT": 1}
+    report = ap.apply(table_of(bad, same_table, too_big, good), 1)
+    assert report.dead_letters == {"TYPE_CONFLICT": 2}
     assert _state(wh, "db.other") == {7: {"id": 7, "name": "x", "qty": 1}}
-    dead = wh.read("dead_letters", system=True).to_pylist()
-    assert [(d["code"], d["stage"], d["target_table"]) for d in dead] == [("TYPE_CONFLICT", "apply", TARGET)]
-    assert b"not a number" in dead[0]["raw_value"]
+    # the stored row keeps its last good state; the key whose value fits is applied
+    assert _state(wh) == {1: {"id": 1, "name": "a", "qty": 1}, 2: {"id": 2, "name": "fine", "qty": 1}}
+    dead = sorted(wh.read("dead_letters", system=True).to_pylist(), key=lambda d: d["offset"])
+    assert [(d["code"], d["stage"], d["target_table"]) for d in dead] == [("TYPE_CONFLICT", "apply", TARGET)] * 2
+    assert b"not a number" in dead[0]["raw_value"] and "qty" in dead[0]["message"]
 
 
 def test_every_record_is_accounted_for(tmp_path):

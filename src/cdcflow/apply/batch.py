@@ -150,7 +150,11 @@ class BatchApplier:
 
         for target, part in self._by_target(rows):
             try:
-                report.mirrors.append(self._apply_mirror(target, part, batch_id))
+                mirror = self._apply_mirror(target, part, batch_id)
+                report.mirrors.append(mirror)
+                if mirror.rejected:
+                    dead_letters.append(self._rejected_dead_letters(part, target, mirror, batch_id))
+                    report.dead_letters[Code.TYPE_CONFLICT] += dead_letters[-1].num_rows
             except ApplyError as exc:
                 log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
                 report.dead_letters[exc.code] += part.num_rows
@@ -255,6 +259,16 @@ class BatchApplier:
             },
             schema=DEAD_LETTER_SCHEMA,
         )
+
+    def _rejected_dead_letters(self, part: pa.Table, target: str, mirror: MirrorResult,
+                               batch_id: int) -> pa.Table:
+        """Dead letters for the events of keys whose net change did not fit the table."""
+        out = []
+        for key, reason in mirror.rejected:
+            events = part.filter(pc.or_(pc.equal(part["key"], key),
+                                        pc.fill_null(pc.equal(part["old_key"], key), False)))
+            out.append(self._apply_dead_letters(events, target, ApplyError(reason, Code.TYPE_CONFLICT), batch_id))
+        return pa.concat_tables(out)
 
     @staticmethod
     def _apply_dead_letters(part: pa.Table, target: str, exc: ApplyError, batch_id: int) -> pa.Table:

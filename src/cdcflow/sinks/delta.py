@@ -38,6 +38,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.apply.netchange import NetChange
 from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
+from cdcflow.errors import ApplyError, Code
 from cdcflow.types import arrow_type
 
 __all__ = [
@@ -151,6 +152,8 @@ class MirrorResult:
     truncated: bool = False
     skipped_replay: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: (key JSON, reason) of net changes whose values do not fit the table; not applied
+    rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
 class DeltaWarehouse:
@@ -307,19 +310,26 @@ class DeltaWarehouse:
         columns = self._ensure_table(path, table, types, key_columns)
         table = self.open(path)
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
+        source = None
+        if rows.num_rows:
+            source, result.rejected = self._checked_merge_source(
+                upserts, deletes, stored_types, columns, key_columns
+            )
+            if result.rejected:
+                result.upserts = int(pc.sum(pc.invert(source[_DELETE_FLAG])).as_py() or 0)
+                result.deletes = source.num_rows - result.upserts
 
         # truncate first: only rows whose sequence is below it
         commit_done = False
         if net.truncate_seq is not None:
             result.truncated = True
             predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{net.truncate_seq}'"
-            last_commit = rows.num_rows == 0
+            last_commit = source is None or source.num_rows == 0
             table.delete(predicate, commit_properties=self._commit(batch_id) if last_commit else None)
             commit_done = last_commit
             table = self.open(path)
 
-        if rows.num_rows:
-            source = self._merge_source(upserts, deletes, stored_types, columns, key_columns)
+        if source is not None and source.num_rows:
             result.metrics = self._merge(table, source, columns, key_columns, batch_id)
             commit_done = True
         if not commit_done:
@@ -365,6 +375,45 @@ class DeltaWarehouse:
             )
         data_cols = [c for c in existing if c not in (SEQ_COLUMN, TS_COLUMN)] + new
         return data_cols
+
+    def _checked_merge_source(
+        self,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        types: Mapping[str, str],
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+    ) -> tuple[pa.Table, list[tuple[str, str]]]:
+        """The merge source; net changes whose values do not fit are set aside, not applied.
+
+        The fast path converts the whole batch at once; only when that fails is each net
+        change converted alone to find the ones at fault (``TYPE_CONFLICT``), so one bad
+        value costs its own key's change, not the table's batch.
+        """
+        try:
+            return self._merge_source(upserts, deletes, types, columns, key_columns), []
+        except ApplyError as exc:
+            if exc.code != Code.TYPE_CONFLICT:
+                raise
+        rejected: list[tuple[str, str]] = []
+        keep_up, keep_del = [], []
+        empty = upserts.slice(0, 0)
+        for table, keep, is_upsert in ((upserts, keep_up, True), (deletes, keep_del, False)):
+            for i in range(table.num_rows):
+                one = table.slice(i, 1)
+                try:
+                    self._merge_source(one if is_upsert else empty, empty if is_upsert else one,
+                                       types, columns, key_columns)
+                except ApplyError as exc:
+                    rejected.append((one["key"][0].as_py(), exc.message))
+                    keep.append(False)
+                else:
+                    keep.append(True)
+        source = self._merge_source(
+            upserts.filter(pa.array(keep_up, pa.bool_())), deletes.filter(pa.array(keep_del, pa.bool_())),
+            types, columns, key_columns,
+        )
+        return source, rejected
 
     def _merge_source(
         self,
