@@ -92,9 +92,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     decoder = _decoder(args.format, args.primary_key)
     warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()), pipeline_id=args.pipeline_id)
     decoder.load_state(load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id))
-    result = decoder.decode_batch(_records(args.format, args.files))
+    records = list(_records(args.format, args.files))
+    result = decoder.decode_batch(records)
     batch_id = _next_batch_id(warehouse)
-    events = pa.Table.from_batches([flatten(result, decoder.state_items)])
+    events = pa.Table.from_batches([flatten(result, decoder.state_items, records)])
     report = BatchApplier(warehouse, Router(args.target_template)).apply(events, batch_id)
     print(f"batch {batch_id}: {report.records} records, {report.events} events, "
           f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}")

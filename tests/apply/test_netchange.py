@@ -72,3 +72,27 @@ def test_columns_declared_travel_once_per_declaration():
     t = table_of(ins(1, "a", seq=1), ins(2, "b", seq=2))
     assert orjson.loads(t["columns"][0].as_py()) == COLUMNS
     assert t["columns"][1].as_py() is None
+
+
+def test_an_event_that_cannot_be_stored_dead_letters_its_record_with_raw_bytes():
+    from cdcflow.apply.events import flatten
+    from cdcflow.formats.base import DecodeResult, Record
+    from cdcflow.model import Origin
+
+    from tests.apply.helpers import ins as insert
+
+    deep: list = []
+    for _ in range(300):  # orjson writes at most 254 levels
+        deep = [deep]
+    bad = insert(2, "b", seq=2, offset=8)
+    bad.meta = {"nested": deep}
+    late = insert(3, "c", seq=3, offset=9)
+    late.ts_ms = 2**63  # beyond int64
+    good = insert(1, "a", seq=1, offset=7)
+    records = [Record(value=b"raw-8", key=b"k8", origin=Origin("t", 0, 8))]
+    rows = flatten(DecodeResult(events=[good, bad, late]), None, records).to_pylist()
+    assert [(r["kind"], r["offset"]) for r in rows] == [("event", 7), ("dead", 8), ("dead", 9)]
+    dead = {r["offset"]: r for r in rows if r["kind"] == "dead"}
+    assert dead[8]["reason"] == dead[9]["reason"] == "BAD_VALUE"
+    assert (dead[8]["raw_value"], dead[8]["raw_key"]) == (b"raw-8", b"k8")
+    assert "64-bit" in dead[9]["error"]

@@ -23,6 +23,10 @@ a dead letter has a known code and keeps the record's exact bytes and origin; ev
 well formed; input that is not JSON yields no event from a JSON format; and
 :func:`cdcflow.apply.events.flatten` turns the result into Arrow rows without raising.
 
+Known bugs found this way are pinned at the end of the file by minimal reproducers marked
+``xfail(strict=True)``; the hypothesis tests tolerate a batch that runs into one of them
+(:func:`known_bug`), so the suite stays green and each bug stays visible until fixed.
+
 The default run is sized for about a minute on two cores. ``CDCFLOW_FUZZ_EXAMPLES=N``
 runs N examples per format and property instead (e.g. 5000 for a long run); pytest's
 ``--hypothesis-seed`` replays a run.
@@ -30,6 +34,7 @@ runs N examples per format and property instead (e.g. 5000 for a long run); pyte
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime as dt
 import decimal
@@ -37,12 +42,14 @@ import functools
 import json
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -51,10 +58,11 @@ from hypothesis import strategies as st
 from cdcflow.apply.events import flatten
 from cdcflow.errors import Code
 from cdcflow.formats import decoder_for, encoder_for, format_names
-from cdcflow.formats.base import DecodeResult, Decoder, Record, SourceChange
-from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, SourceTable, Txn, seq_key
+from cdcflow.formats.base import Decoder, DecodeResult, Record, SourceChange
+from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable, Txn, seq_key
 from cdcflow.testing.golden import load_case
 from cdcflow.testing.workload import TableSpec, Workload, tables_for
+from cdcflow.types import parse_type
 
 FORMATS = format_names()
 KNOWN_CODES = frozenset(v for k, v in vars(Code).items() if k.isupper())
@@ -98,20 +106,12 @@ def _is_json(value: bytes) -> bool:
         return False
 
 
-_SCALARS = (type(None), bool, int, float, str, bytes, decimal.Decimal, dt.date, dt.time, dt.datetime)
+#: The Python values of image columns (the table in :mod:`cdcflow.model`).
+SCALARS = (bool, int, float, decimal.Decimal, str, bytes, dt.date, dt.time, dt.datetime)
 
 
-def _check_value(value: Any, where: str, depth: int = 0) -> None:
-    assert depth < 2_000, f"{where}: value nested deeper than 2000 levels"
-    if isinstance(value, dict):
-        for k, v in value.items():
-            assert isinstance(k, str), f"{where}: non-string key {k!r}"
-            _check_value(v, where, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            _check_value(v, where, depth + 1)
-    else:
-        assert isinstance(value, _SCALARS), f"{where}: value of type {type(value).__name__}"
+def _int64(n: Any) -> bool:
+    return type(n) is int and -(2**63) <= n < 2**63
 
 
 def _check_image(image: Any, where: str) -> None:
@@ -120,7 +120,58 @@ def _check_image(image: Any, where: str) -> None:
     assert isinstance(image, dict), f"{where} is a {type(image).__name__}, not a dict"
     for column, value in image.items():
         assert isinstance(column, str), f"{where}: column name {column!r} is not a string"
-        _check_value(value, f"{where}[{column!r}]")
+        assert value is None or isinstance(value, SCALARS), (
+            f"{where}[{column!r}] is a {type(value).__name__}: {value!r:.80}"
+        )
+
+
+# Known bugs the fuzzer runs into. Each is pinned by an xfail(strict=True) test in the
+# "known bugs" section below (so it stays visible and the xfail fails once it is fixed);
+# the hypothesis tests tolerate a batch that hits one, so the suite stays green.
+BUG_TS_MS = "ts_ms beyond int64: flatten raises OverflowError"
+BUG_TXN_ORDER = "txn.order beyond int64: flatten raises OverflowError"
+BUG_MAXWELL_XOFFSET = "maxwell-json: xoffset of any JSON type goes into seq when xid is absent"
+BUG_NESTED_VALUE = "a JSON array/object value of an undeclared column is kept as a list/dict"
+BUG_DEEP_META = (
+    "a message field nested 255-1024 levels deep is copied into meta, and flatten raises "
+    "TypeError (orjson writes at most 254 levels)"
+)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts more than ``limit`` levels deep."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [
+            c for v in level if isinstance(v, list | dict)
+            for c in (v.values() if isinstance(v, dict) else v)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def known_bug(event: ChangeEvent) -> str | None:
+    """The known bug (one of the ``BUG_*`` names) ``event`` shows, or ``None``."""
+    if event.ts_ms is not None and type(event.ts_ms) is int and not _int64(event.ts_ms):
+        return BUG_TS_MS
+    order = event.txn.order if isinstance(event.txn, Txn) else None
+    if order is not None and type(order) is int and not _int64(order):
+        return BUG_TXN_ORDER
+    if (
+        event.source.format == "maxwell-json" and isinstance(event.seq, tuple)
+        and len(event.seq) == 3 and type(event.seq[2]) is not int
+    ):
+        return BUG_MAXWELL_XOFFSET
+    if isinstance(event.meta, dict) and _deeper_than(event.meta, 254):
+        return BUG_DEEP_META
+    declared = event.columns or {}
+    for image in (event.before, event.after):
+        if isinstance(image, dict) and any(
+            isinstance(v, list | dict) and c not in declared for c, v in image.items()
+        ):
+            return BUG_NESTED_VALUE
+    return None
 
 
 def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
@@ -137,6 +188,11 @@ def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
         assert event.before is not None or event.after is not None, f"{event.op} without an image"
     else:
         assert event.key is None or isinstance(event.key, dict), event.key
+    if event.columns is not None:
+        assert isinstance(event.columns, dict), event.columns
+        for column, logical in event.columns.items():
+            assert isinstance(column, str), column
+            parse_type(logical)  # a logical type (ValueError otherwise)
     _check_image(event.key, "key")
     _check_image(event.before, "before")
     _check_image(event.after, "after")
@@ -144,11 +200,12 @@ def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
         assert isinstance(event.seq, tuple), f"seq {event.seq!r} is not a tuple"
         assert all(type(n) is int for n in event.seq), f"seq {event.seq!r} is not all ints"
         seq_key(event.seq)
-    assert event.ts_ms is None or type(event.ts_ms) is int, f"ts_ms {event.ts_ms!r}"
-    if event.columns is not None:
-        assert isinstance(event.columns, dict), event.columns
-        assert all(isinstance(c, str) and isinstance(t, str) for c, t in event.columns.items())
+    assert event.ts_ms is None or _int64(event.ts_ms), f"ts_ms {event.ts_ms!r} is not an int64"
     assert event.txn is None or isinstance(event.txn, Txn), event.txn
+    if event.txn is not None:
+        assert isinstance(event.txn.id, str), event.txn
+        assert event.txn.order is None or _int64(event.txn.order), f"txn.order {event.txn.order!r}"
+        assert event.txn.last is None or isinstance(event.txn.last, bool), event.txn
     assert event.ddl is None or isinstance(event.ddl, str), event.ddl
     assert event.changed is None or (
         isinstance(event.changed, tuple) and all(isinstance(c, str) for c in event.changed)
@@ -157,8 +214,22 @@ def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
     assert event.origin in decoded, f"event from {event.origin}, not a decoded record"
 
 
-def check(decoder: Decoder, records: Sequence[Record], *, hang_seconds: float = HANG_SECONDS) -> DecodeResult:
+def check(
+    decoder: Decoder,
+    records: Sequence[Record],
+    *,
+    hang_seconds: float = HANG_SECONDS,
+    tolerate_known_bugs: bool = False,
+) -> DecodeResult:
     """Decode ``records`` and assert the fuzzing property (see the module docstring).
+
+    Args:
+        decoder: a fresh decoder.
+        records: records with distinct origins.
+        hang_seconds: the longest ``decode_batch`` may take.
+        tolerate_known_bugs: for hypothesis tests: when an event shows a known bug
+            (:func:`known_bug`), skip the checks of that event and ``flatten`` (which that
+            bug may crash), and count it as a hypothesis event.
 
     Returns:
         The decode result, for further checks.
@@ -193,8 +264,14 @@ def check(decoder: Decoder, records: Sequence[Record], *, hang_seconds: float = 
         assert d.key == record.key
 
     decoded = set(result.decoded_origins)
+    known = set()
     for event in result.events:
-        check_event(event, decoded)
+        bug = known_bug(event) if tolerate_known_bugs else None
+        if bug is None:
+            check_event(event, decoded)
+        else:
+            known.add(bug)
+            hypothesis.event(f"known bug: {bug}")
 
     # a JSON format never makes an event out of bytes that are not JSON
     if not decoder.binary_values:
@@ -205,12 +282,50 @@ def check(decoder: Decoder, records: Sequence[Record], *, hang_seconds: float = 
                 f"events from a record that is not JSON: {value[:200]!r}"
             )
 
+    if known:
+        return result
     batch = flatten(result)
-    joined = sum(1 for o in result.decoded_origins if o not in {e.origin for e in result.events})
-    assert batch.num_rows == (
-        len(result.events) + joined + len(result.skipped) + len(result.dead_letters)
-    )
+    with_events = {e.origin for e in result.events}
+    joined = sum(1 for o in result.decoded_origins if o not in with_events)
+    # flatten turns a record whose events cannot be stored into one BAD_VALUE dead letter
+    rows = batch.to_pydict()
+    decode_dead = {(d.origin.topic, d.origin.partition, d.origin.offset) for d in result.dead_letters}
+    converted = {
+        (t, p, o) for k, r, t, p, o in zip(rows["kind"], rows["reason"], rows["topic"],
+                                           rows["partition"], rows["offset"], strict=True)
+        if k == "dead" and (t, p, o) not in decode_dead
+    }
+    assert all(r == "BAD_VALUE" for k, r, t, p, o in zip(
+        rows["kind"], rows["reason"], rows["topic"], rows["partition"], rows["offset"], strict=True)
+        if (t, p, o) in converted)
+    kept = sum(1 for e in result.events
+               if (e.origin.topic, e.origin.partition, e.origin.offset) not in converted)
+    want = {
+        "event": kept, "joined": joined,
+        "skip": len(result.skipped), "dead": len(result.dead_letters) + len(converted),
+    }
+    assert Counter(batch.column("kind").to_pylist()) == {k: n for k, n in want.items() if n}
     return result
+
+
+_CAUGHT = re.compile(r"([A-Z]\w*): ")
+
+
+def unexpected(dead: DeadLetter) -> bool:
+    """Whether ``dead`` comes from ``decode_batch``'s safety net: the decoder raised an
+    exception other than ``DecodeError`` (message ``"<ExceptionType>: ..."``), so its
+    code and message say nothing about the input."""
+    m = _CAUGHT.match(dead.message)
+    if dead.code != Code.BAD_FIELD or m is None:
+        return False
+    name = m.group(1)
+    return name.endswith(("Error", "Exception")) or isinstance(getattr(builtins, name, None), type)
+
+
+def assert_clear(result: DecodeResult) -> None:
+    """Every dead letter says what is wrong with the input (no stray exception)."""
+    stray = [(d.origin.offset, d.message[:120]) for d in result.dead_letters if unexpected(d)]
+    assert not stray, f"dead letters from an unexpected exception: {stray}"
 
 
 def _records(values: Iterable[tuple[bytes | None, bytes | None, tuple]], topic: str = "fuzz") -> list[Record]:
@@ -320,22 +435,38 @@ def vocabulary(fmt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 _INT64 = st.integers(-(2**63), 2**63 - 1)
 _FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
 _JSON = st.recursive(
-    st.none() | st.booleans() | _INT64 | _FLOATS | st.text(max_size=16),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=16,
+    st.none() | st.booleans() | _INT64 | _FLOATS | st.text(max_size=16), _containers, max_leaves=16
 )
 
 
+@functools.cache
 def _vocab_json(fmt: str) -> st.SearchStrategy[Any]:
     """JSON built from the format's own field names and string values."""
     keys, strings = vocabulary(fmt)
+    names = st.sampled_from(keys)
+
+    def containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        return st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=8)
+
     leaves = st.none() | st.booleans() | _INT64 | _FLOATS | st.sampled_from(strings) | st.text(max_size=8)
-    return st.recursive(
-        leaves,
-        lambda inner: st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(keys), inner, max_size=8),
-        max_leaves=24,
+    return st.recursive(leaves, containers, max_leaves=24)
+
+
+@functools.cache
+def _envelopes(fmt: str) -> st.SearchStrategy[bytes]:
+    """Arbitrary bytes, arbitrary JSON, and JSON objects made of the format's vocabulary."""
+    return (
+        st.binary(max_size=300)
+        | _JSON.map(orjson.dumps)
+        | _vocab_json(fmt).map(orjson.dumps)
+        | st.dictionaries(st.sampled_from(vocabulary(fmt)[0]), _vocab_json(fmt), max_size=10).map(orjson.dumps)
     )
 
 
@@ -352,6 +483,7 @@ LITERALS: tuple[bytes, ...] = (
     b'"24:00:00"', b'"2024-02-30"', b'"+08:00"', b'"\\/Date(1)\\/"',
     b"{}", b"[]", b"[null]", b"[[]]", b'{"":null}', b'{"a":{"b":[1,{"c":null}]}}', b"[1,2,3]",
     b'"' + b"x" * 5000 + b'"', b"[" + b"0," * 2000 + b"0]",
+    b"[" * 300 + b"]" * 300,  # deeper than orjson writes (254), not than it reads (1024)
 )
 
 #: Bytes a mutation inserts.
@@ -478,10 +610,16 @@ def mutate(draw: st.DrawFn, value: bytes, fmt: str, others: Sequence[bytes]) -> 
     """One to three mutations of ``value``: structural on JSON, byte-level on anything."""
     for _ in range(draw(st.integers(1, 3))):
         mutated = None
-        if draw(st.booleans()):
-            mutated = _mutate_json(draw, value, fmt)
+        if draw(st.integers(0, 3)):  # mostly structural, which keeps the value JSON
+            try:
+                mutated = _mutate_json(draw, value, fmt)
+            except TypeError:  # deeper than orjson writes (an earlier step's deep literal)
+                mutated = None
         value = mutated if mutated is not None else _mutate_bytes(draw, value, others)
     return value
+
+
+_HEADER_NAMES = ("__debezium.oldkey", "__debezium.newkey")
 
 
 @st.composite
@@ -494,8 +632,12 @@ def mutated_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
     for _ in range(draw(st.integers(1, 2))):
         i = draw(st.integers(0, len(items) - 1))
         value, key, headers = items[i]
-        if key is not None and draw(st.integers(0, 9)) == 0:
+        which = draw(st.integers(0, 19))
+        if which == 0 and key is not None:
             key = mutate(draw, key, fmt, others)
+        elif which == 1:  # a header (Debezium reads its primary-key-change headers)
+            name = draw(st.sampled_from(_HEADER_NAMES) | st.text(max_size=12))
+            headers = (*headers, (name, draw(st.none() | st.sampled_from(LITERALS) | _envelopes(fmt))))
         else:
             value = mutate(draw, value if value is not None else b"{}", fmt, others)
         items[i] = (value, key, headers)
@@ -515,13 +657,8 @@ def mutated_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
 def arbitrary_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
     """Records of arbitrary bytes / JSON, decoded with the options of one of the seeds."""
     seed = draw(st.sampled_from(seeds(fmt)))
-    value = (
-        st.binary(max_size=300)
-        | _JSON.map(orjson.dumps)
-        | _vocab_json(fmt).map(orjson.dumps)
-        | st.dictionaries(st.sampled_from(vocabulary(fmt)[0]), _vocab_json(fmt), max_size=10).map(orjson.dumps)
-    )
-    items = draw(st.lists(st.tuples(st.none() | value, st.none() | st.binary(max_size=16), st.just(())), min_size=1, max_size=4))
+    record = st.tuples(st.none() | _envelopes(fmt), st.none() | st.binary(max_size=16), st.just(()))
+    items = draw(st.lists(record, min_size=1, max_size=4))
     return seed, _records(items)
 
 
@@ -529,19 +666,19 @@ def arbitrary_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@_fuzz_settings(60)
+@_fuzz_settings(150)
 @given(data=st.data())
 def test_arbitrary_input_is_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
     seed, records = data.draw(arbitrary_batches(fmt))
-    check(seed.decoder(fmt), records)
+    check(seed.decoder(fmt), records, tolerate_known_bugs=True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@_fuzz_settings(150)
+@_fuzz_settings(500)
 @given(data=st.data())
 def test_mutated_messages_are_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
     seed, records = data.draw(mutated_batches(fmt))
-    check(seed.decoder(fmt), records)
+    check(seed.decoder(fmt), records, tolerate_known_bugs=True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -579,6 +716,7 @@ def test_a_10_mb_string_value_in_a_valid_envelope(fmt: str) -> None:
     records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": BIG_TEXT}))
     assert max(len(r.value or b"") for r in records) > 10 * MB
     result = check(decoder_for(fmt, options), records)
+    assert_clear(result)
     rows = [e for e in result.events if e.op in ROW_OPS]
     if rows:  # handled: the value arrives whole
         assert [e.after["name"] for e in rows] == [BIG_TEXT]
@@ -600,6 +738,7 @@ BIG_GARBAGE = {
 def test_10_mb_of_garbage_is_dead_lettered(fmt: str, kind: str) -> None:
     records = _records([(BIG_GARBAGE[kind], None, ())])
     result = check(decoder_for(fmt), records)
+    assert_clear(result)
     if not decoder_for(fmt).binary_values:
         assert result.events == [] and len(result.dead_letters) == 1
 
@@ -628,6 +767,7 @@ def test_deeply_nested_json_is_decoded_or_dead_lettered(fmt: str, depth: int) ->
         b'{"payload":' + _deep_object(depth) + b"}",
     ]
     result = check(decoder_for(fmt), _records([(v, None, ()) for v in values]))
+    assert_clear(result)
     if not decoder_for(fmt).binary_values:
         assert result.events == []
 
@@ -645,12 +785,42 @@ def _envelope_with(fmt: str, raw: bytes) -> tuple[list[Record], Any]:
     return _records(out), options
 
 
-@pytest.mark.parametrize("depth", DEPTHS)
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if not decoder_for(f).binary_values])
+#: Known bug: a nested JSON value in a string column is kept as JSON text made with
+#: ``orjson.dumps``, which refuses more than 254 levels; the ``TypeError`` becomes a
+#: ``BAD_FIELD`` dead letter "TypeError: Recursion limit reached" from decode_batch's
+#: safety net, instead of a DecodeError that names the column.
+_STRINGIFY_DEPTH_BUG = {
+    "aws-dms-json": "maxwell_json.json_image",
+    "maxwell-json": "maxwell_json.json_image",
+    "ogg-json": "maxwell_json.json_image",
+    "canal-json": "canal_json._text",
+    "shareplex-json": "shareplex_json._plain",
+}
+
+
+def _envelope_params() -> list[Any]:
+    out = []
+    for fmt in FORMATS:
+        if decoder_for(fmt).binary_values:
+            continue
+        for depth in DEPTHS:
+            marks = []
+            if fmt in _STRINGIFY_DEPTH_BUG and 254 < depth <= 1024:
+                marks.append(pytest.mark.xfail(strict=True, reason=(
+                    f"bug: {_STRINGIFY_DEPTH_BUG[fmt]} turns a column value nested "
+                    f"255-1024 levels deep into JSON text with orjson.dumps, whose "
+                    f"TypeError 'Recursion limit reached' ends as an unexplained BAD_FIELD"
+                )))
+            out.append(pytest.param(fmt, depth, marks=marks, id=f"{fmt}-{depth}"))
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "depth"), _envelope_params())
 def test_deeply_nested_column_value_in_a_valid_envelope(fmt: str, depth: int) -> None:
     for raw in (_deep_array(depth), _deep_object(depth)):
         records, options = _envelope_with(fmt, raw)
-        check(decoder_for(fmt, options), records)
+        result = check(decoder_for(fmt, options), records)
+        assert_clear(result)
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
@@ -666,6 +836,7 @@ def test_deeply_nested_json_text_as_a_string_or_json_column(fmt: str, depth: int
         row["doc"] = _deep_object(depth).decode()
     records, options = _encoded(fmt, _insert(columns, row))
     result = check(decoder_for(fmt, options), records)
+    assert_clear(result)
     rows = [e for e in result.events if e.op in ROW_OPS]
     if rows:
         assert rows[0].after["name"] == text
@@ -729,7 +900,8 @@ def test_the_default_limit_dead_letters_a_17_mb_record_without_parsing_it() -> N
     assert [(d.code, d.origin, d.value is value) for d in result.dead_letters] == [
         (Code.TOO_LARGE, Origin("t", 1, 5), True)
     ]
-    assert "formats.debezium-json.max_record_bytes" in result.dead_letters[0].message
+    message = result.dead_letters[0].message
+    assert "debezium-json options" in message and "sources[].options.max_record_bytes" in message
 
 
 def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
@@ -737,3 +909,146 @@ def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
     result = decoder.decode_batch([Record(value=None), Record(value=b"{}", origin=Origin("t", 0, 1))])
     assert [s.reason for s in result.skipped] == ["TOMBSTONE"]
     assert [d.code for d in result.dead_letters] == [Code.TOO_LARGE]
+
+
+# --------------------------------------------------------------------------- known bugs
+# Minimal reproducers of what the fuzzer found. Each expects the correct behaviour (a
+# well-formed event that flattens, or a dead letter with a clear code) and is marked
+# xfail(strict=True) until the decoder is fixed; then it passes and the mark must go.
+
+_INSERT = _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x"})
+
+
+def _patched(fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int = -1) -> tuple[list[Record], Any]:
+    """The format's messages for one insert, with JSON fields of message ``index`` set to
+    raw JSON (``None``: deleted)."""
+    records, options = _encoded(fmt, _INSERT)
+    doc = orjson.loads(records[index].value)
+    raws = []
+    for path, raw in edits.items():
+        parent = doc
+        for part in path[:-1]:
+            parent = parent[part]
+        if raw is None:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = f"\x00raw{len(raws)}\x00"
+            raws.append(raw)
+    value = orjson.dumps(doc)
+    for i, raw in enumerate(raws):
+        value = value.replace(orjson.dumps(f"\x00raw{i}\x00"), raw, 1)
+    records[index] = dataclasses.replace(records[index], value=value)
+    return records, options
+
+
+_BEYOND_INT64 = b"9223372036854775808"  # 2**63
+
+
+def _bug(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"bug: {reason}")
+
+
+KNOWN_BUG_CASES = [
+    # ts_ms taken from an epoch-ms field without a range check (2**63 ms)
+    pytest.param("canal-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="canal-es"),
+    pytest.param("drs-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-es"),
+    pytest.param("drs-json-c", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-c-es"),
+    pytest.param("dataworks-json", {("payload", "timestamp", "eventTime"): _BEYOND_INT64}, -1,
+                 marks=_bug(BUG_TS_MS), id="dataworks-eventTime"),
+    # ts in epoch seconds, times 1000 without a range check
+    pytest.param("maxwell-json", {("ts",): b"9223372036854775807"}, -1, marks=_bug(BUG_TS_MS), id="maxwell-ts"),
+    # txn.order from a counter without a range check
+    pytest.param("aws-dms-json", {("metadata", "transaction-record-id"): _BEYOND_INT64}, -1,
+                 marks=_bug(BUG_TXN_ORDER), id="dms-transaction-record-id"),
+    pytest.param("maxwell-json", {("xoffset",): b"9223372036854775807"}, -1,
+                 marks=_bug(BUG_TXN_ORDER), id="maxwell-xoffset-plus-1"),
+    pytest.param("qlik-json", {("message", "headers", "transactionEventCounter"): _BEYOND_INT64}, -1,
+                 marks=_bug(BUG_TXN_ORDER), id="qlik-transactionEventCounter"),
+    pytest.param("shareplex-json", {("meta", "seq"): _BEYOND_INT64}, -1, marks=_bug(BUG_TXN_ORDER),
+                 id="shareplex-meta-seq"),
+    # maxwell checks xoffset's type only when xid is present; flatten then fails in seq_key
+    pytest.param("maxwell-json", {("xid",): None, ("xoffset",): b'"a"'}, -1,
+                 marks=_bug(BUG_MAXWELL_XOFFSET), id="maxwell-xoffset-string"),
+    pytest.param("maxwell-json", {("xid",): None, ("xoffset",): b"true"}, -1,
+                 marks=_bug(BUG_MAXWELL_XOFFSET), id="maxwell-xoffset-bool"),
+    # a column missing from the declared types keeps its raw JSON value
+    pytest.param("canal-json", {("data", 0, "extra"): b'[1,{"a":2}]'}, -1, marks=_bug(BUG_NESTED_VALUE),
+                 id="canal-undeclared-array"),
+    pytest.param("drs-json", {("data", 0, "extra"): b'{"a":[2]}'}, -1, marks=_bug(BUG_NESTED_VALUE),
+                 id="drs-undeclared-object"),
+    pytest.param("drs-json-c", {("data", 0, "extra"): b"[1]"}, -1, marks=_bug(BUG_NESTED_VALUE),
+                 id="drs-c-undeclared-array"),
+    pytest.param("qlik-json", {("message", "data", "extra"): b"[1]"}, -1, marks=_bug(BUG_NESTED_VALUE),
+                 id="qlik-column-not-in-metadata"),
+    # a huge column ordinal in Qlik metadata becomes a 2**ordinal bit mask: MemoryError
+    # (ordinal 8e9 takes 2 GB and 1.4 s before the mask fits)
+    pytest.param("qlik-json", {("message", "tableStructure", "tableColumns", "name", "ordinal"): b"1099511627776"},
+                 0, marks=_bug("qlik-json: a huge column ordinal allocates a 2**ordinal bit mask (MemoryError)"),
+                 id="qlik-huge-ordinal"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "edits", "index"), KNOWN_BUG_CASES)
+def test_known_bug_reproducer(fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int) -> None:
+    records, options = _patched(fmt, edits, index)
+    result = check(decoder_for(fmt, options), records)
+    assert_clear(result)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"bug: dts-avro: {BUG_TS_MS} (sourceTimestamp x 1000)")
+def test_known_bug_dts_avro_source_timestamp_beyond_int64_ms() -> None:
+    import io
+
+    import fastavro
+
+    from cdcflow.formats.dts_avro import record_schema
+
+    # sourceTimestamp is an Avro long in seconds; 2**62 s is a valid long, 2**62 * 1000 ms is not
+    records, options = _encoded("dts-avro", _INSERT)
+    schema = record_schema()
+    rec = fastavro.schemaless_reader(io.BytesIO(records[0].value), schema, None)
+    rec["sourceTimestamp"] = 2**62
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, schema, rec)
+    records[0] = dataclasses.replace(records[0], value=out.getvalue())
+    check(decoder_for("dts-avro", options), records)
+
+
+_DEEP_300 = b"[" * 300 + b"]" * 300
+
+#: Messages with a field nested 300 levels deep (orjson reads 1024, writes 254) that the
+#: decoder copies into ``meta``; flatten then fails on the event.
+DEEP_META_CASES = {
+    "maxwell-json": b'{"database":"d","table":"t","type":"insert","ts":1,"xid":1,"server_id":DEEP,'
+                    b'"position":"mysql-bin.000001:4","primary_key_columns":["id"],"data":{"id":1}}',
+    "ogg-json": b'{"table":"s.t","op_type":"I","op_ts":"2023-11-14 22:13:20.000000","current_ts":DEEP,'
+                b'"pos":"00000000000000000042","primary_keys":["id"],"after":{"id":1}}',
+    "shareplex-json": b'{"meta":{"time":"2023-11-14T22:13:20","userid":0,"op":"ins","scn":"42",'
+                      b'"rowid":DEEP,"trans":"0.0.42","seq":1,"size":1,"table":"s.t","idx":"1/1",'
+                      b'"posttime":"2023-11-14T22:13:20"},"data":{"id":1}}',
+    "canal-json": b'{"database":"d","es":1,"id":1,"isDdl":true,"sql":"create table t (id int)",'
+                  b'"table":"t","ts":DEEP,"type":"CREATE"}',
+    "debezium-json": b'{"status":"END","id":"571:53195832","ts_ms":1486500577691,"event_count":2,'
+                     b'"data_collections":DEEP}',
+    "aws-dms-json": b'{"control":{"table-def":{"columns":{"id":{"nullable":false,"type":"INT64"}},'
+                    b'"primary-key":[DEEP]}},"metadata":{"timestamp":"2023-11-14T22:13:20.000000Z",'
+                    b'"record-type":"control","operation":"create-table","partition-key-type":"task-id",'
+                    b'"schema-name":"s","table-name":"t"}}',
+}
+
+
+@pytest.mark.parametrize("fmt", list(DEEP_META_CASES))
+def test_deeply_nested_field_copied_into_meta_is_handled(fmt: str) -> None:
+    """Fixed in flatten: an event that cannot be serialized makes its record a BAD_VALUE
+    dead letter (with raw bytes) instead of failing the Spark task."""
+    value = DEEP_META_CASES[fmt].replace(b"DEEP", _DEEP_300)
+    options = {"primary_keys": {"*": ["id"]}} if fmt == "shareplex-json" else None
+    result = check(decoder_for(fmt, options), _records([(value, None, ())]))
+    assert_clear(result)
+
+
+def test_deeply_nested_debezium_oldkey_header_is_handled() -> None:
+    records, options = _encoded("debezium-json", _INSERT)
+    records[0] = dataclasses.replace(records[0], headers=(("__debezium.oldkey", _DEEP_300),))
+    result = check(decoder_for("debezium-json", options), records)
+    assert_clear(result)

@@ -12,12 +12,13 @@ column, from which :mod:`cdcflow.apply.typing` rebuilds typed Arrow columns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from cdcflow.errors import Code
 from cdcflow.formats.base import Decoder, DecodeResult, Record
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, dumps, json_default, seq_key
 from cdcflow.types import infer_type
@@ -128,8 +129,71 @@ class _ColumnsCache:
         return text
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(value: Any, what: str) -> Any:
+    if value is not None and not (_INT64_MIN <= value <= _INT64_MAX):
+        raise OverflowError(f"{what} {value} does not fit a 64-bit integer")
+    return value
+
+
+def _event_row(e: ChangeEvent, idx: int, cache: _ColumnsCache,
+               state_of: Callable[[ChangeEvent], list[Any]] | None) -> tuple[Any, ...]:
+    """The EVENT_SCHEMA values of one event (``columns`` still the full declaration).
+
+    Raises:
+        TypeError, ValueError, OverflowError: a value with no representation (JSON nested
+            beyond orjson's 254 levels, an integer beyond 64 bits where Arrow needs int64).
+    """
+    src = e.source
+    ek, eb, ea = e.key, e.before, e.after
+    declared = e.columns
+    if e.op in ROW_OPS:
+        image = ea if ea is not None else eb
+        decl = cache.get(declared, image)
+        partial = (e.op is Op.UPDATE and ea is not None and bool(declared)
+                   and any(c not in ea for c in declared))
+    else:
+        decl = cache.get(declared, None)
+        partial = False
+    moved = None
+    if ek is not None and eb is not None and ea is not None:
+        try:
+            before_key = {c: eb[c] for c in ek}
+        except KeyError:
+            before_key = None
+        if before_key is not None and before_key != ek:
+            moved = before_key
+    txn = e.txn
+    meta = None
+    if e.meta or e.changed:
+        meta = _json({**(e.meta or {}), **({"changed": list(e.changed)} if e.changed else {})})
+    items = state_of(e) if state_of is not None else None
+    o = e.origin
+    return (
+        e.op.value, src.format, src.database, src.schema, src.table,
+        _json(ek), _json(moved), _json(eb), _json(ea), partial, decl,
+        seq_key(e.seq), _int64(e.ts_ms, "ts_ms"),
+        None if txn is None else txn.id,
+        None if txn is None else _int64(txn.order, "txn order"),
+        None if txn is None else txn.last,
+        e.ddl, meta, o.topic, o.partition, o.offset, idx,
+        _json(items) if items else None,
+    )
+
+
+_ROW_FIELDS = (
+    "op", "format", "database", "schema", "table", "key", "old_key", "before", "after",
+    "partial", "columns", "seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta",
+    "topic", "partition", "offset", "event_index", "state",
+)
+
+
 def flatten(
-    result: DecodeResult, state_of: Callable[[ChangeEvent], list[Any]] | None = None
+    result: DecodeResult,
+    state_of: Callable[[ChangeEvent], list[Any]] | None = None,
+    records: Iterable[Record] | None = None,
 ) -> pa.RecordBatch:
     """Turn a :class:`DecodeResult` into one :data:`EVENT_SCHEMA` batch.
 
@@ -137,90 +201,51 @@ def flatten(
     event carries (``joined``), per skipped record (``skip``) and per dead letter
     (``dead``). ``state`` holds ``state_of(event)`` (the decoder's
     :meth:`~cdcflow.formats.base.Decoder.state_items`) where non-empty. ``columns`` is the
-    event's declared types completed with the types of
-    undeclared image values; it is set on the first event of each table that carries a
-    given declaration and null on the rest (the apply needs the distinct set only).
+    event's declared types completed with the types of undeclared image values; it is set
+    on the first row event of each table that carries a given declaration and null on
+    the rest (the apply needs the distinct set only).
+
+    Never raises for a value: a record with an event that cannot be represented (JSON
+    nested deeper than 254 levels, an integer beyond 64 bits in ``ts_ms``) becomes one
+    dead letter ``BAD_VALUE``, with its raw bytes when ``records`` (the decoded records)
+    are given, and none of its events is kept.
     """
-    n = len(result.events)
     cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
-    kind, op, fmt, database, schema, table = (cols[c] for c in ("kind", "op", "format", "database", "schema", "table"))
-    key, old_key, before, after, partial, columns = (cols[c] for c in ("key", "old_key", "before", "after", "partial", "columns"))
-    seq, ts_ms, txn_id, txn_order, txn_last, ddl, meta = (cols[c] for c in ("seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta"))
-    topic, partition, offset, event_index = (cols[c] for c in ("topic", "partition", "offset", "event_index"))
-    state = cols["state"]
     index_in_record: dict[tuple[str, int, int], int] = {}
     cache = _ColumnsCache()
     declared_once: set[tuple[str, str, str, str, str | None]] = set()
-    row_ops = ROW_OPS
-    update = Op.UPDATE
+    built: list[tuple[Any, ...]] = []
+    failed: dict[tuple[str, int, int], str] = {}
     for e in result.events:
         o = e.origin
         pos = (o.topic, o.partition, o.offset)
         idx = index_in_record.get(pos, 0)
         index_in_record[pos] = idx + 1
-        src = e.source
-        ek, eb, ea = e.key, e.before, e.after
-        declared = e.columns
-        if e.op in row_ops:
-            image = ea if ea is not None else eb
-            decl = cache.get(declared, image)
-            partial.append(
-                e.op is update and ea is not None and bool(declared)
-                and any(c not in ea for c in declared)
-            )
-        else:
-            decl = cache.get(declared, None)
-            partial.append(False)
-        # a table's declaration travels once per batch (on its first row event), not per row;
-        # other events (DDL, truncate) always keep theirs
-        once = (src.format, src.database, src.schema, src.table, decl)
-        if e.op not in row_ops:
-            columns.append(decl)
-        elif once in declared_once:
-            columns.append(None)
-        else:
-            declared_once.add(once)
-            columns.append(decl)
-        moved = None
-        if ek is not None and eb is not None and ea is not None:
-            try:
-                before_key = {c: eb[c] for c in ek}
-            except KeyError:
-                before_key = None
-            if before_key is not None and before_key != ek:
-                moved = before_key
-        txn = e.txn
-        kind.append(KIND_EVENT)
-        op.append(e.op.value)
-        fmt.append(src.format)
-        database.append(src.database)
-        schema.append(src.schema)
-        table.append(src.table)
-        key.append(_json(ek))
-        old_key.append(_json(moved))
-        before.append(_json(eb))
-        after.append(_json(ea))
-        seq.append(seq_key(e.seq))
-        ts_ms.append(e.ts_ms)
-        if txn is None:
-            txn_id.append(None)
-            txn_order.append(None)
-            txn_last.append(None)
-        else:
-            txn_id.append(txn.id)
-            txn_order.append(txn.order)
-            txn_last.append(txn.last)
-        ddl.append(e.ddl)
-        if e.meta or e.changed:
-            meta.append(_json({**(e.meta or {}), **({"changed": list(e.changed)} if e.changed else {})}))
-        else:
-            meta.append(None)
-        topic.append(o.topic)
-        partition.append(o.partition)
-        offset.append(o.offset)
-        event_index.append(idx)
-        items = state_of(e) if state_of is not None else None
-        state.append(_json(items) if items else None)
+        try:
+            built.append(_event_row(e, idx, cache, state_of))
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            failed.setdefault(pos, f"event cannot be stored: {type(exc).__name__}: {exc}")
+    row_ops = {op.value for op in ROW_OPS}
+    if failed:
+        built = [r for r in built if (r[18], r[19], r[20]) not in failed]
+    n = len(built)
+    if n:
+        transposed = list(zip(*built, strict=True))
+        # a table's declaration travels once per batch (on its first row event), not per
+        # row; other events (DDL, truncate) always keep theirs
+        columns_at = _ROW_FIELDS.index("columns")
+        decls = list(transposed[columns_at])
+        for i, (op, f, d, sc, t, decl) in enumerate(zip(*transposed[:5], decls, strict=True)):
+            if op in row_ops:
+                once = (f, d, sc, t, decl)
+                if once in declared_once:
+                    decls[i] = None
+                else:
+                    declared_once.add(once)
+        transposed[columns_at] = decls
+        for name, values in zip(_ROW_FIELDS, transposed, strict=True):
+            cols[name] = list(values)
+    cols["kind"] = [KIND_EVENT] * n
     for name in ("reason", "error", "raw_key", "raw_value"):
         cols[name].extend([None] * n)
 
@@ -229,8 +254,17 @@ def flatten(
             cols[name].append(values.get(name))
 
     for o in result.decoded_origins:
-        if (o.topic, o.partition, o.offset) not in index_in_record:
+        pos = (o.topic, o.partition, o.offset)
+        if pos not in index_in_record:
             add(kind=KIND_JOINED, reason="JOINED", topic=o.topic, partition=o.partition, offset=o.offset)
+    if failed:
+        raw = {(r.origin.topic, r.origin.partition, r.origin.offset): r for r in records or ()}
+        fmt = result.events[0].source.format if result.events else None
+        for (t, part, off), message in failed.items():
+            rec = raw.get((t, part, off))
+            add(kind=KIND_DEAD, format=fmt, reason=Code.BAD_VALUE, error=message, topic=t,
+                partition=part, offset=off, raw_key=rec.key if rec else None,
+                raw_value=rec.value if rec else None)
     for s in result.skipped:
         o = s.origin
         add(kind=KIND_SKIP, reason=s.reason, topic=o.topic, partition=o.partition, offset=o.offset)
@@ -278,7 +312,8 @@ def records_from_kafka_batch(batch: pa.RecordBatch) -> list[Record]:
 
 def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode one Arrow batch of Kafka records into an :data:`EVENT_SCHEMA` batch."""
-    return flatten(decoder.decode_batch(records_from_kafka_batch(batch)), decoder.state_items)
+    records = records_from_kafka_batch(batch)
+    return flatten(decoder.decode_batch(records), decoder.state_items, records)
 
 
 def load_decoder_state(path: str | None, key: str) -> list[Any]:

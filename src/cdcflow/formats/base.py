@@ -123,7 +123,7 @@ class DecoderOptions:
             one becomes a ``TOO_LARGE`` dead letter without being parsed, so one huge
             message cannot exhaust an executor's memory. Default 16 MiB (Kafka's
             default ``max.message.bytes`` is 1 MiB); raise it for larger messages
-            (YAML: ``formats.<name>.max_record_bytes``).
+            (YAML: ``sources[].options.max_record_bytes``).
     """
 
     primary_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -231,8 +231,8 @@ class Decoder(ABC):
             if len(record.value) > limit:
                 message = (
                     f"record value is {len(record.value)} bytes, over the limit of {limit} "
-                    f"bytes; raise max_record_bytes in the format options (YAML: "
-                    f"formats.{self.identifier}.max_record_bytes) to decode it"
+                    f"bytes; raise max_record_bytes in the {self.identifier} options (YAML: "
+                    "sources[].options.max_record_bytes) to decode it"
                 )
                 result.dead_letters.append(self._dead(record, Code.TOO_LARGE, message))
                 continue
