@@ -43,15 +43,14 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
 from cdcflow.errors import Code, DecodeError
 from cdcflow.formats.base import (
-    Decoder,
     DecoderOptions,
     Encoder,
     Message,
@@ -59,11 +58,10 @@ from cdcflow.formats.base import (
     SourceChange,
 )
 from cdcflow.formats.maxwell_json import (
-    InexactNumber,
+    ExactJsonDecoder,
     TableInfo,
     field_error,
     json_image,
-    loads_exact,
     with_key,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
@@ -121,7 +119,7 @@ class AwsDmsJsonOptions(DecoderOptions):
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-class AwsDmsJsonDecoder(Decoder):
+class AwsDmsJsonDecoder(ExactJsonDecoder):
     """Decodes AWS DMS JSON records (see the module docstring)."""
 
     identifier: ClassVar[str] = IDENTIFIER
@@ -137,26 +135,6 @@ class AwsDmsJsonDecoder(Decoder):
         # control record declares)
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self._seconds: dict[str, int] = {}  # "yyyy-mm-ddThh:mm:ss" -> epoch seconds
-
-    def decode(self, record: Record) -> list[ChangeEvent]:
-        """Decode one DMS record into one event.
-
-        Raises:
-            DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
-                ``UNKNOWN_OP``, ``MISSING_KEY``.
-        """
-        exact = self._exact
-        if exact:
-            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
-        else:
-            try:
-                msg = orjson.loads(record.value)  # type: ignore[arg-type]
-            except orjson.JSONDecodeError as exc:
-                raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
-        try:
-            return [self._decode(msg, record, exact)]
-        except InexactNumber:
-            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
 
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         if type(msg) is not dict:

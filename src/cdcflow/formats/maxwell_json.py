@@ -216,20 +216,19 @@ def _key_names(key: bytes) -> list[str] | None:
     return None
 
 
-class MaxwellJsonDecoder(Decoder):
-    """Decodes Maxwell JSON messages (see the module docstring for the rules)."""
+class ExactJsonDecoder(Decoder):
+    """A JSON decoder whose numbers stay exact: parse with orjson, and parse again with
+    :func:`loads_exact` when the message holds a number orjson would round
+    (:class:`InexactNumber`) or when the options ask for decimals (``self._exact``).
 
-    identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = MaxwellJsonOptions
+    Subclasses implement ``_decode(msg, record, checked) -> ChangeEvent``; ``checked`` is
+    ``True`` when ``msg`` came from the exact parse.
+    """
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
-        super().__init__(options)
-        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
-        self._tables: dict[tuple[str, str], TableInfo] = {}
-        self._files: dict[str, int] = {}  # binlog file name -> its number
+    _exact: bool = False
 
     def decode(self, record: Record) -> list[ChangeEvent]:
-        """Decode one Maxwell message into one event.
+        """Decode one message into one event.
 
         Raises:
             DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
@@ -247,6 +246,22 @@ class MaxwellJsonDecoder(Decoder):
             return [self._decode(msg, record, exact)]
         except InexactNumber:
             return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
+
+    def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
+        raise NotImplementedError
+
+
+class MaxwellJsonDecoder(ExactJsonDecoder):
+    """Decodes Maxwell JSON messages (see the module docstring for the rules)."""
+
+    identifier: ClassVar[str] = IDENTIFIER
+    options_class: ClassVar[type[DecoderOptions]] = MaxwellJsonOptions
+
+    def __init__(self, options: DecoderOptions | None = None) -> None:
+        super().__init__(options)
+        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
+        self._tables: dict[tuple[str, str], TableInfo] = {}
+        self._files: dict[str, int] = {}  # binlog file name -> its number
 
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         if type(msg) is not dict:

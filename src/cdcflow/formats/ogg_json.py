@@ -39,13 +39,12 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.errors import Code, ConfigError, DecodeError
-from cdcflow.formats.base import Decoder, DecoderOptions, Encoder, Message, Record, SourceChange
+from cdcflow.formats.base import DecoderOptions, Encoder, Message, Record, SourceChange
 from cdcflow.formats.maxwell_json import (
-    InexactNumber,
+    ExactJsonDecoder,
     TableInfo,
     field_error,
     json_image,
-    loads_exact,
     with_key,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
@@ -129,7 +128,7 @@ def _split_table(name: str) -> SourceTable:
     return SourceTable(IDENTIFIER, table=name)
 
 
-class OggJsonDecoder(Decoder):
+class OggJsonDecoder(ExactJsonDecoder):
     """Decodes GoldenGate JSON operation messages (see the module docstring)."""
 
     identifier: ClassVar[str] = IDENTIFIER
@@ -143,26 +142,6 @@ class OggJsonDecoder(Decoder):
         self._ops = {**OP_CODES, **{c: Op(n) for c, n in dict(opts.op_codes).items()}}
         self._tables: dict[str, TableInfo] = {}
         self._seconds: dict[str, int] = {}  # "yyyy-mm-dd hh:mm:ss" -> epoch seconds
-
-    def decode(self, record: Record) -> list[ChangeEvent]:
-        """Decode one GoldenGate JSON message into one event.
-
-        Raises:
-            DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
-                ``UNKNOWN_OP``, ``MISSING_KEY``.
-        """
-        exact = self._exact
-        if exact:
-            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
-        else:
-            try:
-                msg = orjson.loads(record.value)  # type: ignore[arg-type]
-            except orjson.JSONDecodeError as exc:
-                raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
-        try:
-            return [self._decode(msg, record, exact)]
-        except InexactNumber:
-            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
 
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         if type(msg) is not dict:
