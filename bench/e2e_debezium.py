@@ -107,26 +107,35 @@ def generate(events: int, keys: int, seed: int = 42):
         k = i + 1 if i < keys else rng.randint(1, keys)
         lsn += rng.randint(1, 64)
         before = state.get(k)
-        if before is None:
-            op = "c"
-        else:
-            op = "d" if rng.random() < 0.05 else "u"
-        after = None if op == "d" else {
-            "id": k,
-            "first_name": f"first {rng.randint(0, 10**6)}",
-            "last_name": f"last {rng.randint(0, 10**6)}",
-            "email": f"user{k}@example.com",
-            "balance": rng.randint(0, 10**7) / 100,
-            "visits": rng.randint(0, 10**5),
-        }
+        op = "c" if before is None else ("d" if rng.random() < 0.05 else "u")
+        after = (
+            None
+            if op == "d"
+            else {
+                "id": k,
+                "first_name": f"first {rng.randint(0, 10**6)}",
+                "last_name": f"last {rng.randint(0, 10**6)}",
+                "email": f"user{k}@example.com",
+                "balance": rng.randint(0, 10**7) / 100,
+                "visits": rng.randint(0, 10**5),
+            }
+        )
         envelope = {
             "before": before,
             "after": after,
             "source": {
-                "version": "2.7.0.Final", "connector": "postgresql", "name": "bench",
-                "ts_ms": 1_700_000_000_000 + i, "snapshot": "false", "db": "shop",
-                "sequence": f'["{lsn - 1}","{lsn}"]', "schema": "public", "table": "customers",
-                "txId": 5000 + i // 10, "lsn": lsn, "xmin": None,
+                "version": "2.7.0.Final",
+                "connector": "postgresql",
+                "name": "bench",
+                "ts_ms": 1_700_000_000_000 + i,
+                "snapshot": "false",
+                "db": "shop",
+                "sequence": f'["{lsn - 1}","{lsn}"]',
+                "schema": "public",
+                "table": "customers",
+                "txId": 5000 + i // 10,
+                "lsn": lsn,
+                "xmin": None,
             },
             "op": op,
             "ts_ms": 1_700_000_000_100 + i,
@@ -149,14 +158,16 @@ def run_cdcflow(spark, bootstrap: str, root: Path, batch: int) -> dict:
     from cdcflow.pipeline import Pipeline
 
     times: list[tuple[float, int]] = []
-    config = parse_config({
-        "pipeline_id": "bench",
-        "warehouse": str(root / "cdcflow"),
-        "checkpoint": str(root / "cdcflow-checkpoint"),
-        "trigger": "available_now",
-        "kafka": {"bootstrap_servers": bootstrap, "max_offsets_per_trigger": batch},
-        "sources": [{"format": "debezium-json", "topics": [TOPIC]}],
-    })
+    config = parse_config(
+        {
+            "pipeline_id": "bench",
+            "warehouse": str(root / "cdcflow"),
+            "checkpoint": str(root / "cdcflow-checkpoint"),
+            "trigger": "available_now",
+            "kafka": {"bootstrap_servers": bootstrap, "max_offsets_per_trigger": batch},
+            "sources": [{"format": "debezium-json", "topics": [TOPIC]}],
+        }
+    )
     started = time.perf_counter()
     applied: list[float] = []
 
@@ -165,8 +176,13 @@ def run_cdcflow(spark, bootstrap: str, root: Path, batch: int) -> dict:
         applied.append(report.seconds)
 
     Pipeline(config, spark=spark, on_batch=on_batch).run(once=True)
-    return {"start": started, "end": time.perf_counter(), "batches": times, "apply_s": sum(applied),
-            "table": str(root / "cdcflow" / "shop.public.customers")}
+    return {
+        "start": started,
+        "end": time.perf_counter(),
+        "batches": times,
+        "apply_s": sum(applied),
+        "table": str(root / "cdcflow" / "shop.public.customers"),
+    }
 
 
 def run_reference(spark, bootstrap: str, root: Path, batch: int) -> dict:
@@ -184,37 +200,64 @@ def run_reference(spark, bootstrap: str, root: Path, batch: int) -> dict:
     times: list[tuple[float, int]] = []
 
     def apply(df, batch_id):
-        parsed = df.select(F.from_json(F.col("value").cast("string"), schema).alias("e")).select("e.*")
+        parsed = df.select(F.from_json(F.col("value").cast("string"), schema).alias("e")).select(
+            "e.*"
+        )
         keyed = parsed.select(
             F.coalesce(F.col("after.id"), F.col("before.id")).alias("id"),
-            F.col("source.lsn").alias("lsn"), "op", "after",
+            F.col("source.lsn").alias("lsn"),
+            "op",
+            "after",
         )
         w = Window.partitionBy("id").orderBy(F.col("lsn").desc())
-        latest = keyed.withColumn("rn", F.row_number().over(w)).where("rn = 1").select(
-            "id", "lsn", (F.col("op") == "d").alias("is_delete"),
-            "after.first_name", "after.last_name", "after.email", "after.balance", "after.visits",
+        latest = (
+            keyed.withColumn("rn", F.row_number().over(w))
+            .where("rn = 1")
+            .select(
+                "id",
+                "lsn",
+                (F.col("op") == "d").alias("is_delete"),
+                "after.first_name",
+                "after.last_name",
+                "after.email",
+                "after.balance",
+                "after.visits",
+            )
         )
         data = latest.toArrow()
         if data.num_rows:
             try:
                 table = DeltaTable(path)
             except Exception:  # noqa: BLE001
-                write_deltalake(path, data.filter(pa.compute.invert(data["is_delete"])).drop_columns(["is_delete"]))
+                write_deltalake(
+                    path,
+                    data.filter(pa.compute.invert(data["is_delete"])).drop_columns(["is_delete"]),
+                )
                 times.append((time.perf_counter(), data.num_rows))
                 return
-            (table.merge(data, predicate="t.id = s.id", source_alias="s", target_alias="t")
-             .when_matched_delete(predicate="s.is_delete")
-             .when_matched_update_all(predicate="NOT s.is_delete", except_cols=["is_delete"])
-             .when_not_matched_insert_all(predicate="NOT s.is_delete", except_cols=["is_delete"])
-             .execute())
+            (
+                table.merge(data, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                .when_matched_delete(predicate="s.is_delete")
+                .when_matched_update_all(predicate="NOT s.is_delete", except_cols=["is_delete"])
+                .when_not_matched_insert_all(predicate="NOT s.is_delete", except_cols=["is_delete"])
+                .execute()
+            )
         times.append((time.perf_counter(), data.num_rows))
 
-    options = {"kafka.bootstrap.servers": bootstrap, "subscribe": TOPIC,
-               "startingOffsets": "earliest", "maxOffsetsPerTrigger": str(batch)}
+    options = {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": TOPIC,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": str(batch),
+    }
     started = time.perf_counter()
-    query = (read_stream(spark, options).writeStream.foreachBatch(apply)
-             .option("checkpointLocation", str(root / "reference-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        read_stream(spark, options)
+        .writeStream.foreachBatch(apply)
+        .option("checkpointLocation", str(root / "reference-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     return {"start": started, "end": time.perf_counter(), "batches": times, "table": path}
 
@@ -237,16 +280,22 @@ def summarize(name: str, run: dict, events: int, peak: int, batch: int) -> float
         first_end = batches[0][0]
         steady = (events - batch) / (run["end"] - first_end) if run["end"] > first_end else None
     steady_txt = f"{steady:,.0f} events/s past start-up" if steady else "n/a (one batch)"
-    print(f"{name:10} {total_s:7.1f} s  {rate:>10,.0f} events/s overall  {steady_txt:>32}  "
-          f"peak RSS {peak / 2**30:5.2f} GiB  ({len(batches)} batches)")
+    print(
+        f"{name:10} {total_s:7.1f} s  {rate:>10,.0f} events/s overall  {steady_txt:>32}  "
+        f"peak RSS {peak / 2**30:5.2f} GiB  ({len(batches)} batches)"
+    )
     if "apply_s" in run:
-        print(f"           of which {run['apply_s']:.1f} s in the driver-side apply (net change, "
-              "Delta merge, changelog, accounting); the rest is Spark: read, decode, collect")
+        print(
+            f"           of which {run['apply_s']:.1f} s in the driver-side apply (net change, "
+            "Delta merge, changelog, accounting); the rest is Spark: read, decode, collect"
+        )
     return steady or rate
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
@@ -268,7 +317,9 @@ def main() -> int:
             from cdcflow.formats.base import Message
 
             for p in range(PARTITIONS):
-                broker.produce(TOPIC, [Message(value=v, key=k) for k, v, q in messages if q == p], partition=p)
+                broker.produce(
+                    TOPIC, [Message(value=v, key=k) for k, v, q in messages if q == p], partition=p
+                )
             print(f"  produced to the embedded broker in {time.perf_counter() - t:.1f}s")
             del messages
             spark = get_or_create_session(app_name="cdcflow-bench")

@@ -18,8 +18,11 @@ def _events(text: str) -> list[dict]:
 
 @pytest.mark.parametrize(
     "fmt, case",
-    [("dataworks-json", "doc-all-examples"), ("debezium-json", "seed-4-update-corrected"),
-     ("canal-json", "seatunnel-canal-data")],
+    [
+        ("dataworks-json", "doc-all-examples"),
+        ("debezium-json", "seed-4-update-corrected"),
+        ("canal-json", "seatunnel-canal-data"),
+    ],
 )
 def test_decode_prints_the_golden_events(capsys, fmt, case):
     path = CASES / fmt / f"{case}.input.jsonl"
@@ -32,11 +35,16 @@ def test_decode_prints_the_golden_events(capsys, fmt, case):
             args += ["--primary-key", f"{table}={','.join(cols)}"]
     code = main(args)
     out, err = capsys.readouterr()
-    expected = [x for x in _events((CASES / fmt / f"{case}.expected.jsonl").read_text())
-                if "dead_letter" not in x and "skipped" not in x]
+    expected = [
+        x
+        for x in _events((CASES / fmt / f"{case}.expected.jsonl").read_text())
+        if "dead_letter" not in x and "skipped" not in x
+    ]
     assert _events(out) == expected
     assert "records:" in err
-    assert code == (1 if "dead_letter" in (CASES / fmt / f"{case}.expected.jsonl").read_text() else 0)
+    assert code == (
+        1 if "dead_letter" in (CASES / fmt / f"{case}.expected.jsonl").read_text() else 0
+    )
 
 
 def test_decode_reports_dead_letters_on_stderr_and_exits_1(tmp_path, capsys):
@@ -69,18 +77,32 @@ def test_apply_writes_delta_tables_and_prints_them(tmp_path, capsys):
 
 def test_apply_primary_key_option(tmp_path, capsys):
     f = tmp_path / "m.jsonl"
-    f.write_text('{"before": null, "after": {"code": "A", "n": 1}, "op": "c", '
-                 '"source": {"db": "d", "schema": "s", "table": "t", "lsn": 1}}\n')
+    f.write_text(
+        '{"before": null, "after": {"code": "A", "n": 1}, "op": "c", '
+        '"source": {"db": "d", "schema": "s", "table": "t", "lsn": 1}}\n'
+    )
     main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"), str(f)])
     assert "dead letters {'MISSING_KEY': 1}" in capsys.readouterr().out
-    main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"),
-          "--primary-key", "t=code", str(f)])
+    main(
+        [
+            "apply",
+            "--format",
+            "debezium-json",
+            "--warehouse",
+            str(tmp_path / "wh"),
+            "--primary-key",
+            "t=code",
+            str(f),
+        ]
+    )
     assert "d.s.t" in capsys.readouterr().out
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("warehouse: w\ncheckpoint: c\nkafka: {bootstrap: x}\nsources: [{format: debezium-json, topics: [a]}]\n")
+    cfg.write_text(
+        "warehouse: w\ncheckpoint: c\nkafka: {bootstrap: x}\nsources: [{format: debezium-json, topics: [a]}]\n"
+    )
     assert main(["run", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "kafka.bootstrap: unknown key" in err and "bootstrap_servers" in err
@@ -114,4 +136,9 @@ def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
 
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     for spec in w.tables:
-        assert compare_with_mirror(w.expected_rows(spec.name), wh.read(f"shop.public.{spec.name}"), spec.key_columns) == []
+        assert (
+            compare_with_mirror(
+                w.expected_rows(spec.name), wh.read(f"shop.public.{spec.name}"), spec.key_columns
+            )
+            == []
+        )

@@ -9,7 +9,13 @@ GOOD = {
     "warehouse": "wh",
     "checkpoint": "ck",
     "kafka": {"bootstrap_servers": "127.0.0.1:9092", "options": {"security.protocol": "SSL"}},
-    "sources": [{"format": "debezium-json", "topics": ["a", "b"], "options": {"primary_keys": {"t": ["id"]}}}],
+    "sources": [
+        {
+            "format": "debezium-json",
+            "topics": ["a", "b"],
+            "options": {"primary_keys": {"t": ["id"]}},
+        }
+    ],
 }
 
 
@@ -46,7 +52,12 @@ def test_unknown_format_lists_the_formats():
 
 def test_exactly_one_of_topics_or_pattern():
     with pytest.raises(ConfigError, match="exactly one of 'topics'"):
-        parse_config({**GOOD, "sources": [{"format": "debezium-json", "topics": ["a"], "topic_pattern": "a.*"}]})
+        parse_config(
+            {
+                **GOOD,
+                "sources": [{"format": "debezium-json", "topics": ["a"], "topic_pattern": "a.*"}],
+            }
+        )
     with pytest.raises(ConfigError, match="exactly one of 'topics'"):
         parse_config({**GOOD, "sources": [{"format": "debezium-json"}]})
 
@@ -54,7 +65,10 @@ def test_exactly_one_of_topics_or_pattern():
 def test_available_now_trigger_and_duplicate_source_names():
     cfg = parse_config({**GOOD, "trigger": "available_now"})
     assert cfg.trigger == "available_now"
-    two = [{"format": "debezium-json", "topics": ["a"]}, {"format": "debezium-json", "topics": ["b"]}]
+    two = [
+        {"format": "debezium-json", "topics": ["a"]},
+        {"format": "debezium-json", "topics": ["b"]},
+    ]
     with pytest.raises(ConfigError, match="distinct 'name'"):
         parse_config({**GOOD, "sources": two})
 

@@ -27,7 +27,9 @@ def _primary_keys(values: Sequence[str] | None) -> dict[str, list[str]]:
             table, cols = "*", v
         names = [c.strip() for c in cols.split(",") if c.strip()]
         if not names:
-            raise ConfigError(f"--primary-key {v!r}: give column names, e.g. --primary-key orders=id")
+            raise ConfigError(
+                f"--primary-key {v!r}: give column names, e.g. --primary-key orders=id"
+            )
         out[table.strip()] = names
     return out
 
@@ -73,7 +75,19 @@ def cmd_decode(args: argparse.Namespace) -> int:
     out.flush()
     for d in result.dead_letters:
         o = d.origin
-        sys.stderr.write(dumps({"dead_letter": {"code": d.code, "message": d.message, "file": o.topic, "line": o.offset + 1}}).decode() + "\n")
+        sys.stderr.write(
+            dumps(
+                {
+                    "dead_letter": {
+                        "code": d.code,
+                        "message": d.message,
+                        "file": o.topic,
+                        "line": o.offset + 1,
+                    }
+                }
+            ).decode()
+            + "\n"
+        )
     print(
         f"{result.records} records: {result.decoded_records} decoded into {len(result.events)} events, "
         f"{len(result.skipped)} skipped, {len(result.dead_letters)} dead letters",
@@ -91,14 +105,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     decoder = _decoder(args.format, args.primary_key)
     warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()), pipeline_id=args.pipeline_id)
-    decoder.load_state(load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id))
+    decoder.load_state(
+        load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id)
+    )
     records = list(_records(args.format, args.files))
     result = decoder.decode_batch(records)
     batch_id = _next_batch_id(warehouse)
     events = pa.Table.from_batches([flatten(result, decoder.state_items, records)])
     report = BatchApplier(warehouse, Router(args.target_template)).apply(events, batch_id)
-    print(f"batch {batch_id}: {report.records} records, {report.events} events, "
-          f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}")
+    print(
+        f"batch {batch_id}: {report.records} records, {report.events} events, "
+        f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}"
+    )
     print(f"{'source table':40} {'rows':>8}  delta path")
     for m in report.mirrors:
         rows = warehouse.open(m.path)
@@ -152,46 +170,85 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log every batch")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run the streaming pipeline of a YAML configuration",
-                       description="Run the pipeline described by CONFIG (see docs/configuration.md).")
+    p = sub.add_parser(
+        "run",
+        help="run the streaming pipeline of a YAML configuration",
+        description="Run the pipeline described by CONFIG (see docs/configuration.md).",
+    )
     p.add_argument("config", metavar="CONFIG.yaml")
-    p.add_argument("--once", action="store_true",
-                   help="drain what the topics hold now (Trigger.AvailableNow), then stop")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="drain what the topics hold now (Trigger.AvailableNow), then stop",
+    )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="embedded broker + local Spark + Delta: a whole run, verified",
-                       description="Start the embedded broker on 127.0.0.1, produce a workload in every "
-                                   "format, run the pipeline, and check every Delta table against the "
-                                   "workload's own final state.")
-    p.add_argument("--warehouse", default="demo-warehouse", help="folder for the Delta tables (default: %(default)s)")
-    p.add_argument("--changes", type=int, default=2000, help="source changes per format (default: %(default)s)")
+    p = sub.add_parser(
+        "demo",
+        help="embedded broker + local Spark + Delta: a whole run, verified",
+        description="Start the embedded broker on 127.0.0.1, produce a workload in every "
+        "format, run the pipeline, and check every Delta table against the "
+        "workload's own final state.",
+    )
+    p.add_argument(
+        "--warehouse",
+        default="demo-warehouse",
+        help="folder for the Delta tables (default: %(default)s)",
+    )
+    p.add_argument(
+        "--changes", type=int, default=2000, help="source changes per format (default: %(default)s)"
+    )
     p.add_argument("--format", action="append", help="only this format (repeatable); default: all")
     p.set_defaults(func=cmd_demo)
 
     from cdcflow.formats import format_names
 
     def add_format_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--format", required=True, choices=format_names(), metavar="NAME",
-                       help=f"message format: {', '.join(format_names())}")
-        p.add_argument("--primary-key", action="append", metavar="[TABLE=]COLS",
-                       help="key columns where messages lack them: 'id' for every table or "
-                            "'orders=id,region' for one (repeatable)")
-        p.add_argument("files", nargs="+", metavar="FILE",
-                       help="one Kafka message value per line ('null' = tombstone; base64 for Avro); - for stdin")
+        p.add_argument(
+            "--format",
+            required=True,
+            choices=format_names(),
+            metavar="NAME",
+            help=f"message format: {', '.join(format_names())}",
+        )
+        p.add_argument(
+            "--primary-key",
+            action="append",
+            metavar="[TABLE=]COLS",
+            help="key columns where messages lack them: 'id' for every table or "
+            "'orders=id,region' for one (repeatable)",
+        )
+        p.add_argument(
+            "files",
+            nargs="+",
+            metavar="FILE",
+            help="one Kafka message value per line ('null' = tombstone; base64 for Avro); - for stdin",
+        )
 
-    p = sub.add_parser("decode", help="print the change events of message files as JSON lines",
-                       description="Decode FILEs and print one JSON object per change event on stdout; "
-                                   "dead letters and a summary go to stderr. Exit 1 if any record is a dead letter.")
+    p = sub.add_parser(
+        "decode",
+        help="print the change events of message files as JSON lines",
+        description="Decode FILEs and print one JSON object per change event on stdout; "
+        "dead letters and a summary go to stderr. Exit 1 if any record is a dead letter.",
+    )
     add_format_args(p)
     p.set_defaults(func=cmd_decode)
 
-    p = sub.add_parser("apply", help="decode message files and apply them to Delta tables in one batch",
-                       description="The same decode and apply path as 'run', as one batch, from files.")
+    p = sub.add_parser(
+        "apply",
+        help="decode message files and apply them to Delta tables in one batch",
+        description="The same decode and apply path as 'run', as one batch, from files.",
+    )
     add_format_args(p)
     p.add_argument("--warehouse", required=True, help="folder for the Delta tables")
-    p.add_argument("--pipeline-id", default="cli", help="application-transaction id (default: %(default)s)")
-    p.add_argument("--target-template", default="{database}.{schema}.{table}",
-                   help="target table name template (default: %(default)s)")
+    p.add_argument(
+        "--pipeline-id", default="cli", help="application-transaction id (default: %(default)s)"
+    )
+    p.add_argument(
+        "--target-template",
+        default="{database}.{schema}.{table}",
+        help="target table name template (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_apply)
     return parser
 

@@ -132,7 +132,9 @@ class _Pipeline(_Strict):
     warehouse: str
     checkpoint: str
     target_template: str = "{database}.{schema}.{table}"
-    trigger: _Trigger | Literal["available_now"] = Field(default_factory=lambda: _Trigger(processing_time="10 seconds"))
+    trigger: _Trigger | Literal["available_now"] = Field(
+        default_factory=lambda: _Trigger(processing_time="10 seconds")
+    )
     kafka: _Kafka
     sources: list[_Source] = Field(min_length=1)
 
@@ -148,7 +150,14 @@ def _explain(exc: ValidationError) -> str:
                     continue
                 fld = model.model_fields.get(str(part))
                 ann = getattr(fld, "annotation", None) if fld else None
-                model = next((m for m in (_Kafka, _Source, _Trigger) if m is ann or f"list[{m.__name__}]" in str(ann)), model)
+                model = next(
+                    (
+                        m
+                        for m in (_Kafka, _Source, _Trigger)
+                        if m is ann or f"list[{m.__name__}]" in str(ann)
+                    ),
+                    model,
+                )
             lines.append(f"{where}: unknown key; valid keys here: {sorted(model.model_fields)}")
         elif err["type"] == "missing":
             lines.append(f"{where}: required key is missing")
@@ -168,7 +177,9 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
         ConfigError: listing each bad key, with the valid keys or the fix.
     """
     if not isinstance(data, Mapping):
-        raise ConfigError("the configuration must be a YAML mapping (key: value), see docs/configuration.md")
+        raise ConfigError(
+            "the configuration must be a YAML mapping (key: value), see docs/configuration.md"
+        )
     try:
         model = _Pipeline.model_validate(dict(data))
     except ValidationError as exc:
@@ -189,9 +200,13 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
     for s in model.sources:
         name = s.name or s.format
         if name in names:
-            raise ConfigError(f"sources: two sources are called {name!r}; give each a distinct 'name'")
+            raise ConfigError(
+                f"sources: two sources are called {name!r}; give each a distinct 'name'"
+            )
         names.add(name)
-        sources.append(SourceConfig(name, s.format, tuple(s.topics or ()), s.topic_pattern, s.options))
+        sources.append(
+            SourceConfig(name, s.format, tuple(s.topics or ()), s.topic_pattern, s.options)
+        )
     return PipelineConfig(
         pipeline_id=model.pipeline_id,
         warehouse=_path(model.warehouse),
@@ -201,7 +216,10 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
             starting_offsets=model.kafka.starting_offsets,
             max_offsets_per_trigger=model.kafka.max_offsets_per_trigger,
             fail_on_data_loss=model.kafka.fail_on_data_loss,
-            options={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in model.kafka.options.items()},
+            options={
+                k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in model.kafka.options.items()
+            },
         ),
         sources=tuple(sources),
         target_template=model.target_template,

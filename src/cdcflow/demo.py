@@ -44,16 +44,30 @@ def _target(fmt: str, workload: Workload, spec, options: dict) -> str:
     from cdcflow.model import Op
 
     key = {c: 1 for c in spec.key_columns}
-    change = SourceChange(Op.INSERT, workload.source_table(spec), dict(spec.columns),
-                          spec.key_columns, None, {c: key.get(c) for c in spec.columns}, 1, 0)
-    records = [Record(value=m.value, key=m.key, headers=m.headers) for m in encoder_for(fmt).encode(change)]
+    change = SourceChange(
+        Op.INSERT,
+        workload.source_table(spec),
+        dict(spec.columns),
+        spec.key_columns,
+        None,
+        {c: key.get(c) for c in spec.columns},
+        1,
+        0,
+    )
+    records = [
+        Record(value=m.value, key=m.key, headers=m.headers) for m in encoder_for(fmt).encode(change)
+    ]
     events = [e for e in decoder_for(fmt, options or None).decode_batch(records).events if e.key]
     src = events[0].source
     return Router(TARGET_TEMPLATE).target(src.format, src.database, src.schema, src.table)
 
 
-def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
-             formats: list[str] | None = None, seed: int = 7) -> bool:
+def run_demo(
+    warehouse: str = "demo-warehouse",
+    changes_per_format: int = 2000,
+    formats: list[str] | None = None,
+    seed: int = 7,
+) -> bool:
     """Run the demo; returns ``True`` when every table matches its source."""
     from cdcflow.config import parse_config
     from cdcflow.pipeline import Pipeline
@@ -101,7 +115,10 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
                 "checkpoint": str(root / "_checkpoint"),
                 "trigger": "available_now",
                 "target_template": TARGET_TEMPLATE,
-                "kafka": {"bootstrap_servers": broker.bootstrap_servers, "max_offsets_per_trigger": 50_000},
+                "kafka": {
+                    "bootstrap_servers": broker.bootstrap_servers,
+                    "max_offsets_per_trigger": 50_000,
+                },
                 "sources": [
                     {"format": fmt, "topics": [f"demo.{fmt}"], "options": decoder_options[fmt]}
                     for fmt in formats
@@ -133,7 +150,9 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
                 continue
             problems = compare_with_mirror(expected, mirror, spec.key_columns)
             print(f"  {target}: {mirror.num_rows} rows")
-            shown = sorted(mirror.to_pylist(), key=lambda r: tuple(r[k] for k in spec.key_columns))[:2]
+            shown = sorted(mirror.to_pylist(), key=lambda r: tuple(r[k] for k in spec.key_columns))[
+                :2
+            ]
             for row in shown:
                 row = {k: v for k, v in row.items() if not k.startswith("_cdc_")}
                 print(f"    {dumps(row).decode()[:160]}")
@@ -142,12 +161,24 @@ def run_demo(warehouse: str = "demo-warehouse", changes_per_format: int = 2000,
                 print(f"  MISMATCH {target}: {len(problems)} differences, first: {problems[:3]}")
             else:
                 print(f"  verified: {target} equals the source table ({len(expected)} rows)")
-    dead = wh.read("dead_letters", system=True) if (root / "_cdcflow" / "dead_letters").exists() else None
+    dead = (
+        wh.read("dead_letters", system=True)
+        if (root / "_cdcflow" / "dead_letters").exists()
+        else None
+    )
     want_dead = len(MALFORMED) * len(workloads)
     got_dead = 0 if dead is None else dead.num_rows
-    codes = {} if dead is None else {c: dead["code"].to_pylist().count(c) for c in set(dead["code"].to_pylist())}
+    codes = (
+        {}
+        if dead is None
+        else {c: dead["code"].to_pylist().count(c) for c in set(dead["code"].to_pylist())}
+    )
     verdict = "verified" if got_dead == want_dead else "MISMATCH"
     print(f"\ndead letters: {got_dead} (expected {want_dead}, codes {codes}) -> {verdict}")
     ok = ok and got_dead == want_dead
-    print("\nRESULT: every table equals its source" if ok else "\nRESULT: FAILED, see MISMATCH lines above")
+    print(
+        "\nRESULT: every table equals its source"
+        if ok
+        else "\nRESULT: FAILED, see MISMATCH lines above"
+    )
     return ok

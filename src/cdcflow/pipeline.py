@@ -90,13 +90,17 @@ class Pipeline:
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id."""
-        return DeltaWarehouse(self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}")
+        return DeltaWarehouse(
+            self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}"
+        )
 
     def _decode_function(self, source: SourceConfig) -> DecodeFunction:
         wh = self.warehouse_for(source)
         return DecodeFunction(
-            source.format, dict(source.options),
-            state_path=wh.system_path("decoder_state"), state_key=wh.pipeline_id,
+            source.format,
+            dict(source.options),
+            state_path=wh.system_path("decoder_state"),
+            state_key=wh.pipeline_id,
         )
 
     def _decoded_stream(self, source: SourceConfig, options: dict[str, str]):
@@ -107,7 +111,9 @@ class Pipeline:
         """
         from cdcflow.source.kafka import jvm_kafka_available, read_stream
 
-        if self.kafka_engine == "jvm" or (self.kafka_engine == "auto" and jvm_kafka_available(self.spark)):
+        if self.kafka_engine == "jvm" or (
+            self.kafka_engine == "auto" and jvm_kafka_available(self.spark)
+        ):
             raw = read_stream(self.spark, options, engine="jvm")
             return raw.mapInArrow(self._decode_function(source), spark_event_schema())
         if self.kafka_engine == "python-mapinarrow":

@@ -33,7 +33,9 @@ def get_or_create_session(app_name: str = "cdcflow", master: str | None = None):
         SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
+        .config(
+            "spark.sql.adaptive.enabled", "false"
+        )  # not used by streaming; avoids a warning per query
         .config("spark.default.parallelism", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -50,8 +50,20 @@ EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
 
 LOGICAL_TYPES = frozenset(
-    {"boolean", "int32", "int64", "float32", "float64", "string", "json", "binary",
-     "date", "time", "timestamp", "timestamptz"}
+    {
+        "boolean",
+        "int32",
+        "int64",
+        "float32",
+        "float64",
+        "string",
+        "json",
+        "binary",
+        "date",
+        "time",
+        "timestamp",
+        "timestamptz",
+    }
 )
 _DECIMAL_RE = re.compile(r"^decimal\((\d+),(-?\d+)\)$")
 

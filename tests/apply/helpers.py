@@ -15,11 +15,26 @@ COLUMNS = {"id": "int64", "name": "string", "qty": "int64"}
 _offsets = itertools.count()
 
 
-def ev(op: Op, key=None, after=None, before=None, seq=None, columns=COLUMNS, table=TABLE,
-       partition=0, offset=None) -> ChangeEvent:
+def ev(
+    op: Op,
+    key=None,
+    after=None,
+    before=None,
+    seq=None,
+    columns=COLUMNS,
+    table=TABLE,
+    partition=0,
+    offset=None,
+) -> ChangeEvent:
     return ChangeEvent(
-        op=op, source=table, key=None if key is None else {"id": key}, before=before, after=after,
-        columns=columns, seq=None if seq is None else (seq,), ts_ms=1000 + (seq or 0),
+        op=op,
+        source=table,
+        key=None if key is None else {"id": key},
+        before=before,
+        after=after,
+        columns=columns,
+        seq=None if seq is None else (seq,),
+        ts_ms=1000 + (seq or 0),
         origin=Origin("t", partition, next(_offsets) if offset is None else offset),
     )
 

@@ -1,44 +1,69 @@
 from __future__ import annotations
 
 import orjson
+from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 
 from cdcflow.apply.netchange import net_change
 from cdcflow.model import Op
-
-from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 
 
 def _rows(net):
     return {
         orjson.loads(k)["id"]: (d, None if a is None else orjson.loads(a), s)
-        for k, d, a, s in zip(net.rows["key"].to_pylist(), net.rows["is_delete"].to_pylist(),
-                              net.rows["after"].to_pylist(), net.rows["seq"].to_pylist(), strict=True)
+        for k, d, a, s in zip(
+            net.rows["key"].to_pylist(),
+            net.rows["is_delete"].to_pylist(),
+            net.rows["after"].to_pylist(),
+            net.rows["seq"].to_pylist(),
+            strict=True,
+        )
     }
 
 
 def test_last_change_per_key_by_source_sequence_not_arrival():
     # arrival order: seq 3 before seq 2 for key 1; the seq-3 update must win
-    net = net_change(table_of(ins(1, "a", seq=1), upd(1, "c", seq=3), upd(1, "b", seq=2), ins(2, "x", seq=4)))
+    net = net_change(
+        table_of(ins(1, "a", seq=1), upd(1, "c", seq=3), upd(1, "b", seq=2), ins(2, "x", seq=4))
+    )
     rows = _rows(net)
     assert rows[1][1]["name"] == "c" and rows[2][1]["name"] == "x"
     assert net.events_in == 4 and net.superseded == 2
 
 
 def test_delete_wins_when_it_is_last_and_reinsert_wins_when_it_is_last():
-    rows = _rows(net_change(table_of(ins(1, "a", seq=1), dele(1, seq=2), ins(2, "b", seq=3),
-                                     dele(2, seq=4), ins(2, "c", seq=5))))
+    rows = _rows(
+        net_change(
+            table_of(
+                ins(1, "a", seq=1),
+                dele(1, seq=2),
+                ins(2, "b", seq=3),
+                dele(2, seq=4),
+                ins(2, "c", seq=5),
+            )
+        )
+    )
     assert rows[1][0] is True
     assert rows[2][0] is False and rows[2][1]["name"] == "c"
 
 
 def test_truncate_drops_everything_ordered_before_it():
-    net = net_change(table_of(ins(1, "a", seq=1), ev(Op.TRUNCATE, seq=5), ins(2, "b", seq=6), ins(3, "late", seq=4)))
+    net = net_change(
+        table_of(
+            ins(1, "a", seq=1), ev(Op.TRUNCATE, seq=5), ins(2, "b", seq=6), ins(3, "late", seq=4)
+        )
+    )
     assert set(_rows(net)) == {2}
     assert net.truncate_seq is not None
 
 
 def test_key_change_deletes_the_old_key():
-    moved = ev(Op.UPDATE, 2, before={"id": 1, "name": "a", "qty": 1}, after={"id": 2, "name": "a", "qty": 1}, seq=2)
+    moved = ev(
+        Op.UPDATE,
+        2,
+        before={"id": 1, "name": "a", "qty": 1},
+        after={"id": 2, "name": "a", "qty": 1},
+        seq=2,
+    )
     rows = _rows(net_change(table_of(ins(1, "a", seq=1), moved)))
     assert rows[1][0] is True and rows[2][0] is False
 
@@ -54,7 +79,7 @@ def test_before_half_alone_deletes_and_after_half_restores():
 def test_partial_updates_fold_over_earlier_images_in_the_batch():
     partial = ev(Op.UPDATE, 1, after={"id": 1, "qty": 9}, seq=2)
     net = net_change(table_of(ins(1, "a", qty=1, seq=1), partial))
-    (is_delete, after, _), = _rows(net).values()
+    ((is_delete, after, _),) = _rows(net).values()
     assert after == {"id": 1, "name": "a", "qty": 9}
     assert net.rows["partial"].to_pylist() == [False]
     # without an earlier image the update stays partial: the sink keeps stored columns
@@ -75,11 +100,11 @@ def test_columns_declared_travel_once_per_declaration():
 
 
 def test_an_event_that_cannot_be_stored_dead_letters_its_record_with_raw_bytes():
+    from tests.apply.helpers import ins as insert
+
     from cdcflow.apply.events import flatten
     from cdcflow.formats.base import DecodeResult, Record
     from cdcflow.model import Origin
-
-    from tests.apply.helpers import ins as insert
 
     deep: list = []
     for _ in range(300):  # orjson writes at most 254 levels

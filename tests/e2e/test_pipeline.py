@@ -37,15 +37,20 @@ def _produce(broker, topic, messages):
 
 
 def _config(tmp_path, broker, fmt, topic, options=None, batch=100_000):
-    return parse_config({
-        "pipeline_id": "e2e",
-        "warehouse": str(tmp_path / "wh"),
-        "checkpoint": str(tmp_path / "ck"),
-        "trigger": "available_now",
-        "target_template": TEMPLATE,
-        "kafka": {"bootstrap_servers": broker.bootstrap_servers, "max_offsets_per_trigger": batch},
-        "sources": [{"format": fmt, "topics": [topic], "options": options or {}}],
-    })
+    return parse_config(
+        {
+            "pipeline_id": "e2e",
+            "warehouse": str(tmp_path / "wh"),
+            "checkpoint": str(tmp_path / "ck"),
+            "trigger": "available_now",
+            "target_template": TEMPLATE,
+            "kafka": {
+                "bootstrap_servers": broker.bootstrap_servers,
+                "max_offsets_per_trigger": batch,
+            },
+            "sources": [{"format": fmt, "topics": [topic], "options": options or {}}],
+        }
+    )
 
 
 class Scenario:
@@ -56,8 +61,11 @@ class Scenario:
         self.broker = broker
         self.encoder = encoder_for(fmt)
         own = getattr(self.encoder, "event_format", fmt) == fmt
-        self.workload = Workload(tables_for(self.encoder.exact_types),
-                                 database="shop" if own else f"shop_via_{fmt}", seed=seed)
+        self.workload = Workload(
+            tables_for(self.encoder.exact_types),
+            database="shop" if own else f"shop_via_{fmt}",
+            seed=seed,
+        )
         self.topic = f"e2e.{fmt}.{next(_topics)}"
         broker.create_topic(self.topic, partitions=PARTITIONS)
         self.options: dict = {}
@@ -76,7 +84,9 @@ class Scenario:
 
         for spec in self.workload.tables:
             target = _target(self.fmt, self.workload, spec, self.options)
-            problems = compare_with_mirror(self.workload.expected_rows(spec.name), wh.read(target), spec.key_columns)
+            problems = compare_with_mirror(
+                self.workload.expected_rows(spec.name), wh.read(target), spec.key_columns
+            )
             assert problems == [], f"{target}: {problems[:5]}"
 
 
@@ -108,16 +118,26 @@ def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
 def test_restart_from_checkpoint_has_no_duplicate_and_no_loss(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt, seed=5)
     s.produce(400)
-    first = Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark).run(once=True)
+    first = Pipeline(
+        _config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark
+    ).run(once=True)
     assert first.totals()["batches"] >= 2  # several micro-batches, then stop
     s.produce(400)
-    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark).run(once=True)
+    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark).run(
+        once=True
+    )
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
     _accounting(wh, s.produced)
     changelog = wh.read("changelog", system=True)
-    coords = list(zip(changelog["partition"].to_pylist(), changelog["offset"].to_pylist(),
-                      changelog["event_index"].to_pylist(), strict=True))
+    coords = list(
+        zip(
+            changelog["partition"].to_pylist(),
+            changelog["offset"].to_pylist(),
+            changelog["event_index"].to_pylist(),
+            strict=True,
+        )
+    )
     assert len(coords) == len(set(coords)), "an event reached the changelog twice"
 
 
@@ -154,20 +174,34 @@ def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path,
     s.check_mirrors(wh)
     _accounting(wh, s.produced)
     changelog = wh.read("changelog", system=True)
-    coords = list(zip(changelog["partition"].to_pylist(), changelog["offset"].to_pylist(),
-                      changelog["event_index"].to_pylist(), strict=True))
+    coords = list(
+        zip(
+            changelog["partition"].to_pylist(),
+            changelog["offset"].to_pylist(),
+            changelog["event_index"].to_pylist(),
+            strict=True,
+        )
+    )
     assert len(coords) == len(set(coords))
 
 
-def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_on(spark, broker, tmp_path):
+def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_on(
+    spark, broker, tmp_path
+):
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=9)
     bad = [
-        Message(value=b'{"before": null, "after": {"id": 1}, "op": "x", "source": {"db": "shop", '
-                      b'"schema": "public", "table": "customers", "lsn": 5}}', key=b'{"id": 1}'),
+        Message(
+            value=b'{"before": null, "after": {"id": 1}, "op": "x", "source": {"db": "shop", '
+            b'"schema": "public", "table": "customers", "lsn": 5}}',
+            key=b'{"id": 1}',
+        ),
         Message(value=b"\x00\x01 not json at all", key=b"k2"),
-        Message(value=b'{"before": null, "after": {"id": 1}, "op": "c", "source": {"db": "shop", '
-                      b'"schema": "public", "table": "nokey", "lsn": 5}}', key=None),
+        Message(
+            value=b'{"before": null, "after": {"id": 1}, "op": "c", "source": {"db": "shop", '
+            b'"schema": "public", "table": "nokey", "lsn": 5}}',
+            key=None,
+        ),
     ]
     s.produce(200, extra=bad)
     s.produce(100)  # the stream goes on after the bad records
@@ -179,7 +213,9 @@ def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_
     assert {by_value[m.value]["code"] for m in bad} == {"UNKNOWN_OP", "BAD_JSON", "MISSING_KEY"}
     for m in bad:
         d = by_value[m.value]
-        assert d["topic"] == s.topic and d["offset"] >= 0 and d["message"] and d["stage"] == "decode"
+        assert (
+            d["topic"] == s.topic and d["offset"] >= 0 and d["message"] and d["stage"] == "decode"
+        )
         assert d["raw_key"] == m.key
     batches = _accounting(wh, s.produced)
     assert sum(b["dead_letters"] for b in batches) == 3
@@ -188,7 +224,9 @@ def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_
 def test_tombstones_are_skipped_on_purpose_and_counted(spark, broker, tmp_path):
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=4)
-    s.produce(50, extra=[Message(value=None, key=b'{"id": 1}'), Message(value=None, key=b'{"id": 2}')])
+    s.produce(
+        50, extra=[Message(value=None, key=b'{"id": 1}'), Message(value=None, key=b'{"id": 2}')]
+    )
     Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     batches = _accounting(wh, s.produced)
@@ -202,7 +240,9 @@ def test_qlik_metadata_from_an_earlier_micro_batch_types_later_data(spark, broke
     fmt = "qlik-json"
     s = Scenario(broker, fmt, seed=21)
     s.produce(120)
-    summary = Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=10), spark=spark).run(once=True)
+    summary = Pipeline(
+        _config(tmp_path, broker, fmt, s.topic, s.options, batch=10), spark=spark
+    ).run(once=True)
     assert summary.totals()["batches"] >= 5
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     state = wh.read("decoder_state", system=True)

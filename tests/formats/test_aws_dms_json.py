@@ -21,18 +21,27 @@ KEYS = {"primary_keys": {"*": ["id"]}}
 
 
 def _msg(data=..., **metadata):
-    md = {"timestamp": "2024-07-29T00:58:17.983670Z", "record-type": "data",
-          "operation": "insert", "partition-key-type": "schema-table",
-          "schema-name": "public", "table-name": "foo"}
+    md = {
+        "timestamp": "2024-07-29T00:58:17.983670Z",
+        "record-type": "data",
+        "operation": "insert",
+        "partition-key-type": "schema-table",
+        "schema-name": "public",
+        "table-name": "foo",
+    }
     md.update(metadata)
-    msg = {"data": {"id": 1, "name": "a"} if data is ... else data,
-           "metadata": {k: v for k, v in md.items() if v is not ...}}
+    msg = {
+        "data": {"id": 1, "name": "a"} if data is ... else data,
+        "metadata": {k: v for k, v in md.items() if v is not ...},
+    }
     return msg
 
 
 def _records(*msgs):
-    return [Record(value=m if isinstance(m, bytes) else orjson.dumps(m), origin=Origin("t", 0, i))
-            for i, m in enumerate(msgs)]
+    return [
+        Record(value=m if isinstance(m, bytes) else orjson.dumps(m), origin=Origin("t", 0, i))
+        for i, m in enumerate(msgs)
+    ]
 
 
 def _decode(msg, options=KEYS):
@@ -47,7 +56,9 @@ def _code(msg, options=KEYS):
 
 
 def test_corpus_replays_to_the_upstream_expected_table():
-    expected = json.loads((CORPUS / "paimon-aws-dms_schemaevolution_aws-dms.expected.json").read_text())
+    expected = json.loads(
+        (CORPUS / "paimon-aws-dms_schemaevolution_aws-dms.expected.json").read_text()
+    )
     decoder, rows = decoder_for(FMT, KEYS), {}
     for stage in expected["stages"]:
         lines = [Record(x) for x in (CORPUS / stage["file"]).read_bytes().splitlines() if x.strip()]
@@ -58,8 +69,13 @@ def test_corpus_replays_to_the_upstream_expected_table():
                 rows.pop(e.key["id"])
             else:
                 rows[e.key["id"]] = {**rows.get(e.key["id"], {}), **e.after}
-        got = sorted(({c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
-                      for r in rows.values()), key=lambda r: int(r["id"]))
+        got = sorted(
+            (
+                {c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
+                for r in rows.values()
+            ),
+            key=lambda r: int(r["id"]),
+        )
         assert got == stage["final_table"]
 
 
@@ -70,8 +86,15 @@ def test_load_is_a_snapshot_without_transaction():
 
 
 def test_seq_is_the_dms_timestamp_and_ts_ms_the_commit_timestamp():
-    [e] = _decode(_msg(**{"commit-timestamp": "2024-07-29T00:58:17.974340Z",
-                          "transaction-id": 1139, "transaction-record-id": 2}))
+    [e] = _decode(
+        _msg(
+            **{
+                "commit-timestamp": "2024-07-29T00:58:17.974340Z",
+                "transaction-id": 1139,
+                "transaction-record-id": 2,
+            }
+        )
+    )
     assert e.seq == (1722214697983670,)
     assert e.ts_ms == 1722214697974
     assert (e.txn.id, e.txn.order, e.txn.last) == ("1139", 2, None)
@@ -80,8 +103,12 @@ def test_seq_is_the_dms_timestamp_and_ts_ms_the_commit_timestamp():
 
 
 def test_timestamps_order_records_as_dms_wrote_them():
-    stamps = ["2024-07-29T00:58:17.983670Z", "2024-07-29T00:58:17.983671Z",
-              "2024-07-29T00:58:18.000001Z", "2024-07-29T01:00:00.5Z"]
+    stamps = [
+        "2024-07-29T00:58:17.983670Z",
+        "2024-07-29T00:58:17.983671Z",
+        "2024-07-29T00:58:18.000001Z",
+        "2024-07-29T01:00:00.5Z",
+    ]
     keys = [seq_key(_decode(_msg(timestamp=s))[0].seq) for s in stamps]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
 
@@ -90,11 +117,14 @@ def test_bi_columns_are_the_before_image_of_an_update():
     [e] = _decode(_msg(operation="update", data={"id": 5, "name": "b", "BI_id": 5, "BI_name": "a"}))
     assert e.before == {"id": 5, "name": "a"} and e.after == {"id": 5, "name": "b"}
     # a custom prefix, and the rule turned off for tables with real BI_ columns
-    [c] = _decode(_msg(operation="update", data={"id": 5, "old_id": 4}),
-                  {**KEYS, "before_image_prefix": "old_"})
+    [c] = _decode(
+        _msg(operation="update", data={"id": 5, "old_id": 4}),
+        {**KEYS, "before_image_prefix": "old_"},
+    )
     assert c.before == {"id": 4} and c.after == {"id": 5}
-    [off] = _decode(_msg(operation="update", data={"id": 5, "BI_x": 1}),
-                    {**KEYS, "before_image_prefix": ""})
+    [off] = _decode(
+        _msg(operation="update", data={"id": 5, "BI_x": 1}), {**KEYS, "before_image_prefix": ""}
+    )
     assert off.before is None and off.after == {"id": 5, "BI_x": 1}
 
 
@@ -104,13 +134,16 @@ def test_bi_columns_of_inserts_are_not_row_columns():
 
 
 def test_before_image_settings_object():
-    [e] = _decode({**_msg(operation="update", data={"id": 45, "name": "b"}),
-                   "before-image": {"id": 46}})
+    [e] = _decode(
+        {**_msg(operation="update", data={"id": 45, "name": "b"}), "before-image": {"id": 46}}
+    )
     assert e.before == {"id": 46} and e.key == {"id": 45}
     [empty] = _decode({**_msg(operation="update"), "before-image": {}})
     assert empty.before is None
-    [named] = _decode({**_msg(operation="update"), "bi": {"id": 1, "name": "z"}},
-                      {**KEYS, "before_image_fields": ["bi"]})
+    [named] = _decode(
+        {**_msg(operation="update"), "bi": {"id": 1, "name": "z"}},
+        {**KEYS, "before_image_fields": ["bi"]},
+    )
     assert named.before == {"id": 1, "name": "z"}
 
 
@@ -128,12 +161,25 @@ def test_delete_before_image_is_the_data():
 
 
 def test_create_table_control_record_names_the_key_for_later_rows():
-    control = {"control": {"table-def": {"columns": {"id": {"nullable": False, "type": "INT32"},
-                                                     "name": {"nullable": True, "type": "STRING"}},
-                                         "primary-key": ["id"]}},
-               "metadata": {"timestamp": "2024-07-29T00:30:47.266581Z", "record-type": "control",
-                            "operation": "create-table", "partition-key-type": "task-id",
-                            "schema-name": "public", "table-name": "foo"}}
+    control = {
+        "control": {
+            "table-def": {
+                "columns": {
+                    "id": {"nullable": False, "type": "INT32"},
+                    "name": {"nullable": True, "type": "STRING"},
+                },
+                "primary-key": ["id"],
+            }
+        },
+        "metadata": {
+            "timestamp": "2024-07-29T00:30:47.266581Z",
+            "record-type": "control",
+            "operation": "create-table",
+            "partition-key-type": "task-id",
+            "schema-name": "public",
+            "table-name": "foo",
+        },
+    }
     result = decoder_for(FMT).decode_batch(_records(control, _msg(), _msg(**{"table-name": "bar"})))
     ddl, row = result.events
     assert ddl.op is Op.DDL and ddl.ddl is None and ddl.key is None
@@ -144,19 +190,38 @@ def test_create_table_control_record_names_the_key_for_later_rows():
 
 
 def test_control_records_without_details():
-    [e] = _decode({"metadata": {"timestamp": "2024-07-29T00:30:47.258815Z",
-                                "record-type": "control", "operation": "drop-table",
-                                "schema-name": "public", "table-name": "foo"}})
+    [e] = _decode(
+        {
+            "metadata": {
+                "timestamp": "2024-07-29T00:30:47.258815Z",
+                "record-type": "control",
+                "operation": "drop-table",
+                "schema-name": "public",
+                "table-name": "foo",
+            }
+        }
+    )
     assert e.op is Op.DDL and e.meta == {"operation": "drop-table"}
 
 
 def test_transaction_details_go_to_meta():
-    [e] = _decode(_msg(**{"transaction-id": 1140, "transaction-record-id": 1,
-                          "prev-transaction-id": 1139, "prev-transaction-record-id": 1,
-                          "stream-position": "00000002/7C007328.2.00000002/7C007328"}))
-    assert e.meta == {"transaction-record-id": 1, "prev-transaction-id": 1139,
-                      "prev-transaction-record-id": 1,
-                      "stream-position": "00000002/7C007328.2.00000002/7C007328"}
+    [e] = _decode(
+        _msg(
+            **{
+                "transaction-id": 1140,
+                "transaction-record-id": 1,
+                "prev-transaction-id": 1139,
+                "prev-transaction-record-id": 1,
+                "stream-position": "00000002/7C007328.2.00000002/7C007328",
+            }
+        )
+    )
+    assert e.meta == {
+        "transaction-record-id": 1,
+        "prev-transaction-id": 1139,
+        "prev-transaction-record-id": 1,
+        "stream-position": "00000002/7C007328.2.00000002/7C007328",
+    }
 
 
 def test_json_numbers_beyond_int64_stay_exact():
@@ -165,28 +230,31 @@ def test_json_numbers_beyond_int64_stay_exact():
     assert e.after["n"] == 123456789012345678901234
 
 
-@pytest.mark.parametrize("msg, code", [
-    (b'{"data":{"id":1},"metadata":{"timestamp"', Code.BAD_JSON),
-    (b"[]", Code.NOT_AN_OBJECT),
-    ({"data": {"id": 1}}, Code.MISSING_FIELD),
-    ({"data": {"id": 1}, "metadata": "x"}, Code.BAD_FIELD),
-    (_msg(operation=...), Code.MISSING_FIELD),
-    (_msg(**{"record-type": ...}), Code.MISSING_FIELD),
-    (_msg(operation=["insert"]), Code.BAD_FIELD),
-    (_msg(operation="upsert"), Code.UNKNOWN_OP),
-    (_msg(**{"record-type": "heartbeat"}), Code.UNKNOWN_OP),
-    (_msg(**{"record-type": "control", "operation": "truncate-everything"}), Code.UNKNOWN_OP),
-    (_msg(**{"schema-name": ...}), Code.MISSING_FIELD),
-    (_msg(**{"table-name": 7}), Code.BAD_FIELD),
-    (_msg(timestamp=...), Code.MISSING_FIELD),
-    (_msg(timestamp="yesterday"), Code.BAD_FIELD),
-    (_msg(timestamp="2024-07-29T00:58:17,5Z"), Code.BAD_FIELD),
-    (_msg(**{"commit-timestamp": 17}), Code.BAD_FIELD),
-    (_msg(data=None), Code.MISSING_FIELD),
-    (_msg(data=[1]), Code.BAD_FIELD),
-    ({**_msg(operation="update"), "before-image": [1]}, Code.BAD_FIELD),
-    (_msg(data={"name": "no id"}), Code.MISSING_KEY),
-])
+@pytest.mark.parametrize(
+    "msg, code",
+    [
+        (b'{"data":{"id":1},"metadata":{"timestamp"', Code.BAD_JSON),
+        (b"[]", Code.NOT_AN_OBJECT),
+        ({"data": {"id": 1}}, Code.MISSING_FIELD),
+        ({"data": {"id": 1}, "metadata": "x"}, Code.BAD_FIELD),
+        (_msg(operation=...), Code.MISSING_FIELD),
+        (_msg(**{"record-type": ...}), Code.MISSING_FIELD),
+        (_msg(operation=["insert"]), Code.BAD_FIELD),
+        (_msg(operation="upsert"), Code.UNKNOWN_OP),
+        (_msg(**{"record-type": "heartbeat"}), Code.UNKNOWN_OP),
+        (_msg(**{"record-type": "control", "operation": "truncate-everything"}), Code.UNKNOWN_OP),
+        (_msg(**{"schema-name": ...}), Code.MISSING_FIELD),
+        (_msg(**{"table-name": 7}), Code.BAD_FIELD),
+        (_msg(timestamp=...), Code.MISSING_FIELD),
+        (_msg(timestamp="yesterday"), Code.BAD_FIELD),
+        (_msg(timestamp="2024-07-29T00:58:17,5Z"), Code.BAD_FIELD),
+        (_msg(**{"commit-timestamp": 17}), Code.BAD_FIELD),
+        (_msg(data=None), Code.MISSING_FIELD),
+        (_msg(data=[1]), Code.BAD_FIELD),
+        ({**_msg(operation="update"), "before-image": [1]}, Code.BAD_FIELD),
+        (_msg(data={"name": "no id"}), Code.MISSING_KEY),
+    ],
+)
 def test_malformed_records_dead_letter_with_stable_codes(msg, code):
     result = decoder_for(FMT, KEYS).decode_batch(_records(msg))
     assert result.events == [] and [d.code for d in result.dead_letters] == [code]
@@ -196,8 +264,20 @@ def test_encoder_clock_strictly_increases_within_one_millisecond():
     encoder = encoder_for(FMT)
     table = SourceTable("", "shop", "public", "items")
     cols = {"id": "int64", "name": "string"}
-    changes = [SourceChange(Op.INSERT, table, cols, ("id",), None, {"id": i, "name": "x"},
-                            seq=i, ts_ms=1_700_000_000_000, txn_id="9") for i in range(3)]
+    changes = [
+        SourceChange(
+            Op.INSERT,
+            table,
+            cols,
+            ("id",),
+            None,
+            {"id": i, "name": "x"},
+            seq=i,
+            ts_ms=1_700_000_000_000,
+            txn_id="9",
+        )
+        for i in range(3)
+    ]
     messages = [m for c in changes for m in encoder.encode(c)]
     assert len(messages) == 4  # the table starts with a create-table control record
     result = decoder_for(FMT).decode_batch(_records(*[m.value for m in messages]))
@@ -209,15 +289,31 @@ def test_encoder_clock_strictly_increases_within_one_millisecond():
     assert {e.ts_ms for e in rows} == {1_700_000_000_000}
 
 
-_FUZZ_FIELDS = {"data", "before-image", "control", "timestamp", "record-type", "operation",
-               "schema-name", "table-name", "transaction-id", "transaction-record-id",
-               "commit-timestamp", "stream-position"}
+_FUZZ_FIELDS = {
+    "data",
+    "before-image",
+    "control",
+    "timestamp",
+    "record-type",
+    "operation",
+    "schema-name",
+    "table-name",
+    "transaction-id",
+    "transaction-record-id",
+    "commit-timestamp",
+    "stream-position",
+}
 
 
 def _fuzz_base():
-    return {**_msg(operation="update", data={"id": 1, "name": "b", "BI_name": "a"},
-                   **{"transaction-id": 1, "commit-timestamp": "2024-07-29T00:58:17.9Z"}),
-            "before-image": {"id": 1}}
+    return {
+        **_msg(
+            operation="update",
+            data={"id": 1, "name": "b", "BI_name": "a"},
+            **{"transaction-id": 1, "commit-timestamp": "2024-07-29T00:58:17.9Z"},
+        ),
+        "before-image": {"id": 1},
+    }
 
 
 def _fuzz_set(msg, field, value):
@@ -230,11 +326,16 @@ def _fuzz_set(msg, field, value):
 # --------------------------------------------------------------------------- fuzz
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
-    max_leaves=6)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -65,9 +65,14 @@ def _restrict(row, exact):
 def _change(op, before, after, seq, exact):
     columns = {c: t for c, t in COLUMNS.items() if _base(t) in exact or t in exact}
     return SourceChange(
-        op=op, table=TABLE, columns=columns, key_columns=("id",),
-        before=_restrict(before, exact), after=_restrict(after, exact),
-        seq=seq, ts_ms=1_700_000_000_000 + seq,
+        op=op,
+        table=TABLE,
+        columns=columns,
+        key_columns=("id",),
+        before=_restrict(before, exact),
+        after=_restrict(after, exact),
+        seq=seq,
+        ts_ms=1_700_000_000_000 + seq,
     )
 
 
@@ -84,8 +89,26 @@ def test_tombstone_is_skipped_on_purpose(fmt):
 
 @pytest.mark.parametrize(
     "value",
-    [b"", b"\xff\xfe\x00garbage", b"{", b"[1, 2, 3]", b"42", b'"text"', b"{}", b'{"a": {"b": null}}'],
-    ids=["empty", "binary", "truncated", "array", "number", "string", "empty-object", "wrong-shape"],
+    [
+        b"",
+        b"\xff\xfe\x00garbage",
+        b"{",
+        b"[1, 2, 3]",
+        b"42",
+        b'"text"',
+        b"{}",
+        b'{"a": {"b": null}}',
+    ],
+    ids=[
+        "empty",
+        "binary",
+        "truncated",
+        "array",
+        "number",
+        "string",
+        "empty-object",
+        "wrong-shape",
+    ],
 )
 def test_bad_input_becomes_a_dead_letter_with_a_stable_code(fmt, value):
     result = decoder_for(fmt).decode_batch([Record(value=value, origin=Origin("t", 3, 9))])
@@ -113,7 +136,10 @@ def test_round_trip_through_the_formats_own_encoder(fmt):
     rows = [e for e in result.events if e.op in (Op.INSERT, Op.UPDATE, Op.DELETE)]
     assert [e.op for e in rows] == [Op.INSERT, Op.UPDATE, Op.DELETE]
     assert all(e.key == {"id": 1} for e in rows)
-    assert all(e.source.table == "items" and e.source.format == getattr(encoder, "event_format", fmt) for e in rows)
+    assert all(
+        e.source.table == "items" and e.source.format == getattr(encoder, "event_format", fmt)
+        for e in rows
+    )
     assert rows[0].after == _restrict(ROW_1, exact)
     assert rows[1].after == _restrict(ROW_2, exact)
     assert rows[2].after is None

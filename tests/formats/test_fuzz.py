@@ -129,7 +129,9 @@ def _check_image(image: Any, where: str) -> None:
 # "known bugs" section below (so it stays visible and the xfail fails once it is fixed);
 # the hypothesis tests tolerate a batch that hits one, so the suite stays green.
 BUG_TS_MS = "ts_ms beyond int64 is not rejected by the decoder (flatten dead-letters the record)"
-BUG_TXN_ORDER = "txn.order beyond int64 is not rejected by the decoder (flatten dead-letters the record)"
+BUG_TXN_ORDER = (
+    "txn.order beyond int64 is not rejected by the decoder (flatten dead-letters the record)"
+)
 BUG_MAXWELL_XOFFSET = "maxwell-json: xoffset of any JSON type goes into seq when xid is absent"
 BUG_NESTED_VALUE = "a JSON array/object value of an undeclared column is kept as a list/dict"
 BUG_DEEP_META = (
@@ -143,7 +145,9 @@ def _deeper_than(value: Any, limit: int) -> bool:
     level = [value]
     for _ in range(limit + 1):
         level = [
-            c for v in level if isinstance(v, list | dict)
+            c
+            for v in level
+            if isinstance(v, list | dict)
             for c in (v.values() if isinstance(v, dict) else v)
         ]
         if not level:
@@ -159,8 +163,10 @@ def known_bug(event: ChangeEvent) -> str | None:
     if order is not None and type(order) is int and not _int64(order):
         return BUG_TXN_ORDER
     if (
-        event.source.format == "maxwell-json" and isinstance(event.seq, tuple)
-        and len(event.seq) == 3 and type(event.seq[2]) is not int
+        event.source.format == "maxwell-json"
+        and isinstance(event.seq, tuple)
+        and len(event.seq) == 3
+        and type(event.seq[2]) is not int
     ):
         return BUG_MAXWELL_XOFFSET
     if isinstance(event.meta, dict) and _deeper_than(event.meta, 254):
@@ -289,20 +295,43 @@ def check(
     joined = sum(1 for o in result.decoded_origins if o not in with_events)
     # flatten turns a record whose events cannot be stored into one BAD_VALUE dead letter
     rows = batch.to_pydict()
-    decode_dead = {(d.origin.topic, d.origin.partition, d.origin.offset) for d in result.dead_letters}
+    decode_dead = {
+        (d.origin.topic, d.origin.partition, d.origin.offset) for d in result.dead_letters
+    }
     converted = {
-        (t, p, o) for k, r, t, p, o in zip(rows["kind"], rows["reason"], rows["topic"],
-                                           rows["partition"], rows["offset"], strict=True)
+        (t, p, o)
+        for k, r, t, p, o in zip(
+            rows["kind"],
+            rows["reason"],
+            rows["topic"],
+            rows["partition"],
+            rows["offset"],
+            strict=True,
+        )
         if k == "dead" and (t, p, o) not in decode_dead
     }
-    assert all(r == "BAD_VALUE" for k, r, t, p, o in zip(
-        rows["kind"], rows["reason"], rows["topic"], rows["partition"], rows["offset"], strict=True)
-        if (t, p, o) in converted)
-    kept = sum(1 for e in result.events
-               if (e.origin.topic, e.origin.partition, e.origin.offset) not in converted)
+    assert all(
+        r == "BAD_VALUE"
+        for k, r, t, p, o in zip(
+            rows["kind"],
+            rows["reason"],
+            rows["topic"],
+            rows["partition"],
+            rows["offset"],
+            strict=True,
+        )
+        if (t, p, o) in converted
+    )
+    kept = sum(
+        1
+        for e in result.events
+        if (e.origin.topic, e.origin.partition, e.origin.offset) not in converted
+    )
     want = {
-        "event": kept, "joined": joined,
-        "skip": len(result.skipped), "dead": len(result.dead_letters) + len(converted),
+        "event": kept,
+        "joined": joined,
+        "skip": len(result.skipped),
+        "dead": len(result.dead_letters) + len(converted),
     }
     assert Counter(batch.column("kind").to_pylist()) == {k: n for k, n in want.items() if n}
     return result
@@ -328,7 +357,9 @@ def assert_clear(result: DecodeResult) -> None:
     assert not stray, f"dead letters from an unexpected exception: {stray}"
 
 
-def _records(values: Iterable[tuple[bytes | None, bytes | None, tuple]], topic: str = "fuzz") -> list[Record]:
+def _records(
+    values: Iterable[tuple[bytes | None, bytes | None, tuple]], topic: str = "fuzz"
+) -> list[Record]:
     return [
         Record(value=v, key=k, headers=h, origin=Origin(topic, 0, i))
         for i, (v, k, h) in enumerate(values)
@@ -354,9 +385,16 @@ class Seed:
 _FUZZ_TABLE = TableSpec(
     "fuzz_types",
     {
-        "id": "int64", "i32": "int32", "f64": "float64", "amount": "decimal(18,4)",
-        "flag": "boolean", "day": "date", "at": "timestamptz", "local": "timestamp",
-        "raw": "binary", "label": "string",
+        "id": "int64",
+        "i32": "int32",
+        "f64": "float64",
+        "amount": "decimal(18,4)",
+        "flag": "boolean",
+        "day": "date",
+        "at": "timestamptz",
+        "local": "timestamp",
+        "raw": "binary",
+        "label": "string",
     },
     ("id",),
 )
@@ -455,7 +493,14 @@ def _vocab_json(fmt: str) -> st.SearchStrategy[Any]:
     def containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         return st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=8)
 
-    leaves = st.none() | st.booleans() | _INT64 | _FLOATS | st.sampled_from(strings) | st.text(max_size=8)
+    leaves = (
+        st.none()
+        | st.booleans()
+        | _INT64
+        | _FLOATS
+        | st.sampled_from(strings)
+        | st.text(max_size=8)
+    )
     return st.recursive(leaves, containers, max_leaves=24)
 
 
@@ -466,33 +511,108 @@ def _envelopes(fmt: str) -> st.SearchStrategy[bytes]:
         st.binary(max_size=300)
         | _JSON.map(orjson.dumps)
         | _vocab_json(fmt).map(orjson.dumps)
-        | st.dictionaries(st.sampled_from(vocabulary(fmt)[0]), _vocab_json(fmt), max_size=10).map(orjson.dumps)
+        | st.dictionaries(st.sampled_from(vocabulary(fmt)[0]), _vocab_json(fmt), max_size=10).map(
+            orjson.dumps
+        )
     )
 
 
 #: Raw JSON literals a mutation puts in place of a value.
 LITERALS: tuple[bytes, ...] = (
-    b"null", b"true", b"false", b"0", b"-0", b"-1", b"1", b"0.5", b"-0.0", b"1e-400",
-    b"2147483648", b"-2147483649", b"9223372036854775807", b"9223372036854775808",
-    b"-9223372036854775809", b"18446744073709551616", b"1" + b"0" * 40, b"-" + b"9" * 400,
-    b"1e400", b"-1e400", b"1.7976931348623157e309", b"1e-7", b"123456789.123456789123456789",
-    b"NaN", b"Infinity", b"-Infinity", b"nan", b"inf",
-    b'""', b'" "', b'"x"', b'"0"', b'"-1"', b'"1e400"', b'"NaN"', b'"null"', b'"true"',
-    b'"\\u0000"', b'"\\ud800"', b'"\\udfff\\ud800"', b'"\xff\xfe"', b'"\xc3("', b'"\xed\xa0\x80"',
-    b'"2024-13-45T25:61:61Z"', b'"0000-00-00 00:00:00"', b'"9999-12-31 23:59:59.999999999"',
-    b'"24:00:00"', b'"2024-02-30"', b'"+08:00"', b'"\\/Date(1)\\/"',
-    b"{}", b"[]", b"[null]", b"[[]]", b'{"":null}', b'{"a":{"b":[1,{"c":null}]}}', b"[1,2,3]",
-    b'"' + b"x" * 5000 + b'"', b"[" + b"0," * 2000 + b"0]",
+    b"null",
+    b"true",
+    b"false",
+    b"0",
+    b"-0",
+    b"-1",
+    b"1",
+    b"0.5",
+    b"-0.0",
+    b"1e-400",
+    b"2147483648",
+    b"-2147483649",
+    b"9223372036854775807",
+    b"9223372036854775808",
+    b"-9223372036854775809",
+    b"18446744073709551616",
+    b"1" + b"0" * 40,
+    b"-" + b"9" * 400,
+    b"1e400",
+    b"-1e400",
+    b"1.7976931348623157e309",
+    b"1e-7",
+    b"123456789.123456789123456789",
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"nan",
+    b"inf",
+    b'""',
+    b'" "',
+    b'"x"',
+    b'"0"',
+    b'"-1"',
+    b'"1e400"',
+    b'"NaN"',
+    b'"null"',
+    b'"true"',
+    b'"\\u0000"',
+    b'"\\ud800"',
+    b'"\\udfff\\ud800"',
+    b'"\xff\xfe"',
+    b'"\xc3("',
+    b'"\xed\xa0\x80"',
+    b'"2024-13-45T25:61:61Z"',
+    b'"0000-00-00 00:00:00"',
+    b'"9999-12-31 23:59:59.999999999"',
+    b'"24:00:00"',
+    b'"2024-02-30"',
+    b'"+08:00"',
+    b'"\\/Date(1)\\/"',
+    b"{}",
+    b"[]",
+    b"[null]",
+    b"[[]]",
+    b'{"":null}',
+    b'{"a":{"b":[1,{"c":null}]}}',
+    b"[1,2,3]",
+    b'"' + b"x" * 5000 + b'"',
+    b"[" + b"0," * 2000 + b"0]",
     b"[" * 300 + b"]" * 300,  # deeper than orjson writes (254), not than it reads (1024)
 )
 
 #: Bytes a mutation inserts.
 TOKENS: tuple[bytes, ...] = (
-    b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b" ", b"\x00", b"\xff", b"\xc3", b"\xed\xa0\x80",
-    b"\\u0000", b"\\ud800", b"null", b"NaN", b"-", b"9" * 30, b"e999", b'"a":1,', b",}", b",]",
+    b'"',
+    b"\\",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b" ",
+    b"\x00",
+    b"\xff",
+    b"\xc3",
+    b"\xed\xa0\x80",
+    b"\\u0000",
+    b"\\ud800",
+    b"null",
+    b"NaN",
+    b"-",
+    b"9" * 30,
+    b"e999",
+    b'"a":1,',
+    b",}",
+    b",]",
     # Avro zig-zag varints: huge and negative lengths / counts, an unterminated varint
-    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\xfe\xff\xff\xff\x0f", b"\x01", b"\x03",
-    b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", b"\x80",
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+    b"\xfe\xff\xff\xff\x0f",
+    b"\x01",
+    b"\x03",
+    b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",
+    b"\x80",
 )
 
 _MARK = "\x00fuzz-mark\x00"
@@ -517,7 +637,11 @@ def _slots(doc: Any, limit: int = 500) -> list[tuple[Any, Any]]:
 
 def _derived(value: Any) -> list[bytes]:
     """Replacements made from the value being replaced (type swaps that keep its content)."""
-    out = [orjson.dumps([value]), orjson.dumps({"value": value}), orjson.dumps(orjson.dumps(value).decode())]
+    out = [
+        orjson.dumps([value]),
+        orjson.dumps({"value": value}),
+        orjson.dumps(orjson.dumps(value).decode()),
+    ]
     if isinstance(value, bool):
         out += [b"1" if value else b"0", b'"true"' if value else b'"false"']
     elif isinstance(value, int | float):
@@ -527,7 +651,11 @@ def _derived(value: Any) -> list[bytes]:
         raw = value.encode()
         if raw[:1].isdigit() or raw[:1] == b"-":
             out += [raw, raw + b"0" * 30]
-        out += [orjson.dumps(value * 50), orjson.dumps(value[:-1]), b'"' + raw[:3] + b"\xff" + raw[3:] + b'"']
+        out += [
+            orjson.dumps(value * 50),
+            orjson.dumps(value[:-1]),
+            b'"' + raw[:3] + b"\xff" + raw[3:] + b'"',
+        ]
     return out
 
 
@@ -556,7 +684,9 @@ def _mutate_json(draw: st.DrawFn, value: bytes, fmt: str, depth: int = 0) -> byt
     parent, k = draw(st.sampled_from(slots))
     current = parent[k]
     keys, strings = vocabulary(fmt)
-    action = draw(st.sampled_from(["delete", "swap", "swap", "swap", "duplicate", "rename", "inner", "graft"]))
+    action = draw(
+        st.sampled_from(["delete", "swap", "swap", "swap", "duplicate", "rename", "inner", "graft"])
+    )
     raw = draw(
         st.sampled_from(LITERALS)
         | st.sampled_from(_derived(current))
@@ -592,18 +722,20 @@ def _mutate_bytes(draw: st.DrawFn, value: bytes, others: Sequence[bytes]) -> byt
     at = draw(st.integers(0, n))
     if action == "flip" and n:
         at = min(at, n - 1)
-        return value[:at] + bytes([value[at] ^ draw(st.integers(1, 255))]) + value[at + 1:]
+        return value[:at] + bytes([value[at] ^ draw(st.integers(1, 255))]) + value[at + 1 :]
     if action == "truncate":
         return value[:at]
     if action in ("delete", "duplicate"):
         length = draw(st.integers(1, 64))
-        piece = value[at:at + length]
-        return value[:at] + (piece * 2 if action == "duplicate" else b"") + value[at + length:]
+        piece = value[at : at + length]
+        return value[:at] + (piece * 2 if action == "duplicate" else b"") + value[at + length :]
     if action == "splice" and others:
         other = draw(st.sampled_from(others))
         a = draw(st.integers(0, len(other)))
-        return value[:at] + other[a:a + draw(st.integers(1, 200))] + value[at:]
-    return value[:at] + draw(st.sampled_from(TOKENS) | st.binary(min_size=1, max_size=8)) + value[at:]
+        return value[:at] + other[a : a + draw(st.integers(1, 200))] + value[at:]
+    return (
+        value[:at] + draw(st.sampled_from(TOKENS) | st.binary(min_size=1, max_size=8)) + value[at:]
+    )
 
 
 def mutate(draw: st.DrawFn, value: bytes, fmt: str, others: Sequence[bytes]) -> bytes:
@@ -637,7 +769,10 @@ def mutated_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
             key = mutate(draw, key, fmt, others)
         elif which == 1:  # a header (Debezium reads its primary-key-change headers)
             name = draw(st.sampled_from(_HEADER_NAMES) | st.text(max_size=12))
-            headers = (*headers, (name, draw(st.none() | st.sampled_from(LITERALS) | _envelopes(fmt))))
+            headers = (
+                *headers,
+                (name, draw(st.none() | st.sampled_from(LITERALS) | _envelopes(fmt))),
+            )
         else:
             value = mutate(draw, value if value is not None else b"{}", fmt, others)
         items[i] = (value, key, headers)
@@ -695,25 +830,35 @@ _TABLE = SourceTable(format="", database="shop", schema="public", table="items")
 
 def _insert(columns: dict[str, str], row: dict[str, Any]) -> SourceChange:
     return SourceChange(
-        op=Op.INSERT, table=_TABLE, columns=columns, key_columns=("id",), before=None,
-        after=row, seq=42, ts_ms=1_700_000_000_000,
+        op=Op.INSERT,
+        table=_TABLE,
+        columns=columns,
+        key_columns=("id",),
+        before=None,
+        after=row,
+        seq=42,
+        ts_ms=1_700_000_000_000,
     )
 
 
 def _encoded(fmt: str, change: SourceChange) -> tuple[list[Record], Any]:
     encoder = encoder_for(fmt)
     messages = encoder.encode(change)
-    return _records([(m.value, m.key, m.headers) for m in messages]), encoder.decoder_options([change])
+    return _records([(m.value, m.key, m.headers) for m in messages]), encoder.decoder_options(
+        [change]
+    )
 
 
 #: 10 MiB of text with characters that need escaping in JSON and several UTF-8 lengths
-_UNIT = "scooter \"quoted\" back\\slash\nnaïve café 日本 🎉 "
+_UNIT = 'scooter "quoted" back\\slash\nnaïve café 日本 🎉 '
 BIG_TEXT = (_UNIT * (10 * MB // len(_UNIT) + 1))[: 10 * MB]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_10_mb_string_value_in_a_valid_envelope(fmt: str) -> None:
-    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": BIG_TEXT}))
+    records, options = _encoded(
+        fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": BIG_TEXT})
+    )
     assert max(len(r.value or b"") for r in records) > 10 * MB
     result = check(decoder_for(fmt, options), records)
     assert_clear(result)
@@ -763,7 +908,10 @@ _SENTINEL = "fuzzsentinel0"
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_deeply_nested_json_is_decoded_or_dead_lettered(fmt: str, depth: int) -> None:
     values = [
-        _deep_array(depth), _deep_object(depth), b"[" * depth, b'{"a":' * depth,
+        _deep_array(depth),
+        _deep_object(depth),
+        b"[" * depth,
+        b'{"a":' * depth,
         b'{"payload":' + _deep_object(depth) + b"}",
     ]
     result = check(decoder_for(fmt), _records([(v, None, ()) for v in values]))
@@ -775,7 +923,9 @@ def test_deeply_nested_json_is_decoded_or_dead_lettered(fmt: str, depth: int) ->
 def _envelope_with(fmt: str, raw: bytes) -> tuple[list[Record], Any]:
     """The format's valid insert message with the string value of column ``name``
     replaced by the raw JSON ``raw`` (JSON formats)."""
-    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": _SENTINEL}))
+    records, options = _encoded(
+        fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": _SENTINEL})
+    )
     quoted = orjson.dumps(_SENTINEL)
     out = []
     for r in records:
@@ -806,11 +956,16 @@ def _envelope_params() -> list[Any]:
         for depth in DEPTHS:
             marks = []
             if fmt in _STRINGIFY_DEPTH_BUG and 254 < depth <= 1024:
-                marks.append(pytest.mark.xfail(strict=True, reason=(
-                    f"bug: {_STRINGIFY_DEPTH_BUG[fmt]} turns a column value nested "
-                    f"255-1024 levels deep into JSON text with orjson.dumps, whose "
-                    f"TypeError 'Recursion limit reached' ends as an unexplained BAD_FIELD"
-                )))
+                marks.append(
+                    pytest.mark.xfail(
+                        strict=True,
+                        reason=(
+                            f"bug: {_STRINGIFY_DEPTH_BUG[fmt]} turns a column value nested "
+                            f"255-1024 levels deep into JSON text with orjson.dumps, whose "
+                            f"TypeError 'Recursion limit reached' ends as an unexplained BAD_FIELD"
+                        ),
+                    )
+                )
             out.append(pytest.param(fmt, depth, marks=marks, id=f"{fmt}-{depth}"))
     return out
 
@@ -852,8 +1007,10 @@ def _options_class(fmt: str) -> type:
 def _options_with_limit(fmt: str, options: Any, limit: int) -> Any:
     """The format's options object built from ``options`` with ``max_record_bytes=limit``."""
     cls = _options_class(fmt)
-    base = cls() if options is None else (
-        options if dataclasses.is_dataclass(options) else cls.from_mapping(options)
+    base = (
+        cls()
+        if options is None
+        else (options if dataclasses.is_dataclass(options) else cls.from_mapping(options))
     )
     return dataclasses.replace(base, max_record_bytes=limit)
 
@@ -875,7 +1032,9 @@ def test_every_options_class_takes_max_record_bytes(fmt: str, tmp_path: Path) ->
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_record_over_max_record_bytes_is_dead_lettered_too_large(fmt: str) -> None:
-    records, options = _encoded(fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x" * 5000}))
+    records, options = _encoded(
+        fmt, _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x" * 5000})
+    )
     biggest = max(len(r.value or b"") for r in records)
     small = [r for r in records if len(r.value or b"") < biggest]
     # at the limit: decoded as before
@@ -906,7 +1065,9 @@ def test_the_default_limit_dead_letters_a_17_mb_record_without_parsing_it() -> N
 
 def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
     decoder = decoder_for("maxwell-json", {"max_record_bytes": 0})
-    result = decoder.decode_batch([Record(value=None), Record(value=b"{}", origin=Origin("t", 0, 1))])
+    result = decoder.decode_batch(
+        [Record(value=None), Record(value=b"{}", origin=Origin("t", 0, 1))]
+    )
     assert [s.reason for s in result.skipped] == ["TOMBSTONE"]
     assert [d.code for d in result.dead_letters] == [Code.TOO_LARGE]
 
@@ -919,7 +1080,9 @@ def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
 _INSERT = _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x"})
 
 
-def _patched(fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int = -1) -> tuple[list[Record], Any]:
+def _patched(
+    fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int = -1
+) -> tuple[list[Record], Any]:
     """The format's messages for one insert, with JSON fields of message ``index`` set to
     raw JSON (``None``: deleted)."""
     records, options = _encoded(fmt, _INSERT)
@@ -953,49 +1116,122 @@ KNOWN_BUG_CASES = [
     pytest.param("canal-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="canal-es"),
     pytest.param("drs-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-es"),
     pytest.param("drs-json-c", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-c-es"),
-    pytest.param("dataworks-json", {("payload", "timestamp", "eventTime"): _BEYOND_INT64}, -1,
-                 marks=_bug(BUG_TS_MS), id="dataworks-eventTime"),
+    pytest.param(
+        "dataworks-json",
+        {("payload", "timestamp", "eventTime"): _BEYOND_INT64},
+        -1,
+        marks=_bug(BUG_TS_MS),
+        id="dataworks-eventTime",
+    ),
     # ts in epoch seconds, times 1000 without a range check
-    pytest.param("maxwell-json", {("ts",): b"9223372036854775807"}, -1, marks=_bug(BUG_TS_MS), id="maxwell-ts"),
+    pytest.param(
+        "maxwell-json",
+        {("ts",): b"9223372036854775807"},
+        -1,
+        marks=_bug(BUG_TS_MS),
+        id="maxwell-ts",
+    ),
     # txn.order from a counter without a range check
-    pytest.param("aws-dms-json", {("metadata", "transaction-record-id"): _BEYOND_INT64}, -1,
-                 marks=_bug(BUG_TXN_ORDER), id="dms-transaction-record-id"),
-    pytest.param("maxwell-json", {("xoffset",): b"9223372036854775807"}, -1,
-                 marks=_bug(BUG_TXN_ORDER), id="maxwell-xoffset-plus-1"),
-    pytest.param("qlik-json", {("message", "headers", "transactionEventCounter"): _BEYOND_INT64}, -1,
-                 marks=_bug(BUG_TXN_ORDER), id="qlik-transactionEventCounter"),
-    pytest.param("shareplex-json", {("meta", "seq"): _BEYOND_INT64}, -1, marks=_bug(BUG_TXN_ORDER),
-                 id="shareplex-meta-seq"),
+    pytest.param(
+        "aws-dms-json",
+        {("metadata", "transaction-record-id"): _BEYOND_INT64},
+        -1,
+        marks=_bug(BUG_TXN_ORDER),
+        id="dms-transaction-record-id",
+    ),
+    pytest.param(
+        "maxwell-json",
+        {("xoffset",): b"9223372036854775807"},
+        -1,
+        marks=_bug(BUG_TXN_ORDER),
+        id="maxwell-xoffset-plus-1",
+    ),
+    pytest.param(
+        "qlik-json",
+        {("message", "headers", "transactionEventCounter"): _BEYOND_INT64},
+        -1,
+        marks=_bug(BUG_TXN_ORDER),
+        id="qlik-transactionEventCounter",
+    ),
+    pytest.param(
+        "shareplex-json",
+        {("meta", "seq"): _BEYOND_INT64},
+        -1,
+        marks=_bug(BUG_TXN_ORDER),
+        id="shareplex-meta-seq",
+    ),
     # maxwell checks xoffset's type only when xid is present; flatten then fails in seq_key
-    pytest.param("maxwell-json", {("xid",): None, ("xoffset",): b'"a"'}, -1,
-                 marks=_bug(BUG_MAXWELL_XOFFSET), id="maxwell-xoffset-string"),
-    pytest.param("maxwell-json", {("xid",): None, ("xoffset",): b"true"}, -1,
-                 marks=_bug(BUG_MAXWELL_XOFFSET), id="maxwell-xoffset-bool"),
+    pytest.param(
+        "maxwell-json",
+        {("xid",): None, ("xoffset",): b'"a"'},
+        -1,
+        marks=_bug(BUG_MAXWELL_XOFFSET),
+        id="maxwell-xoffset-string",
+    ),
+    pytest.param(
+        "maxwell-json",
+        {("xid",): None, ("xoffset",): b"true"},
+        -1,
+        marks=_bug(BUG_MAXWELL_XOFFSET),
+        id="maxwell-xoffset-bool",
+    ),
     # a column missing from the declared types keeps its raw JSON value
-    pytest.param("canal-json", {("data", 0, "extra"): b'[1,{"a":2}]'}, -1, marks=_bug(BUG_NESTED_VALUE),
-                 id="canal-undeclared-array"),
-    pytest.param("drs-json", {("data", 0, "extra"): b'{"a":[2]}'}, -1, marks=_bug(BUG_NESTED_VALUE),
-                 id="drs-undeclared-object"),
-    pytest.param("drs-json-c", {("data", 0, "extra"): b"[1]"}, -1, marks=_bug(BUG_NESTED_VALUE),
-                 id="drs-c-undeclared-array"),
-    pytest.param("qlik-json", {("message", "data", "extra"): b"[1]"}, -1, marks=_bug(BUG_NESTED_VALUE),
-                 id="qlik-column-not-in-metadata"),
+    pytest.param(
+        "canal-json",
+        {("data", 0, "extra"): b'[1,{"a":2}]'},
+        -1,
+        marks=_bug(BUG_NESTED_VALUE),
+        id="canal-undeclared-array",
+    ),
+    pytest.param(
+        "drs-json",
+        {("data", 0, "extra"): b'{"a":[2]}'},
+        -1,
+        marks=_bug(BUG_NESTED_VALUE),
+        id="drs-undeclared-object",
+    ),
+    pytest.param(
+        "drs-json-c",
+        {("data", 0, "extra"): b"[1]"},
+        -1,
+        marks=_bug(BUG_NESTED_VALUE),
+        id="drs-c-undeclared-array",
+    ),
+    pytest.param(
+        "qlik-json",
+        {("message", "data", "extra"): b"[1]"},
+        -1,
+        marks=_bug(BUG_NESTED_VALUE),
+        id="qlik-column-not-in-metadata",
+    ),
     # a huge column ordinal in Qlik metadata becomes a 2**ordinal bit mask: MemoryError
     # (ordinal 8e9 takes 2 GB and 1.4 s before the mask fits)
-    pytest.param("qlik-json", {("message", "tableStructure", "tableColumns", "name", "ordinal"): b"1099511627776"},
-                 0, marks=_bug("qlik-json: a huge column ordinal allocates a 2**ordinal bit mask (MemoryError)"),
-                 id="qlik-huge-ordinal"),
+    pytest.param(
+        "qlik-json",
+        {("message", "tableStructure", "tableColumns", "name", "ordinal"): b"1099511627776"},
+        0,
+        marks=_bug(
+            "qlik-json: a huge column ordinal allocates a 2**ordinal bit mask (MemoryError)"
+        ),
+        id="qlik-huge-ordinal",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("fmt", "edits", "index"), KNOWN_BUG_CASES)
-def test_known_bug_reproducer(fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int) -> None:
+def test_known_bug_reproducer(
+    fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int
+) -> None:
     records, options = _patched(fmt, edits, index)
     result = check(decoder_for(fmt, options), records)
     assert_clear(result)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"bug: dts-avro: {BUG_TS_MS} (sourceTimestamp x 1000)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=f"bug: dts-avro: {BUG_TS_MS} (sourceTimestamp x 1000)",
+)
 def test_known_bug_dts_avro_source_timestamp_beyond_int64_ms() -> None:
     import io
 
@@ -1020,20 +1256,20 @@ _DEEP_300 = b"[" * 300 + b"]" * 300
 #: decoder copies into ``meta``; flatten then fails on the event.
 DEEP_META_CASES = {
     "maxwell-json": b'{"database":"d","table":"t","type":"insert","ts":1,"xid":1,"server_id":DEEP,'
-                    b'"position":"mysql-bin.000001:4","primary_key_columns":["id"],"data":{"id":1}}',
+    b'"position":"mysql-bin.000001:4","primary_key_columns":["id"],"data":{"id":1}}',
     "ogg-json": b'{"table":"s.t","op_type":"I","op_ts":"2023-11-14 22:13:20.000000","current_ts":DEEP,'
-                b'"pos":"00000000000000000042","primary_keys":["id"],"after":{"id":1}}',
+    b'"pos":"00000000000000000042","primary_keys":["id"],"after":{"id":1}}',
     "shareplex-json": b'{"meta":{"time":"2023-11-14T22:13:20","userid":0,"op":"ins","scn":"42",'
-                      b'"rowid":DEEP,"trans":"0.0.42","seq":1,"size":1,"table":"s.t","idx":"1/1",'
-                      b'"posttime":"2023-11-14T22:13:20"},"data":{"id":1}}',
+    b'"rowid":DEEP,"trans":"0.0.42","seq":1,"size":1,"table":"s.t","idx":"1/1",'
+    b'"posttime":"2023-11-14T22:13:20"},"data":{"id":1}}',
     "canal-json": b'{"database":"d","es":1,"id":1,"isDdl":true,"sql":"create table t (id int)",'
-                  b'"table":"t","ts":DEEP,"type":"CREATE"}',
+    b'"table":"t","ts":DEEP,"type":"CREATE"}',
     "debezium-json": b'{"status":"END","id":"571:53195832","ts_ms":1486500577691,"event_count":2,'
-                     b'"data_collections":DEEP}',
+    b'"data_collections":DEEP}',
     "aws-dms-json": b'{"control":{"table-def":{"columns":{"id":{"nullable":false,"type":"INT64"}},'
-                    b'"primary-key":[DEEP]}},"metadata":{"timestamp":"2023-11-14T22:13:20.000000Z",'
-                    b'"record-type":"control","operation":"create-table","partition-key-type":"task-id",'
-                    b'"schema-name":"s","table-name":"t"}}',
+    b'"primary-key":[DEEP]}},"metadata":{"timestamp":"2023-11-14T22:13:20.000000Z",'
+    b'"record-type":"control","operation":"create-table","partition-key-type":"task-id",'
+    b'"schema-name":"s","table-name":"t"}}',
 }
 
 

@@ -22,8 +22,14 @@ FMT = "maxwell-json"
 
 
 def _msg(**fields):
-    base = {"database": "shop", "table": "items", "type": "insert", "ts": 1700000000,
-            "primary_key_columns": ["id"], "data": {"id": 1, "name": "a"}}
+    base = {
+        "database": "shop",
+        "table": "items",
+        "type": "insert",
+        "ts": 1700000000,
+        "primary_key_columns": ["id"],
+        "data": {"id": 1, "name": "a"},
+    }
     base.update(fields)
     return {k: v for k, v in base.items() if v is not ...}
 
@@ -60,14 +66,21 @@ def _lines(path):
 
 def test_corpus_replays_to_the_upstream_expected_table():
     """Paimon's schema-evolution files, fed in order, give the table its test expects."""
-    expected = json.loads((CORPUS / "paimon-maxwell_schemaevolution_maxwell.expected.json").read_text())
+    expected = json.loads(
+        (CORPUS / "paimon-maxwell_schemaevolution_maxwell.expected.json").read_text()
+    )
     decoder, rows = decoder_for(FMT), {}
     for stage in expected["stages"]:
         result = decoder.decode_batch(_lines(CORPUS / stage["file"]))
         assert not result.dead_letters
         _replay(result.events, rows)
-        got = sorted(({c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
-                      for r in rows.values()), key=lambda r: int(r["id"]))
+        got = sorted(
+            (
+                {c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
+                for r in rows.values()
+            ),
+            key=lambda r: int(r["id"]),
+        )
         assert got == stage["final_table"]
 
 
@@ -84,15 +97,18 @@ def test_seatunnel_capture_gives_its_changelog_and_final_table():
         else:
             changelog.append({"kind": "-D", "row": e.before})
     assert changelog == expected["expected_changelog"]
-    assert sorted(_replay(events).values(), key=lambda r: r["id"]) == expected["expected_final_table"]
+    assert (
+        sorted(_replay(events).values(), key=lambda r: r["id"]) == expected["expected_final_table"]
+    )
 
 
 # --------------------------------------------------------------------------- images
 
 
 def test_update_before_is_data_overlaid_with_old_and_changed_lists_old():
-    [e] = _decode(_msg(type="update", data={"id": 1, "name": "b", "qty": 3},
-                       old={"name": "a", "qty": None}))
+    [e] = _decode(
+        _msg(type="update", data={"id": 1, "name": "b", "qty": 3}, old={"name": "a", "qty": None})
+    )
     assert e.op is Op.UPDATE and e.key == {"id": 1}
     assert e.before == {"id": 1, "name": "a", "qty": None}
     assert e.after == {"id": 1, "name": "b", "qty": 3}
@@ -117,29 +133,38 @@ def test_json_columns_and_sets_become_json_text():
     assert e.after["s"] == '["x","y"]' and e.after["e"] == "[]"
 
 
-@pytest.mark.parametrize("literal, value", [
-    (b"18446744073709551615", 18446744073709551615),  # BIGINT UNSIGNED max: orjson keeps it
-    (b"123456789012345678901234567890", 123456789012345678901234567890),  # DECIMAL(65,0)
-    (b"-9223372036854775809", -9223372036854775809),  # below int64
-])
+@pytest.mark.parametrize(
+    "literal, value",
+    [
+        (b"18446744073709551615", 18446744073709551615),  # BIGINT UNSIGNED max: orjson keeps it
+        (b"123456789012345678901234567890", 123456789012345678901234567890),  # DECIMAL(65,0)
+        (b"-9223372036854775809", -9223372036854775809),  # below int64
+    ],
+)
 def test_large_integers_stay_exact(literal, value):
-    raw = b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],' \
-          b'"data":{"id":1,"big":' + literal + b',"f":0.5}}'
+    raw = (
+        b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],'
+        b'"data":{"id":1,"big":' + literal + b',"f":0.5}}'
+    )
     [e] = _decode(raw)
     assert e.after["big"] == value and type(e.after["big"]) is int
     assert e.after["f"] == 0.5
 
 
 def test_large_float_with_exponent_stays_a_float():
-    raw = b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],' \
-          b'"data":{"id":1,"d":1.0E19}}'
+    raw = (
+        b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],'
+        b'"data":{"id":1,"d":1.0E19}}'
+    )
     [e] = _decode(raw)
     assert e.after["d"] == 1e19 and type(e.after["d"]) is float
 
 
 def test_float_as_decimal_keeps_decimal_digits():
-    raw = b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],' \
-          b'"data":{"id":1,"price":12.50,"x":0.1000000000000000055511151231257827}}'
+    raw = (
+        b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],'
+        b'"data":{"id":1,"price":12.50,"x":0.1000000000000000055511151231257827}}'
+    )
     [e] = _decode(raw, {"float_as_decimal": True})
     assert e.after["price"] == decimal.Decimal("12.50")
     assert str(e.after["price"]) == "12.50"
@@ -213,9 +238,16 @@ def test_txn_from_xid_xoffset_and_commit():
 
 def test_row_ts_is_seconds_and_ddl_ts_is_milliseconds():
     [row] = _decode(_msg(ts=1477053217))
-    [ddl] = _decode({"type": "table-drop", "database": "shop", "table": "items",
-                     "ts": 1477053308123, "sql": "drop table items",
-                     "position": "master.000006:804398"})
+    [ddl] = _decode(
+        {
+            "type": "table-drop",
+            "database": "shop",
+            "table": "items",
+            "ts": 1477053308123,
+            "sql": "drop table items",
+            "position": "master.000006:804398",
+        }
+    )
     assert row.ts_ms == 1477053217000
     assert ddl.op is Op.DDL and ddl.ts_ms == 1477053308123 and ddl.key is None
     assert ddl.ddl == "drop table items" and ddl.seq == (6, 804398, 0)
@@ -223,8 +255,15 @@ def test_row_ts_is_seconds_and_ddl_ts_is_milliseconds():
 
 
 def test_database_ddl_has_no_table():
-    [e] = _decode({"type": "database-create", "database": "newdb", "ts": 1,
-                   "sql": "create database newdb", "def": {"database": "newdb"}})
+    [e] = _decode(
+        {
+            "type": "database-create",
+            "database": "newdb",
+            "ts": 1,
+            "sql": "create database newdb",
+            "def": {"database": "newdb"},
+        }
+    )
     assert e.source.database == "newdb" and e.source.table == ""
     assert e.meta["def"] == {"database": "newdb"}
 
@@ -240,37 +279,45 @@ def test_bootstrap_rows_are_snapshots_and_markers_are_messages():
 
 def test_extras_go_to_meta_and_origin_is_the_record():
     [e] = _decode(_msg(server_id=23042, thread_id=108, gtid="uuid:12", query="insert ..."))
-    assert e.meta == {"server_id": 23042, "thread_id": 108, "gtid": "uuid:12",
-                      "query": "insert ..."}
+    assert e.meta == {
+        "server_id": 23042,
+        "thread_id": 108,
+        "gtid": "uuid:12",
+        "query": "insert ...",
+    }
     assert e.origin == Origin("t", 2, 9)
 
 
 # --------------------------------------------------------------------------- malformed
 
 
-@pytest.mark.parametrize("value, code", [
-    (b'{"database":"d","table":"t","type":"insert","data":{"id":1}', Code.BAD_JSON),
-    (b'\xff\xfe{"a":1}', Code.BAD_JSON),
-    (b'[{"database":"d"}]', Code.NOT_AN_OBJECT),
-    (orjson.dumps(_msg(type=...)), Code.MISSING_FIELD),
-    (orjson.dumps(_msg(type=["insert"])), Code.BAD_FIELD),
-    (orjson.dumps(_msg(type="upsert")), Code.UNKNOWN_OP),
-    (orjson.dumps(_msg(type="heartbeat")), Code.UNKNOWN_OP),
-    (orjson.dumps(_msg(database=...)), Code.MISSING_FIELD),
-    (orjson.dumps(_msg(table=...)), Code.MISSING_FIELD),
-    (orjson.dumps(_msg(database=5)), Code.BAD_FIELD),
-    (orjson.dumps(_msg(data=...)), Code.MISSING_FIELD),
-    (orjson.dumps(_msg(data=[1, 2])), Code.BAD_FIELD),
-    (orjson.dumps(_msg(type="update", old="x")), Code.BAD_FIELD),
-    (orjson.dumps(_msg(ts="1700000000")), Code.BAD_FIELD),
-    (orjson.dumps(_msg(xid="12")), Code.BAD_FIELD),
-    (orjson.dumps(_msg(xid=12, xoffset=1.5)), Code.BAD_FIELD),
-    (orjson.dumps(_msg(position="master-000006")), Code.BAD_FIELD),
-    (orjson.dumps(_msg(position=6)), Code.BAD_FIELD),
-    (orjson.dumps(_msg(primary_key_columns="id")), Code.BAD_FIELD),
-    (orjson.dumps(_msg(primary_key_columns=[1])), Code.BAD_FIELD),
-    (orjson.dumps({"type": "table-alter", "database": "d", "sql": 5}), Code.BAD_FIELD),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "value, code",
+    [
+        (b'{"database":"d","table":"t","type":"insert","data":{"id":1}', Code.BAD_JSON),
+        (b'\xff\xfe{"a":1}', Code.BAD_JSON),
+        (b'[{"database":"d"}]', Code.NOT_AN_OBJECT),
+        (orjson.dumps(_msg(type=...)), Code.MISSING_FIELD),
+        (orjson.dumps(_msg(type=["insert"])), Code.BAD_FIELD),
+        (orjson.dumps(_msg(type="upsert")), Code.UNKNOWN_OP),
+        (orjson.dumps(_msg(type="heartbeat")), Code.UNKNOWN_OP),
+        (orjson.dumps(_msg(database=...)), Code.MISSING_FIELD),
+        (orjson.dumps(_msg(table=...)), Code.MISSING_FIELD),
+        (orjson.dumps(_msg(database=5)), Code.BAD_FIELD),
+        (orjson.dumps(_msg(data=...)), Code.MISSING_FIELD),
+        (orjson.dumps(_msg(data=[1, 2])), Code.BAD_FIELD),
+        (orjson.dumps(_msg(type="update", old="x")), Code.BAD_FIELD),
+        (orjson.dumps(_msg(ts="1700000000")), Code.BAD_FIELD),
+        (orjson.dumps(_msg(xid="12")), Code.BAD_FIELD),
+        (orjson.dumps(_msg(xid=12, xoffset=1.5)), Code.BAD_FIELD),
+        (orjson.dumps(_msg(position="master-000006")), Code.BAD_FIELD),
+        (orjson.dumps(_msg(position=6)), Code.BAD_FIELD),
+        (orjson.dumps(_msg(primary_key_columns="id")), Code.BAD_FIELD),
+        (orjson.dumps(_msg(primary_key_columns=[1])), Code.BAD_FIELD),
+        (orjson.dumps({"type": "table-alter", "database": "d", "sql": 5}), Code.BAD_FIELD),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_malformed_messages_dead_letter_with_stable_codes(value, code):
     result = decoder_for(FMT).decode_batch([Record(value=value, origin=Origin("t", 0, 3))])
     assert result.events == [] and [d.code for d in result.dead_letters] == [code]
@@ -284,14 +331,25 @@ def test_encoder_numbers_xoffset_inside_a_transaction_and_decodes_back():
     encoder = encoder_for(FMT)
     table = SourceTable("", "shop", "", "items")
     cols = {"id": "int64", "name": "string"}
-    changes = [SourceChange(Op.INSERT, table, cols, ("id",), None, {"id": i, "name": "n"},
-                            seq=100 + i, ts_ms=1_700_000_000_000, txn_id="77") for i in range(3)]
+    changes = [
+        SourceChange(
+            Op.INSERT,
+            table,
+            cols,
+            ("id",),
+            None,
+            {"id": i, "name": "n"},
+            seq=100 + i,
+            ts_ms=1_700_000_000_000,
+            txn_id="77",
+        )
+        for i in range(3)
+    ]
     messages = [m for c in changes for m in encoder.encode(c)]
     raw = [orjson.loads(m.value) for m in messages]
     assert [r["xoffset"] for r in raw] == [0, 1, 2] and {r["xid"] for r in raw} == {77}
     assert orjson.loads(messages[0].key) == {"database": "shop", "table": "items", "pk.id": 0}
-    events = decoder_for(FMT).decode_batch(
-        [Record(m.value, m.key) for m in messages]).events
+    events = decoder_for(FMT).decode_batch([Record(m.value, m.key) for m in messages]).events
     assert [e.txn.order for e in events] == [1, 2, 3]
     assert [e.after for e in events] == [c.after for c in changes]
 
@@ -308,13 +366,31 @@ def test_encoder_writes_decimals_as_json_numbers_and_update_old_with_changed_col
     assert e.after["price"] == decimal.Decimal("13.75") and e.changed == ("price",)
 
 
-_FUZZ_FIELDS = {"database", "table", "type", "ts", "xid", "xoffset", "commit", "position",
-               "primary_key_columns", "data", "old", "server_id"}
+_FUZZ_FIELDS = {
+    "database",
+    "table",
+    "type",
+    "ts",
+    "xid",
+    "xoffset",
+    "commit",
+    "position",
+    "primary_key_columns",
+    "data",
+    "old",
+    "server_id",
+}
 
 
 def _fuzz_base():
-    return _msg(type="update", xid=1, xoffset=0, position="mysql-bin.000001:4",
-                data={"id": 1, "name": "b"}, old={"name": "a"})
+    return _msg(
+        type="update",
+        xid=1,
+        xoffset=0,
+        position="mysql-bin.000001:4",
+        data={"id": 1, "name": "b"},
+        old={"name": "a"},
+    )
 
 
 def _fuzz_set(msg, field, value):
@@ -324,11 +400,16 @@ def _fuzz_set(msg, field, value):
 # --------------------------------------------------------------------------- fuzz
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
-    max_leaves=6)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=300, deadline=None)

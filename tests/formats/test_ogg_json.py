@@ -20,9 +20,15 @@ FMT = "ogg-json"
 
 
 def _msg(**fields):
-    base = {"table": "HR.EMP", "op_type": "I", "op_ts": "2020-05-13 15:40:06.123456",
-            "current_ts": "2020-05-13T15:40:07.000000", "pos": "00000000020000001444",
-            "primary_keys": ["ID"], "after": {"ID": 1, "NAME": "a"}}
+    base = {
+        "table": "HR.EMP",
+        "op_type": "I",
+        "op_ts": "2020-05-13 15:40:06.123456",
+        "current_ts": "2020-05-13T15:40:07.000000",
+        "pos": "00000000020000001444",
+        "primary_keys": ["ID"],
+        "after": {"ID": 1, "NAME": "a"},
+    }
     base.update(fields)
     return {k: v for k, v in base.items() if v is not ...}
 
@@ -50,8 +56,13 @@ def test_corpus_replays_to_the_upstream_expected_table():
                 rows.pop(e.key["id"])
             else:
                 rows[e.key["id"]] = {**rows.get(e.key["id"], {}), **e.after}
-        got = sorted(({c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
-                      for r in rows.values()), key=lambda r: int(r["id"]))
+        got = sorted(
+            (
+                {c: None if r.get(c) is None else str(r[c]) for c in stage["columns"]}
+                for r in rows.values()
+            ),
+            key=lambda r: int(r["id"]),
+        )
         assert got == stage["final_table"]
 
 
@@ -60,8 +71,12 @@ def test_insert_update_delete_images_and_key():
     [u] = _decode(_msg(op_type="U", before={"ID": 1, "NAME": "a"}, after={"ID": 1, "NAME": "b"}))
     [d] = _decode(_msg(op_type="D", before={"ID": 1, "NAME": "b"}, after=None))
     assert (i.op, i.before, i.after, i.key) == (Op.INSERT, None, {"ID": 1, "NAME": "a"}, {"ID": 1})
-    assert (u.op, u.before, u.after, u.key) == (Op.UPDATE, {"ID": 1, "NAME": "a"},
-                                                {"ID": 1, "NAME": "b"}, {"ID": 1})
+    assert (u.op, u.before, u.after, u.key) == (
+        Op.UPDATE,
+        {"ID": 1, "NAME": "a"},
+        {"ID": 1, "NAME": "b"},
+        {"ID": 1},
+    )
     assert (d.op, d.before, d.after, d.key) == (Op.DELETE, {"ID": 1, "NAME": "b"}, None, {"ID": 1})
     assert i.origin == Origin("t", 1, 4)
 
@@ -83,10 +98,19 @@ def test_truncate_has_no_key_and_no_images():
     assert t.source.schema == "HR" and t.source.table == "EMP"
 
 
-@pytest.mark.parametrize("code, op", [("INSERT", Op.INSERT), ("UPDATE", Op.UPDATE),
-                                      ("DELETE", Op.DELETE), ("TRUNCATE", Op.TRUNCATE)])
+@pytest.mark.parametrize(
+    "code, op",
+    [
+        ("INSERT", Op.INSERT),
+        ("UPDATE", Op.UPDATE),
+        ("DELETE", Op.DELETE),
+        ("TRUNCATE", Op.TRUNCATE),
+    ],
+)
 def test_full_op_names(code, op):
-    [e] = _decode(_msg(op_type=code, before={"ID": 1}, after=None if op is Op.DELETE else {"ID": 1}))
+    [e] = _decode(
+        _msg(op_type=code, before={"ID": 1}, after=None if op is Op.DELETE else {"ID": 1})
+    )
     assert e.op is op
 
 
@@ -98,11 +122,14 @@ def test_custom_op_codes_option():
         decoder_for(FMT, {"op_codes": {"PUT": "upsert"}})
 
 
-@pytest.mark.parametrize("name, parts", [
-    ("ORCLPDB.HR.EMP", ("ORCLPDB", "HR", "EMP")),
-    ("HR.EMP", ("", "HR", "EMP")),
-    ("EMP", ("", "", "EMP")),
-])
+@pytest.mark.parametrize(
+    "name, parts",
+    [
+        ("ORCLPDB.HR.EMP", ("ORCLPDB", "HR", "EMP")),
+        ("HR.EMP", ("", "HR", "EMP")),
+        ("EMP", ("", "", "EMP")),
+    ],
+)
 def test_table_names(name, parts):
     [e] = _decode(_msg(table=name))
     assert (e.source.database, e.source.schema, e.source.table) == parts
@@ -149,8 +176,14 @@ def test_tokens_and_current_ts_go_to_meta():
 
 
 def test_is_missing_fields_option():
-    after = {"ID": 1, "ID_isMissing": False, "NAME": None, "NAME_isMissing": True,
-             "NOTE": None, "NOTE_isMissing": False}
+    after = {
+        "ID": 1,
+        "ID_isMissing": False,
+        "NAME": None,
+        "NAME_isMissing": True,
+        "NOTE": None,
+        "NOTE_isMissing": False,
+    }
     [e] = _decode(_msg(op_type="U", after=dict(after)), {"is_missing_fields": True})
     assert e.after == {"ID": 1, "NOTE": None}
     [raw] = _decode(_msg(op_type="U", after=dict(after)))
@@ -169,26 +202,29 @@ def test_json_numbers_beyond_int64_stay_exact():
     assert e.after["N"] == -99999999999999999999999
 
 
-@pytest.mark.parametrize("msg, code", [
-    (b'{"table":"HR.EMP","op_type":"I"', Code.BAD_JSON),
-    (b'"I"', Code.NOT_AN_OBJECT),
-    (_msg(op_type=...), Code.MISSING_FIELD),
-    (_msg(op_type=1), Code.BAD_FIELD),
-    (_msg(op_type="X"), Code.UNKNOWN_OP),
-    (_msg(table=...), Code.MISSING_FIELD),
-    (_msg(table=["HR", "EMP"]), Code.BAD_FIELD),
-    (_msg(after=...), Code.MISSING_FIELD),
-    (_msg(op_type="D", after=...), Code.MISSING_FIELD),
-    (_msg(op_type="U", after=None), Code.MISSING_FIELD),
-    (_msg(after=[1]), Code.BAD_FIELD),
-    (_msg(pos="0000-12"), Code.BAD_FIELD),
-    (_msg(pos=-1), Code.BAD_FIELD),
-    (_msg(op_ts="13/05/2020 15:40"), Code.BAD_FIELD),
-    (_msg(op_ts="2020-05-13 15:40:06,5"), Code.BAD_FIELD),
-    (_msg(op_ts=1589384406), Code.BAD_FIELD),
-    (_msg(primary_keys="ID"), Code.BAD_FIELD),
-    (_msg(primary_keys=["NOPE"]), Code.MISSING_KEY),
-])
+@pytest.mark.parametrize(
+    "msg, code",
+    [
+        (b'{"table":"HR.EMP","op_type":"I"', Code.BAD_JSON),
+        (b'"I"', Code.NOT_AN_OBJECT),
+        (_msg(op_type=...), Code.MISSING_FIELD),
+        (_msg(op_type=1), Code.BAD_FIELD),
+        (_msg(op_type="X"), Code.UNKNOWN_OP),
+        (_msg(table=...), Code.MISSING_FIELD),
+        (_msg(table=["HR", "EMP"]), Code.BAD_FIELD),
+        (_msg(after=...), Code.MISSING_FIELD),
+        (_msg(op_type="D", after=...), Code.MISSING_FIELD),
+        (_msg(op_type="U", after=None), Code.MISSING_FIELD),
+        (_msg(after=[1]), Code.BAD_FIELD),
+        (_msg(pos="0000-12"), Code.BAD_FIELD),
+        (_msg(pos=-1), Code.BAD_FIELD),
+        (_msg(op_ts="13/05/2020 15:40"), Code.BAD_FIELD),
+        (_msg(op_ts="2020-05-13 15:40:06,5"), Code.BAD_FIELD),
+        (_msg(op_ts=1589384406), Code.BAD_FIELD),
+        (_msg(primary_keys="ID"), Code.BAD_FIELD),
+        (_msg(primary_keys=["NOPE"]), Code.MISSING_KEY),
+    ],
+)
 def test_malformed_messages_dead_letter_with_stable_codes(msg, code):
     value = msg if isinstance(msg, bytes) else orjson.dumps(msg)
     result = decoder_for(FMT).decode_batch([Record(value=value)])
@@ -200,23 +236,57 @@ def test_encoder_writes_fixed_width_positions_and_full_images():
     table = SourceTable("", "", "HR", "EMP")
     cols = {"ID": "int64", "NAME": "string"}
     before, after = {"ID": 1, "NAME": "a"}, {"ID": 1, "NAME": "b"}
-    [m] = encoder.encode(SourceChange(Op.UPDATE, table, cols, ("ID",), before, after,
-                                      seq=1444, ts_ms=1589384406123, txn_id="t1"))
+    [m] = encoder.encode(
+        SourceChange(
+            Op.UPDATE,
+            table,
+            cols,
+            ("ID",),
+            before,
+            after,
+            seq=1444,
+            ts_ms=1589384406123,
+            txn_id="t1",
+        )
+    )
     raw = orjson.loads(m.value)
     assert raw["pos"] == "00000000000000001444" and raw["op_ts"] == "2020-05-13 15:40:06.123000"
     assert raw["table"] == "HR.EMP" and raw["before"] == before and raw["after"] == after
     [e] = decoder_for(FMT).decode(Record(m.value))
-    assert (e.seq, e.ts_ms, e.txn.id, e.before, e.after) == ((1444,), 1589384406123, "t1",
-                                                           before, after)
+    assert (e.seq, e.ts_ms, e.txn.id, e.before, e.after) == (
+        (1444,),
+        1589384406123,
+        "t1",
+        before,
+        after,
+    )
 
 
-_FUZZ_FIELDS = {"table", "op_type", "op_ts", "current_ts", "pos", "primary_keys", "before",
-               "after", "xid", "csn", "txind", "tokens"}
+_FUZZ_FIELDS = {
+    "table",
+    "op_type",
+    "op_ts",
+    "current_ts",
+    "pos",
+    "primary_keys",
+    "before",
+    "after",
+    "xid",
+    "csn",
+    "txind",
+    "tokens",
+}
 
 
 def _fuzz_base():
-    return _msg(op_type="U", primary_keys=["id"], xid="1", txind="E",
-                before={"id": 1, "name": "a"}, after={"id": 1, "name": "b"})
+    return _msg(
+        op_type="U",
+        primary_keys=["id"],
+        xid="1",
+        txind="E",
+        before={"id": 1, "name": "a"},
+        after={"id": 1, "name": "b"},
+    )
 
 
 def _fuzz_set(msg, field, value):
@@ -226,11 +296,16 @@ def _fuzz_set(msg, field, value):
 # --------------------------------------------------------------------------- fuzz
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
-    max_leaves=6)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.events import flatten
 from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import ChangeEvent, DeadLetter, Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
-from tests.apply.helpers import TABLE, dele, ev, ins, table_of, upd
 
 TARGET = "db.items"
 
@@ -39,7 +39,9 @@ def test_replayed_batch_changes_nothing(tmp_path):
     batch = table_of(ins(1, "a", seq=1))
     ap.apply(batch, 0)
     ap.apply(table_of(upd(1, "b", seq=2)), 1)
-    versions = {p: DeltaTable(p).version() for p in (wh.table_path(TARGET), wh.system_path("changelog"))}
+    versions = {
+        p: DeltaTable(p).version() for p in (wh.table_path(TARGET), wh.system_path("changelog"))
+    }
     report = ap.apply(batch, 0)  # the crash-replay of batch 0 after batch 1 committed
     assert report.mirrors[0].skipped_replay
     assert {p: DeltaTable(p).version() for p in versions} == versions
@@ -83,8 +85,16 @@ def test_new_columns_are_added_and_guarded_rows_keep_null(tmp_path):
     wh, ap = _wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=10), ins(2, "b", seq=10)), 0)
     cols = {"id": "int64", "name": "string", "qty": "int64", "price": "decimal(10,2)"}
-    stale = ev(Op.UPDATE, 1, after={"id": 1, "name": "stale", "qty": 1, "price": "9.99"}, seq=5, columns=cols)
-    fresh = ev(Op.INSERT, 3, after={"id": 3, "name": "c", "qty": 1, "price": "1.50"}, seq=11, columns=cols)
+    stale = ev(
+        Op.UPDATE,
+        1,
+        after={"id": 1, "name": "stale", "qty": 1, "price": "9.99"},
+        seq=5,
+        columns=cols,
+    )
+    fresh = ev(
+        Op.INSERT, 3, after={"id": 3, "name": "c", "qty": 1, "price": "1.50"}, seq=11, columns=cols
+    )
     ap.apply(table_of(stale, dele(2, seq=11), fresh), 1)
     state = _state(wh)
     assert state[1] == {"id": 1, "name": "a", "qty": 1, "price": None}
@@ -111,9 +121,14 @@ def test_a_value_that_does_not_fit_dead_letters_its_key_and_the_rest_goes_on(tmp
     assert report.dead_letters == {"TYPE_CONFLICT": 2}
     assert _state(wh, "db.other") == {7: {"id": 7, "name": "x", "qty": 1}}
     # the stored row keeps its last good state; the key whose value fits is applied
-    assert _state(wh) == {1: {"id": 1, "name": "a", "qty": 1}, 2: {"id": 2, "name": "fine", "qty": 1}}
+    assert _state(wh) == {
+        1: {"id": 1, "name": "a", "qty": 1},
+        2: {"id": 2, "name": "fine", "qty": 1},
+    }
     dead = sorted(wh.read("dead_letters", system=True).to_pylist(), key=lambda d: d["offset"])
-    assert [(d["code"], d["stage"], d["target_table"]) for d in dead] == [("TYPE_CONFLICT", "apply", TARGET)] * 2
+    assert [(d["code"], d["stage"], d["target_table"]) for d in dead] == [
+        ("TYPE_CONFLICT", "apply", TARGET)
+    ] * 2
     assert b"not a number" in dead[0]["raw_value"] and "qty" in dead[0]["message"]
 
 
@@ -123,15 +138,28 @@ def test_every_record_is_accounted_for(tmp_path):
     result = DecodeResult(
         events=events,
         skipped=[Skipped("TOMBSTONE", Origin("t", 0, 2))],
-        dead_letters=[DeadLetter("BAD_JSON", "not JSON", "test", Origin("t", 0, 3), b"{oops", b"k")],
+        dead_letters=[
+            DeadLetter("BAD_JSON", "not JSON", "test", Origin("t", 0, 3), b"{oops", b"k")
+        ],
     )
     report = ap.apply(pa.Table.from_batches([flatten(result)]), 0)
     assert report.records == 4 and report.events == 2
     acc = wh.read("batches", system=True).to_pylist()
-    assert [(a["first_offset"], a["last_offset"], a["records"], a["events"], a["skipped"], a["dead_letters"])
-            for a in acc] == [(0, 3, 4, 2, 1, 1)]
+    assert [
+        (
+            a["first_offset"],
+            a["last_offset"],
+            a["records"],
+            a["events"],
+            a["skipped"],
+            a["dead_letters"],
+        )
+        for a in acc
+    ] == [(0, 3, 4, 2, 1, 1)]
     dead = wh.read("dead_letters", system=True).to_pylist()
-    assert dead[0]["raw_value"] == b"{oops" and dead[0]["raw_key"] == b"k" and dead[0]["offset"] == 3
+    assert (
+        dead[0]["raw_value"] == b"{oops" and dead[0]["raw_key"] == b"k" and dead[0]["offset"] == 3
+    )
 
 
 def test_composite_and_odd_column_names(tmp_path):
@@ -141,9 +169,16 @@ def test_composite_and_odd_column_names(tmp_path):
 
     def e(op, rid, name, seq):
         img = {"#alibaba_rds_row_id#": rid, "name": name}
-        return ChangeEvent(op=op, source=table, key={"#alibaba_rds_row_id#": rid},
-                           after=None if op is Op.DELETE else img, before=img if op is Op.DELETE else None,
-                           columns=cols, seq=(seq,), origin=Origin("t", 0, seq))
+        return ChangeEvent(
+            op=op,
+            source=table,
+            key={"#alibaba_rds_row_id#": rid},
+            after=None if op is Op.DELETE else img,
+            before=img if op is Op.DELETE else None,
+            columns=cols,
+            seq=(seq,),
+            origin=Origin("t", 0, seq),
+        )
 
     ap.apply(table_of(e(Op.INSERT, 15, "a", 1), e(Op.INSERT, 16, "b", 2)), 0)
     ap.apply(table_of(e(Op.UPDATE, 15, "a2", 3), e(Op.DELETE, 16, "b", 4)), 1)
@@ -154,8 +189,10 @@ def test_composite_and_odd_column_names(tmp_path):
 def test_a_record_joined_into_another_records_event_is_accounted_for(tmp_path):
     wh, ap = _wh(tmp_path)
     joined = upd(1, "b", seq=2, offset=6)  # carries the change of records 5 (before half) and 6
-    result = DecodeResult(events=[ins(1, "a", seq=1, offset=4), joined],
-                          decoded_origins=[Origin("t", 0, 4), Origin("t", 0, 5), Origin("t", 0, 6)])
+    result = DecodeResult(
+        events=[ins(1, "a", seq=1, offset=4), joined],
+        decoded_origins=[Origin("t", 0, 4), Origin("t", 0, 5), Origin("t", 0, 6)],
+    )
     report = ap.apply(pa.Table.from_batches([flatten(result)]), 0)
     assert report.records == 3
     acc = wh.read("batches", system=True).to_pylist()
@@ -164,7 +201,9 @@ def test_a_record_joined_into_another_records_event_is_accounted_for(tmp_path):
 
 def test_heartbeats_and_markers_are_skipped_on_purpose_but_kept_in_the_changelog(tmp_path):
     wh, ap = _wh(tmp_path)
-    beat = ChangeEvent(op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=5, origin=Origin("t", 0, 1))
+    beat = ChangeEvent(
+        op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=5, origin=Origin("t", 0, 1)
+    )
     report = ap.apply(table_of(ins(1, "a", seq=1, offset=0), beat), 0)
     assert report.skipped == {"HEARTBEAT": 1}
     acc = wh.read("batches", system=True).to_pylist()
@@ -175,10 +214,13 @@ def test_heartbeats_and_markers_are_skipped_on_purpose_but_kept_in_the_changelog
 def test_progress_follows_the_source_and_heartbeats_advance_it(tmp_path):
     wh, ap = _wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
-    beat = ChangeEvent(op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=9_999, origin=Origin("t", 0, 50))
+    beat = ChangeEvent(
+        op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=9_999, origin=Origin("t", 0, 50)
+    )
     ap.apply(table_of(beat), 1)
     rows = sorted(wh.read("progress", system=True).to_pylist(), key=lambda r: r["batch_id"])
-    assert [(r["batch_id"], r["events"], r["rows_changed"], r["last_source_ts_ms"]) for r in rows] == [
-        (0, 2, 2, 1002), (1, 1, 0, 9_999)]
+    assert [
+        (r["batch_id"], r["events"], r["rows_changed"], r["last_source_ts_ms"]) for r in rows
+    ] == [(0, 2, 2, 1002), (1, 1, 0, 9_999)]
     assert rows[0]["last_seq"] == table_of(ins(2, "b", seq=2))["seq"][0].as_py()
     assert all(r["lag_ms"] == r["committed_at_ms"] - r["last_source_ts_ms"] for r in rows)

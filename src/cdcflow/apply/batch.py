@@ -90,8 +90,13 @@ class BatchReport:
             "skipped": dict(self.skipped),
             "dead_letters": dict(self.dead_letters),
             "tables": {
-                m.target: {"upserts": m.upserts, "deletes": m.deletes, "dropped_by_guard": m.dropped_by_guard,
-                           "truncated": m.truncated, "replayed": m.skipped_replay}
+                m.target: {
+                    "upserts": m.upserts,
+                    "deletes": m.deletes,
+                    "dropped_by_guard": m.dropped_by_guard,
+                    "truncated": m.truncated,
+                    "replayed": m.skipped_replay,
+                }
                 for m in self.mirrors
             },
             "seconds": round(self.seconds, 3),
@@ -114,7 +119,9 @@ class BatchApplier:
         changelog: also append every event to ``_cdcflow/changelog`` (default on).
     """
 
-    def __init__(self, warehouse: DeltaWarehouse, router: Router | None = None, changelog: bool = True):
+    def __init__(
+        self, warehouse: DeltaWarehouse, router: Router | None = None, changelog: bool = True
+    ):
         self.warehouse = warehouse
         self.router = router or Router()
         self.changelog = changelog
@@ -260,24 +267,38 @@ class BatchApplier:
             schema=DEAD_LETTER_SCHEMA,
         )
 
-    def _rejected_dead_letters(self, part: pa.Table, target: str, mirror: MirrorResult,
-                               batch_id: int) -> pa.Table:
+    def _rejected_dead_letters(
+        self, part: pa.Table, target: str, mirror: MirrorResult, batch_id: int
+    ) -> pa.Table:
         """Dead letters for the events of keys whose net change did not fit the table."""
         out = []
         for key, reason in mirror.rejected:
-            events = part.filter(pc.or_(pc.equal(part["key"], key),
-                                        pc.fill_null(pc.equal(part["old_key"], key), False)))
-            out.append(self._apply_dead_letters(events, target, ApplyError(reason, Code.TYPE_CONFLICT), batch_id))
+            events = part.filter(
+                pc.or_(
+                    pc.equal(part["key"], key), pc.fill_null(pc.equal(part["old_key"], key), False)
+                )
+            )
+            out.append(
+                self._apply_dead_letters(
+                    events, target, ApplyError(reason, Code.TYPE_CONFLICT), batch_id
+                )
+            )
         return pa.concat_tables(out)
 
     @staticmethod
-    def _apply_dead_letters(part: pa.Table, target: str, exc: ApplyError, batch_id: int) -> pa.Table:
+    def _apply_dead_letters(
+        part: pa.Table, target: str, exc: ApplyError, batch_id: int
+    ) -> pa.Table:
         n = part.num_rows
         event_json = [
             orjson.dumps({"op": op, "key": k, "before": b, "after": a, "seq": s})
             for op, k, b, a, s in zip(
-                part["op"].to_pylist(), part["key"].to_pylist(), part["before"].to_pylist(),
-                part["after"].to_pylist(), part["seq"].to_pylist(), strict=True,
+                part["op"].to_pylist(),
+                part["key"].to_pylist(),
+                part["before"].to_pylist(),
+                part["after"].to_pylist(),
+                part["seq"].to_pylist(),
+                strict=True,
             )
         ]
         return pa.table(
@@ -332,8 +353,14 @@ class BatchApplier:
             pc.invert(pc.fill_null(pc.is_in(events["op"], _TABLE_OPS), False)),
         )
         kinds = pc.if_else(is_marker, KIND_SKIP, events["kind"])
-        slim = pa.table({"topic": events["topic"], "partition": events["partition"],
-                         "offset": events["offset"], "kind": kinds})
+        slim = pa.table(
+            {
+                "topic": events["topic"],
+                "partition": events["partition"],
+                "offset": events["offset"],
+                "kind": kinds,
+            }
+        )
         return slim.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
 
     @staticmethod
@@ -343,17 +370,28 @@ class BatchApplier:
         ranges = per_record.group_by(["topic", "partition"]).aggregate(
             [("offset", "min"), ("offset", "max"), ("offset", "count")]
         )
-        kinds = per_record.group_by(["topic", "partition", "kind_min"]).aggregate([("offset", "count")])
+        kinds = per_record.group_by(["topic", "partition", "kind_min"]).aggregate(
+            [("offset", "count")]
+        )
         counts: dict[tuple[str, int, str], int] = {
             (t, p, k): c
-            for t, p, k, c in zip(kinds["topic"].to_pylist(), kinds["partition"].to_pylist(),
-                                  kinds["kind_min"].to_pylist(), kinds["offset_count"].to_pylist(), strict=True)
+            for t, p, k, c in zip(
+                kinds["topic"].to_pylist(),
+                kinds["partition"].to_pylist(),
+                kinds["kind_min"].to_pylist(),
+                kinds["offset_count"].to_pylist(),
+                strict=True,
+            )
         }
         per_event = rows.group_by(["topic", "partition"]).aggregate([("offset", "count")])
         events = {
             (t, p): c
-            for t, p, c in zip(per_event["topic"].to_pylist(), per_event["partition"].to_pylist(),
-                               per_event["offset_count"].to_pylist(), strict=True)
+            for t, p, c in zip(
+                per_event["topic"].to_pylist(),
+                per_event["partition"].to_pylist(),
+                per_event["offset_count"].to_pylist(),
+                strict=True,
+            )
         }
         topics = ranges["topic"].to_pylist()
         parts = ranges["partition"].to_pylist()

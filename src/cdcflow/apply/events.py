@@ -54,7 +54,9 @@ EVENT_SCHEMA = pa.schema(
         pa.field("before", pa.string()),  # canonical JSON object or null
         pa.field("after", pa.string()),
         pa.field("partial", pa.bool_()),  # after image lacks some declared columns
-        pa.field("columns", pa.string()),  # JSON {column: logical type}; first event per declaration
+        pa.field(
+            "columns", pa.string()
+        ),  # JSON {column: logical type}; first event per declaration
         pa.field("seq", pa.string()),  # model.seq_key form
         pa.field("ts_ms", pa.int64()),
         pa.field("txn_id", pa.string()),
@@ -138,8 +140,12 @@ def _int64(value: Any, what: str) -> Any:
     return value
 
 
-def _event_row(e: ChangeEvent, idx: int, cache: _ColumnsCache,
-               state_of: Callable[[ChangeEvent], list[Any]] | None) -> tuple[Any, ...]:
+def _event_row(
+    e: ChangeEvent,
+    idx: int,
+    cache: _ColumnsCache,
+    state_of: Callable[[ChangeEvent], list[Any]] | None,
+) -> tuple[Any, ...]:
     """The EVENT_SCHEMA values of one event (``columns`` still the full declaration).
 
     Raises:
@@ -152,8 +158,12 @@ def _event_row(e: ChangeEvent, idx: int, cache: _ColumnsCache,
     if e.op in ROW_OPS:
         image = ea if ea is not None else eb
         decl = cache.get(declared, image)
-        partial = (e.op is Op.UPDATE and ea is not None and bool(declared)
-                   and any(c not in ea for c in declared))
+        partial = (
+            e.op is Op.UPDATE
+            and ea is not None
+            and bool(declared)
+            and any(c not in ea for c in declared)
+        )
     else:
         decl = cache.get(declared, None)
         partial = False
@@ -172,21 +182,56 @@ def _event_row(e: ChangeEvent, idx: int, cache: _ColumnsCache,
     items = state_of(e) if state_of is not None else None
     o = e.origin
     return (
-        e.op.value, src.format, src.database, src.schema, src.table,
-        _json(ek), _json(moved), _json(eb), _json(ea), partial, decl,
-        seq_key(e.seq), _int64(e.ts_ms, "ts_ms"),
+        e.op.value,
+        src.format,
+        src.database,
+        src.schema,
+        src.table,
+        _json(ek),
+        _json(moved),
+        _json(eb),
+        _json(ea),
+        partial,
+        decl,
+        seq_key(e.seq),
+        _int64(e.ts_ms, "ts_ms"),
         None if txn is None else txn.id,
         None if txn is None else _int64(txn.order, "txn order"),
         None if txn is None else txn.last,
-        e.ddl, meta, o.topic, o.partition, o.offset, idx,
+        e.ddl,
+        meta,
+        o.topic,
+        o.partition,
+        o.offset,
+        idx,
         _json(items) if items else None,
     )
 
 
 _ROW_FIELDS = (
-    "op", "format", "database", "schema", "table", "key", "old_key", "before", "after",
-    "partial", "columns", "seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta",
-    "topic", "partition", "offset", "event_index", "state",
+    "op",
+    "format",
+    "database",
+    "schema",
+    "table",
+    "key",
+    "old_key",
+    "before",
+    "after",
+    "partial",
+    "columns",
+    "seq",
+    "ts_ms",
+    "txn_id",
+    "txn_order",
+    "txn_last",
+    "ddl",
+    "meta",
+    "topic",
+    "partition",
+    "offset",
+    "event_index",
+    "state",
 )
 
 
@@ -256,15 +301,29 @@ def flatten(
     for o in result.decoded_origins:
         pos = (o.topic, o.partition, o.offset)
         if pos not in index_in_record:
-            add(kind=KIND_JOINED, reason="JOINED", topic=o.topic, partition=o.partition, offset=o.offset)
+            add(
+                kind=KIND_JOINED,
+                reason="JOINED",
+                topic=o.topic,
+                partition=o.partition,
+                offset=o.offset,
+            )
     if failed:
         raw = {(r.origin.topic, r.origin.partition, r.origin.offset): r for r in records or ()}
         fmt = result.events[0].source.format if result.events else None
         for (t, part, off), message in failed.items():
             rec = raw.get((t, part, off))
-            add(kind=KIND_DEAD, format=fmt, reason=Code.BAD_VALUE, error=message, topic=t,
-                partition=part, offset=off, raw_key=rec.key if rec else None,
-                raw_value=rec.value if rec else None)
+            add(
+                kind=KIND_DEAD,
+                format=fmt,
+                reason=Code.BAD_VALUE,
+                error=message,
+                topic=t,
+                partition=part,
+                offset=off,
+                raw_key=rec.key if rec else None,
+                raw_value=rec.value if rec else None,
+            )
     for s in result.skipped:
         o = s.origin
         add(kind=KIND_SKIP, reason=s.reason, topic=o.topic, partition=o.partition, offset=o.offset)

@@ -104,7 +104,9 @@ def net_change(events: pa.Table) -> NetChange:
                         pc.equal(t["partition"], cut[1]),
                         pc.or_(
                             pc.greater(t["offset"], cut[2]),
-                            pc.and_(pc.equal(t["offset"], cut[2]), pc.greater(t["event_index"], cut[3])),
+                            pc.and_(
+                                pc.equal(t["offset"], cut[2]), pc.greater(t["event_index"], cut[3])
+                            ),
                         ),
                     ),
                 ),
@@ -122,22 +124,31 @@ def net_change(events: pa.Table) -> NetChange:
     moved = t.filter(pc.is_valid(t["old_key"]))
     if moved.num_rows:
         old = moved.set_column(moved.schema.get_field_index("key"), "key", moved["old_key"])
-        old = old.set_column(old.schema.get_field_index("is_delete"), "is_delete",
-                             pa.array([True] * old.num_rows))
-        old = old.set_column(old.schema.get_field_index("_sub"), "_sub",
-                             pa.array([0] * old.num_rows, pa.int8()))
-        old = old.set_column(old.schema.get_field_index("after"), "after",
-                             pa.nulls(old.num_rows, pa.string()))
-        old = old.set_column(old.schema.get_field_index("partial"), "partial",
-                             pa.array([False] * old.num_rows))
+        old = old.set_column(
+            old.schema.get_field_index("is_delete"), "is_delete", pa.array([True] * old.num_rows)
+        )
+        old = old.set_column(
+            old.schema.get_field_index("_sub"), "_sub", pa.array([0] * old.num_rows, pa.int8())
+        )
+        old = old.set_column(
+            old.schema.get_field_index("after"), "after", pa.nulls(old.num_rows, pa.string())
+        )
+        old = old.set_column(
+            old.schema.get_field_index("partial"), "partial", pa.array([False] * old.num_rows)
+        )
         t = pa.concat_tables([t, old])
 
     events_in = t.num_rows
     if events_in == 0:
         empty = pa.table(
-            {"key": pa.array([], pa.string()), "is_delete": pa.array([], pa.bool_()),
-             "seq": pa.array([], pa.string()), "ts_ms": pa.array([], pa.int64()),
-             "after": pa.array([], pa.string()), "partial": pa.array([], pa.bool_())}
+            {
+                "key": pa.array([], pa.string()),
+                "is_delete": pa.array([], pa.bool_()),
+                "seq": pa.array([], pa.string()),
+                "ts_ms": pa.array([], pa.int64()),
+                "after": pa.array([], pa.string()),
+                "partial": pa.array([], pa.bool_()),
+            }
         )
         return NetChange(empty, truncate_seq, 0, 0)
 
@@ -198,9 +209,7 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool]:
     return (None if image is None else orjson.dumps(image).decode()), not full
 
 
-def _fold_partials(
-    t: pa.Table, last: pa.Table, last_mask: pa.Array
-) -> tuple[pa.Array, pa.Array]:
+def _fold_partials(t: pa.Table, last: pa.Table, last_mask: pa.Array) -> tuple[pa.Array, pa.Array]:
     """Fold the groups whose last change is partial; returns (after, partial) columns."""
     after = last["after"].to_pylist()
     partial = [bool(p) for p in last["partial"].to_pylist()]

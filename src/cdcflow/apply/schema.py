@@ -83,7 +83,10 @@ def arrow_column(name: str, values: Sequence[Any], logical_type: str) -> pa.Arra
             )
         if base == "json" or (base == "string" and any(isinstance(v, dict | list) for v in values)):
             return pa.array(
-                [v if v is None or isinstance(v, str) else orjson.dumps(v).decode() for v in values],
+                [
+                    v if v is None or isinstance(v, str) else orjson.dumps(v).decode()
+                    for v in values
+                ],
                 type=target,
             )
         if base in _CAST_FROM_TEXT or pa.types.is_string(target):
@@ -95,8 +98,15 @@ def arrow_column(name: str, values: Sequence[Any], logical_type: str) -> pa.Arra
         if any(isinstance(v, str) for v in values):  # numbers carried as text
             return pa.array(_to_text(values), type=pa.string()).cast(target)
         return pa.array(values, type=target)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, binascii.Error,
-            ValueError, TypeError, OverflowError) as exc:
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        binascii.Error,
+        ValueError,
+        TypeError,
+        OverflowError,
+    ) as exc:
         raise ApplyError(
             f"column {name!r}: values do not fit {logical_type}: {exc}", Code.TYPE_CONFLICT
         ) from exc

@@ -79,17 +79,24 @@ DATA_OPS: dict[str, Op] = {
     "update": Op.UPDATE,  # CDC update: ``data`` is the new row
     "delete": Op.DELETE,  # CDC delete: ``data`` is the deleted row (or its key)
 }
-CONTROL_OPS = frozenset({
-    "create-table",  # a table starts (full load or CDC); ``control.table-def`` with details
-    "drop-table",  # table dropped
-    "rename-table",  # IncludeTableAlterOperations
-    "add-column",
-    "drop-column",
-    "rename-column",
-    "column-type-change",
-})
-_META_FIELDS = ("transaction-record-id", "prev-transaction-id", "prev-transaction-record-id",
-                "stream-position", "partition-key-value")
+CONTROL_OPS = frozenset(
+    {
+        "create-table",  # a table starts (full load or CDC); ``control.table-def`` with details
+        "drop-table",  # table dropped
+        "rename-table",  # IncludeTableAlterOperations
+        "add-column",
+        "drop-column",
+        "rename-column",
+        "column-type-change",
+    }
+)
+_META_FIELDS = (
+    "transaction-record-id",
+    "prev-transaction-id",
+    "prev-transaction-record-id",
+    "stream-position",
+    "partition-key-value",
+)
 _META_SET = frozenset(_META_FIELDS)
 
 
@@ -149,8 +156,9 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         operation = get("operation")
         if type(rtype) is not str or type(operation) is not str:
             if rtype is None or operation is None:
-                raise DecodeError("AWS DMS metadata without 'record-type' or 'operation'",
-                                  Code.MISSING_FIELD)
+                raise DecodeError(
+                    "AWS DMS metadata without 'record-type' or 'operation'", Code.MISSING_FIELD
+                )
             raise DecodeError("'record-type' and 'operation' must be strings", Code.BAD_FIELD)
         info = self._table(get("schema-name"), get("table-name"))
         source = info.source
@@ -158,7 +166,7 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         ts_us = None if stamp is None else self._epoch_us(stamp, "timestamp")
         seq = None if ts_us is None else (ts_us,)
         commit = get("commit-timestamp")
-        ts_ms = (ts_us if commit is None else self._epoch_us(commit, "commit-timestamp"))
+        ts_ms = ts_us if commit is None else self._epoch_us(commit, "commit-timestamp")
         if ts_ms is not None:
             ts_ms //= 1000
         meta = None
@@ -167,24 +175,27 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
 
         if rtype == RECORD_CONTROL:
             if operation not in CONTROL_OPS:
-                raise DecodeError(f"unknown AWS DMS control operation {operation!r}",
-                                  Code.UNKNOWN_OP)
+                raise DecodeError(
+                    f"unknown AWS DMS control operation {operation!r}", Code.UNKNOWN_OP
+                )
             meta = {**(meta or {}), "operation": operation}
             control = msg.get("control")
             if control is not None:
                 meta["control"] = control
                 if operation == "create-table":
                     self._learn_key(info, control)
-            return ChangeEvent(Op.DDL, source, seq=seq, ts_ms=ts_ms, origin=record.origin,
-                               meta=meta)
+            return ChangeEvent(
+                Op.DDL, source, seq=seq, ts_ms=ts_ms, origin=record.origin, meta=meta
+            )
         if rtype != RECORD_DATA:
             raise DecodeError(f"unknown AWS DMS record-type {rtype!r}", Code.UNKNOWN_OP)
         op = DATA_OPS.get(operation)
         if op is None:
             raise DecodeError(f"unknown AWS DMS data operation {operation!r}", Code.UNKNOWN_OP)
         if stamp is None:
-            raise DecodeError("AWS DMS data record without metadata 'timestamp'",
-                              Code.MISSING_FIELD)
+            raise DecodeError(
+                "AWS DMS data record without metadata 'timestamp'", Code.MISSING_FIELD
+            )
         data = msg.get("data")
         if type(data) is not dict:
             if data is None:
@@ -217,8 +228,9 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         if txid is not None:
             order = get("transaction-record-id")
             txn = Txn(str(txid), order if type(order) is int else None, None)
-        event = ChangeEvent(op, source, None, before, after, None, seq, ts_ms, txn, None, None,
-                            record.origin, meta)
+        event = ChangeEvent(
+            op, source, None, before, after, None, seq, ts_ms, txn, None, None, record.origin, meta
+        )
         return with_key(self, event, data, info.keys)
 
     @staticmethod
@@ -241,15 +253,17 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         if type(schema) is str and type(table) is str:
             found = self._tables.get((schema, table))
             if found is None:
-                found = TableInfo(SourceTable(IDENTIFIER, schema=schema, table=table),
-                                  self.options.primary_keys)
+                found = TableInfo(
+                    SourceTable(IDENTIFIER, schema=schema, table=table), self.options.primary_keys
+                )
                 if len(self._tables) > 10_000:  # a learned key would be forgotten: rare
                     self._tables.clear()
                 self._tables[(schema, table)] = found
             return found
         if schema is None or table is None:
-            raise DecodeError("AWS DMS metadata without 'schema-name' or 'table-name'",
-                              Code.MISSING_FIELD)
+            raise DecodeError(
+                "AWS DMS metadata without 'schema-name' or 'table-name'", Code.MISSING_FIELD
+            )
         raise DecodeError("'schema-name' and 'table-name' must be strings", Code.BAD_FIELD)
 
     def _epoch_us(self, text: Any, name: str) -> int:
@@ -279,8 +293,9 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
                 frac = rest[1:]
                 if rest[0] == "." and frac.isdigit() and frac.isascii():
                     return seconds * 1_000_000 + int(frac[:6].ljust(6, "0"))
-        raise DecodeError(f"metadata {name!r} {text!r} is not 'yyyy-MM-ddTHH:mm:ss.ffffffZ'",
-                          Code.BAD_FIELD)
+        raise DecodeError(
+            f"metadata {name!r} {text!r} is not 'yyyy-MM-ddTHH:mm:ss.ffffffZ'", Code.BAD_FIELD
+        )
 
 
 # --------------------------------------------------------------------------- encoder
@@ -304,10 +319,20 @@ def _json_value(v: Any, logical: str | None) -> Any:
 
 
 #: logical type -> DMS data type in ``table-def``
-_DMS_TYPES = {"boolean": "BOOLEAN", "int32": "INT32", "int64": "INT64", "float32": "REAL4",
-              "float64": "REAL8", "string": "STRING", "json": "STRING", "binary": "BLOB",
-              "date": "DATE", "time": "TIME", "timestamp": "DATETIME",
-              "timestamptz": "DATETIME"}
+_DMS_TYPES = {
+    "boolean": "BOOLEAN",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float32": "REAL4",
+    "float64": "REAL8",
+    "string": "STRING",
+    "json": "STRING",
+    "binary": "BLOB",
+    "date": "DATE",
+    "time": "TIME",
+    "timestamp": "DATETIME",
+    "timestamptz": "DATETIME",
+}
 
 
 def _stamp(us: int) -> str:
@@ -327,7 +352,8 @@ class AwsDmsJsonEncoder(Encoder):
     identifier: ClassVar[str] = IDENTIFIER
     # dates, timestamps, decimals and binary arrive as strings
     exact_types: ClassVar[frozenset[str]] = frozenset(
-        {"int32", "int64", "float64", "string", "boolean"})
+        {"int32", "int64", "float64", "string", "boolean"}
+    )
 
     def __init__(self) -> None:
         self._clock_us = 0
@@ -347,8 +373,12 @@ class AwsDmsJsonEncoder(Encoder):
             out.append(self._create_table(change, schema, _stamp(self._clock_us)))
         self._clock_us = max(change.ts_ms * 1000, self._clock_us + 1)
         md: dict[str, Any] = {"timestamp": _stamp(self._clock_us), "record-type": "data"}
-        md["operation"] = {Op.SNAPSHOT: "load", Op.INSERT: "insert", Op.UPDATE: "update",
-                           Op.DELETE: "delete"}[change.op]
+        md["operation"] = {
+            Op.SNAPSHOT: "load",
+            Op.INSERT: "insert",
+            Op.UPDATE: "update",
+            Op.DELETE: "delete",
+        }[change.op]
         md["partition-key-type"] = "schema-table"
         md["schema-name"] = schema
         md["table-name"] = table.table
@@ -363,10 +393,12 @@ class AwsDmsJsonEncoder(Encoder):
             md["commit-timestamp"] = _stamp(change.ts_ms * 1000)
         row = change.before if change.op is Op.DELETE else change.after
         msg: dict[str, Any] = {
-            "data": {c: _json_value(v, types.get(c)) for c, v in (row or {}).items()}}
+            "data": {c: _json_value(v, types.get(c)) for c, v in (row or {}).items()}
+        }
         if change.op is Op.UPDATE and change.before is not None:
-            msg["before-image"] = {c: _json_value(v, types.get(c))
-                                   for c, v in change.before.items()}
+            msg["before-image"] = {
+                c: _json_value(v, types.get(c)) for c, v in change.before.items()
+            }
         msg["metadata"] = md
         out.append(Message(value=orjson.dumps(msg), key=f"{schema}.{table.table}".encode()))
         return out
@@ -399,8 +431,15 @@ class AwsDmsJsonEncoder(Encoder):
         table_def: dict[str, Any] = {"columns": columns}
         if change.key_columns:
             table_def["primary-key"] = list(change.key_columns)
-        msg = {"control": {"table-def": table_def},
-               "metadata": {"timestamp": stamp, "record-type": "control",
-                            "operation": "create-table", "partition-key-type": "task-id",
-                            "schema-name": schema, "table-name": change.table.table}}
+        msg = {
+            "control": {"table-def": table_def},
+            "metadata": {
+                "timestamp": stamp,
+                "record-type": "control",
+                "operation": "create-table",
+                "partition-key-type": "task-id",
+                "schema-name": schema,
+                "table-name": change.table.table,
+            },
+        }
         return Message(value=orjson.dumps(msg), key=b"cdcflow-task")

@@ -203,8 +203,11 @@ class Decoder(ABC):
         """
         return []
 
-    def load_state(self, items: Iterable[Any]) -> None:
-        """Preload items that :meth:`state_items` produced earlier, oldest first."""
+    def load_state(self, items: Iterable[Any]) -> None:  # noqa: B027 - optional hook
+        """Preload items that :meth:`state_items` produced earlier, oldest first.
+
+        Default: formats that keep no state ignore them.
+        """
 
     def combine(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
         """Join events that belong together (e.g. update halves). Default: unchanged."""
@@ -274,9 +277,7 @@ class Decoder(ABC):
 
     # helpers shared by formats -------------------------------------------------
 
-    def require_key(
-        self, event: ChangeEvent, declared: Sequence[str] | None
-    ) -> ChangeEvent:
+    def require_key(self, event: ChangeEvent, declared: Sequence[str] | None) -> ChangeEvent:
         """Fill ``event.key`` from ``declared`` key columns, else from the options.
 
         Raises:
@@ -285,8 +286,10 @@ class Decoder(ABC):
         """
         if event.op not in ROW_OPS:
             return event
-        cols = tuple(declared) if declared else key_columns_for(
-            self.options.primary_keys, event.source
+        cols = (
+            tuple(declared)
+            if declared
+            else key_columns_for(self.options.primary_keys, event.source)
         )
         if not cols:
             raise DecodeError(

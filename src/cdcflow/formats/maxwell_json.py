@@ -66,14 +66,24 @@ TYPE_DELETE = "delete"  # row deleted: ``data`` is the deleted row
 TYPE_BOOTSTRAP_INSERT = "bootstrap-insert"  # a row read by a bootstrap (initial load)
 TYPE_BOOTSTRAP_START = "bootstrap-start"  # bootstrap of a table begins (``data`` {})
 TYPE_BOOTSTRAP_COMPLETE = "bootstrap-complete"  # bootstrap of a table finished
-_ROW_OPS = {TYPE_INSERT: Op.INSERT, TYPE_UPDATE: Op.UPDATE, TYPE_DELETE: Op.DELETE,
-            TYPE_BOOTSTRAP_INSERT: Op.SNAPSHOT}
+_ROW_OPS = {
+    TYPE_INSERT: Op.INSERT,
+    TYPE_UPDATE: Op.UPDATE,
+    TYPE_DELETE: Op.DELETE,
+    TYPE_BOOTSTRAP_INSERT: Op.SNAPSHOT,
+}
 _MARKERS = frozenset({TYPE_BOOTSTRAP_START, TYPE_BOOTSTRAP_COMPLETE})
 #: Maxwell's ``ResolvedSchemaChange`` subtypes (``output_ddl=true``).
-DDL_TYPES = frozenset({
-    "database-create", "database-alter", "database-drop",
-    "table-create", "table-alter", "table-drop",
-})
+DDL_TYPES = frozenset(
+    {
+        "database-create",
+        "database-alter",
+        "database-drop",
+        "table-create",
+        "table-alter",
+        "table-drop",
+    }
+)
 #: top-level fields kept in ``meta`` when present
 _META_FIELDS = ("server_id", "thread_id", "schema_id", "gtid", "query")
 _META_SET = frozenset(_META_FIELDS)
@@ -147,15 +157,17 @@ def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
                 raise InexactNumber(v)
     if types <= _PLAIN_FLOAT:
         return image
-    fix = {k: orjson.dumps(v).decode() for k, v in image.items()
-           if type(v) is dict or type(v) is list}
+    fix = {
+        k: orjson.dumps(v).decode() for k, v in image.items() if type(v) is dict or type(v) is list
+    }
     if fix:
         image.update(fix)
     return image
 
 
-def with_key(decoder: Decoder, event: ChangeEvent, image: dict[str, Any],
-             declared: list[str] | None) -> ChangeEvent:
+def with_key(
+    decoder: Decoder, event: ChangeEvent, image: dict[str, Any], declared: list[str] | None
+) -> ChangeEvent:
     """``decoder.require_key(event, declared)`` with a fast path for the common case:
     declared key columns that are all in ``image`` (the after image, else the before)."""
     if declared:
@@ -184,8 +196,7 @@ class TableInfo:
 
 def field_error(name: str, value: Any, want: str) -> DecodeError:
     """``BAD_FIELD``: envelope field ``name`` has the wrong JSON type."""
-    return DecodeError(f"field {name!r} must be {want}, got {type(value).__name__}",
-                       Code.BAD_FIELD)
+    return DecodeError(f"field {name!r} must be {want}, got {type(value).__name__}", Code.BAD_FIELD)
 
 
 # --------------------------------------------------------------------------- decoder
@@ -279,8 +290,9 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
             if typ not in _MARKERS:
                 raise DecodeError(f"unknown Maxwell type {typ!r}", Code.UNKNOWN_OP)
         db, table = get("database"), get("table")
-        info = (self._tables.get((db, table)) if type(db) is str and type(table) is str
-                else None) or self._table(msg, table_required=True)
+        info = (
+            self._tables.get((db, table)) if type(db) is str and type(table) is str else None
+        ) or self._table(msg, table_required=True)
         source = info.source
         data = get("data")
         if type(data) is not dict:
@@ -319,8 +331,9 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
             meta = {k: msg[k] for k in _META_FIELDS if k in msg}
         if op is None:  # bootstrap-start / bootstrap-complete marker
             meta = {**(meta or {}), "type": typ}
-            return ChangeEvent(Op.MESSAGE, source, seq=seq, ts_ms=ts, txn=txn,
-                               origin=record.origin, meta=meta)
+            return ChangeEvent(
+                Op.MESSAGE, source, seq=seq, ts_ms=ts, txn=txn, origin=record.origin, meta=meta
+            )
         before = after = changed = None
         if op is Op.UPDATE:
             old = get("old")
@@ -342,13 +355,13 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
                 before = data
             else:
                 after = data
-        event = ChangeEvent(op, source, None, before, after, None, seq, ts, txn, None, changed,
-                            record.origin, meta)
-        return with_key(self, event, data,
-                        self._key_columns(msg, record, data) or info.keys)
+        event = ChangeEvent(
+            op, source, None, before, after, None, seq, ts, txn, None, changed, record.origin, meta
+        )
+        return with_key(self, event, data, self._key_columns(msg, record, data) or info.keys)
 
     def _binlog_number(self, name: str) -> int | None:
-        number = name[name.rfind(".") + 1:]
+        number = name[name.rfind(".") + 1 :]
         if not (number.isdigit() and number.isascii()):
             return None
         if len(self._files) > 1000:
@@ -356,8 +369,9 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         self._files[name] = int(number)
         return self._files[name]
 
-    def _key_columns(self, msg: dict[str, Any], record: Record,
-                     image: dict[str, Any]) -> list[str] | None:
+    def _key_columns(
+        self, msg: dict[str, Any], record: Record, image: dict[str, Any]
+    ) -> list[str] | None:
         cols = msg.get("primary_key_columns")
         if cols is not None:
             if type(cols) is list and len(cols) == 1 and type(cols[0]) is str:
@@ -386,8 +400,9 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
             raise DecodeError("Maxwell row message without 'table'", Code.MISSING_FIELD)
         if type(db) is not str or (table is not None and type(table) is not str):
             raise DecodeError("'database' and 'table' must be strings", Code.BAD_FIELD)
-        info = TableInfo(SourceTable(IDENTIFIER, database=db, table=table or ""),
-                         self.options.primary_keys)
+        info = TableInfo(
+            SourceTable(IDENTIFIER, database=db, table=table or ""), self.options.primary_keys
+        )
         if table is not None:
             if len(self._tables) > 10_000:
                 self._tables.clear()
@@ -408,8 +423,9 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         for name in ("def", "old", "gtid"):
             if msg.get(name) is not None:
                 meta[name] = msg[name]
-        return ChangeEvent(Op.DDL, source, seq=seq, ts_ms=ts, ddl=sql, origin=record.origin,
-                           meta=meta)
+        return ChangeEvent(
+            Op.DDL, source, seq=seq, ts_ms=ts, ddl=sql, origin=record.origin, meta=meta
+        )
 
 
 # --------------------------------------------------------------------------- encoder
@@ -457,13 +473,20 @@ class MaxwellJsonEncoder(Encoder):
         types = change.columns
         if change.op is Op.TRUNCATE:  # Maxwell publishes nothing for TRUNCATE TABLE
             return []
-        typ = {Op.INSERT: TYPE_INSERT, Op.UPDATE: TYPE_UPDATE, Op.DELETE: TYPE_DELETE,
-               Op.SNAPSHOT: TYPE_BOOTSTRAP_INSERT}[change.op]
+        typ = {
+            Op.INSERT: TYPE_INSERT,
+            Op.UPDATE: TYPE_UPDATE,
+            Op.DELETE: TYPE_DELETE,
+            Op.SNAPSHOT: TYPE_BOOTSTRAP_INSERT,
+        }[change.op]
         row = change.before if change.op is Op.DELETE else change.after
         assert row is not None
-        msg: dict[str, Any] = {"database": change.table.database or change.table.schema,
-                               "table": change.table.table, "type": typ,
-                               "ts": change.ts_ms // 1000}
+        msg: dict[str, Any] = {
+            "database": change.table.database or change.table.schema,
+            "table": change.table.table,
+            "type": typ,
+            "ts": change.ts_ms // 1000,
+        }
         if change.txn_id is None:
             msg["xid"] = change.seq
             msg["commit"] = True
@@ -479,8 +502,11 @@ class MaxwellJsonEncoder(Encoder):
         msg["primary_key_columns"] = list(change.key_columns)
         msg["data"] = {c: _json_value(v, types.get(c)) for c, v in row.items()}
         if change.op is Op.UPDATE and change.before is not None:
-            msg["old"] = {c: _json_value(v, types.get(c)) for c, v in change.before.items()
-                          if c not in row or row[c] != v}
+            msg["old"] = {
+                c: _json_value(v, types.get(c))
+                for c, v in change.before.items()
+                if c not in row or row[c] != v
+            }
         key = {"database": msg["database"], "table": msg["table"]}
         for c in change.key_columns:
             key["pk." + c.lower()] = msg["data"].get(c)

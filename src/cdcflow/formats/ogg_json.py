@@ -102,8 +102,9 @@ class OggJsonOptions(DecoderOptions):
         _zone(self.timestamp_zone)
         for code, name in dict(self.op_codes).items():
             if name not in ("insert", "update", "delete", "truncate"):
-                raise ConfigError(f"op_codes[{code!r}] must be insert, update, delete or "
-                                  f"truncate, not {name!r}")
+                raise ConfigError(
+                    f"op_codes[{code!r}] must be insert, update, delete or truncate, not {name!r}"
+                )
 
 
 def _zone(name: str) -> dt.tzinfo:
@@ -112,8 +113,9 @@ def _zone(name: str) -> dt.tzinfo:
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(f"timestamp_zone {name!r} is not an IANA time zone name "
-                          "such as 'UTC' or 'Europe/Paris'") from None
+        raise ConfigError(
+            f"timestamp_zone {name!r} is not an IANA time zone name such as 'UTC' or 'Europe/Paris'"
+        ) from None
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -184,8 +186,9 @@ class OggJsonDecoder(ExactJsonDecoder):
         if not _META_SET.isdisjoint(msg):
             meta = {k: msg[k] for k in _META_FIELDS if msg.get(k) is not None} or None
         if op is Op.TRUNCATE:
-            return ChangeEvent(op, source, seq=seq, ts_ms=ts_ms, txn=txn, origin=record.origin,
-                               meta=meta)
+            return ChangeEvent(
+                op, source, seq=seq, ts_ms=ts_ms, txn=txn, origin=record.origin, meta=meta
+            )
 
         before = self._image(get("before"), "before", checked)
         after = self._image(get("after"), "after", checked)
@@ -194,17 +197,16 @@ class OggJsonDecoder(ExactJsonDecoder):
                 raise DecodeError("GoldenGate delete without a 'before' image", Code.MISSING_FIELD)
             after = None
         elif after is None:
-            raise DecodeError(f"GoldenGate {op.value} without an 'after' image",
-                              Code.MISSING_FIELD)
+            raise DecodeError(f"GoldenGate {op.value} without an 'after' image", Code.MISSING_FIELD)
         elif op is Op.INSERT:
             before = None
-        event = ChangeEvent(op, source, None, before, after, None, seq, ts_ms, txn, None, None,
-                            record.origin, meta)
+        event = ChangeEvent(
+            op, source, None, before, after, None, seq, ts_ms, txn, None, None, record.origin, meta
+        )
         keys = get("primary_keys")
         if keys is not None and (type(keys) is not list or not {*map(type, keys)} <= _STRINGS):
             raise field_error("primary_keys", keys, "a list of column names")
-        return with_key(self, event, before if after is None else after,
-                        keys or info.keys)
+        return with_key(self, event, before if after is None else after, keys or info.keys)
 
     def _image(self, image: Any, name: str, checked: bool) -> dict[str, Any] | None:
         if image is None:
@@ -246,8 +248,7 @@ class OggJsonDecoder(ExactJsonDecoder):
             frac = text[20:23]
             if seconds is not None and (len(text) == 19 or (text[19] == "." and frac.isdigit())):
                 return seconds * 1000 + (int(frac.ljust(3, "0")) if frac else 0)
-        raise DecodeError(f"op_ts {text!r} is not 'yyyy-MM-dd HH:mm:ss[.ffffff]'",
-                          Code.BAD_FIELD)
+        raise DecodeError(f"op_ts {text!r} is not 'yyyy-MM-dd HH:mm:ss[.ffffff]'", Code.BAD_FIELD)
 
 
 # --------------------------------------------------------------------------- encoder
@@ -273,8 +274,11 @@ def _json_value(v: Any, logical: str | None) -> Any:
 
 
 def _ts_text(ms: int) -> str:
-    return (_EPOCH + dt.timedelta(milliseconds=ms)).replace(tzinfo=None).isoformat(
-        sep=" ", timespec="microseconds")
+    return (
+        (_EPOCH + dt.timedelta(milliseconds=ms))
+        .replace(tzinfo=None)
+        .isoformat(sep=" ", timespec="microseconds")
+    )
 
 
 class OggJsonEncoder(Encoder):
@@ -289,11 +293,17 @@ class OggJsonEncoder(Encoder):
     identifier: ClassVar[str] = IDENTIFIER
     # dates, timestamps and binary arrive as strings, NUMBER as floats, so only these
     exact_types: ClassVar[frozenset[str]] = frozenset(
-        {"int32", "int64", "float64", "string", "boolean"})
+        {"int32", "int64", "float64", "string", "boolean"}
+    )
 
     def encode(self, change: SourceChange) -> list[Message]:
-        op_type = {Op.INSERT: "I", Op.SNAPSHOT: "I", Op.UPDATE: "U", Op.DELETE: "D",
-                   Op.TRUNCATE: "T"}[change.op]
+        op_type = {
+            Op.INSERT: "I",
+            Op.SNAPSHOT: "I",
+            Op.UPDATE: "U",
+            Op.DELETE: "D",
+            Op.TRUNCATE: "T",
+        }[change.op]
         table = change.table
         types = change.columns
         msg: dict[str, Any] = {

@@ -59,9 +59,26 @@ SYSTEM_FOLDER = "_cdcflow"
 
 #: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
 CHANGELOG_COLUMNS = [
-    "op", "format", "database", "schema", "table", "key", "before", "after", "columns",
-    "seq", "ts_ms", "txn_id", "txn_order", "txn_last", "ddl", "meta",
-    "topic", "partition", "offset", "event_index",
+    "op",
+    "format",
+    "database",
+    "schema",
+    "table",
+    "key",
+    "before",
+    "after",
+    "columns",
+    "seq",
+    "ts_ms",
+    "txn_id",
+    "txn_order",
+    "txn_last",
+    "ddl",
+    "meta",
+    "topic",
+    "partition",
+    "offset",
+    "event_index",
 ]
 
 DEAD_LETTER_SCHEMA = pa.schema(
@@ -166,7 +183,10 @@ class DeltaWarehouse:
     """
 
     def __init__(
-        self, root: str, pipeline_id: str = "default", storage_options: Mapping[str, str] | None = None
+        self,
+        root: str,
+        pipeline_id: str = "default",
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         self.root = str(root).rstrip("/")
         self.pipeline_id = pipeline_id
@@ -236,7 +256,8 @@ class DeltaWarehouse:
         if "://" in self.root or not os.path.isdir(self.root):
             return []
         return sorted(
-            d for d in os.listdir(self.root)
+            d
+            for d in os.listdir(self.root)
             if d != SYSTEM_FOLDER and os.path.isdir(os.path.join(self.root, d, "_delta_log"))
         )
 
@@ -325,7 +346,9 @@ class DeltaWarehouse:
             result.truncated = True
             predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{net.truncate_seq}'"
             last_commit = source is None or source.num_rows == 0
-            table.delete(predicate, commit_properties=self._commit(batch_id) if last_commit else None)
+            table.delete(
+                predicate, commit_properties=self._commit(batch_id) if last_commit else None
+            )
             commit_done = last_commit
             table = self.open(path)
 
@@ -342,7 +365,10 @@ class DeltaWarehouse:
         """An empty commit that only records the batch's application transaction."""
         empty = pa.Table.from_batches([], schema=arrow_schema(table))
         write_deltalake(
-            table, empty, mode="append", commit_properties=self._commit(batch_id),
+            table,
+            empty,
+            mode="append",
+            commit_properties=self._commit(batch_id),
             storage_options=self.storage_options or None,
         )
 
@@ -360,7 +386,9 @@ class DeltaWarehouse:
             ]
             fields += [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
             DeltaTable.create(
-                path, pa.schema(fields), mode="ignore",
+                path,
+                pa.schema(fields),
+                mode="ignore",
                 storage_options=self.storage_options or None,
             )
             return list(types)
@@ -402,16 +430,24 @@ class DeltaWarehouse:
             for i in range(table.num_rows):
                 one = table.slice(i, 1)
                 try:
-                    self._merge_source(one if is_upsert else empty, empty if is_upsert else one,
-                                       types, columns, key_columns)
+                    self._merge_source(
+                        one if is_upsert else empty,
+                        empty if is_upsert else one,
+                        types,
+                        columns,
+                        key_columns,
+                    )
                 except ApplyError as exc:
                     rejected.append((one["key"][0].as_py(), exc.message))
                     keep.append(False)
                 else:
                     keep.append(True)
         source = self._merge_source(
-            upserts.filter(pa.array(keep_up, pa.bool_())), deletes.filter(pa.array(keep_del, pa.bool_())),
-            types, columns, key_columns,
+            upserts.filter(pa.array(keep_up, pa.bool_())),
+            deletes.filter(pa.array(keep_del, pa.bool_())),
+            types,
+            columns,
+            key_columns,
         )
         return source, rejected
 
@@ -431,10 +467,24 @@ class DeltaWarehouse:
         rows = after_rows + key_rows
         data = rows_to_arrow(rows, types, columns)
         n_up, n_del = len(after_rows), len(key_rows)
-        data = data.append_column(SEQ_COLUMN, pa.concat_arrays(
-            [upserts["seq"].combine_chunks().cast(pa.string()), deletes["seq"].combine_chunks().cast(pa.string())]))
-        data = data.append_column(TS_COLUMN, pa.concat_arrays(
-            [upserts["ts_ms"].combine_chunks().cast(pa.int64()), deletes["ts_ms"].combine_chunks().cast(pa.int64())]))
+        data = data.append_column(
+            SEQ_COLUMN,
+            pa.concat_arrays(
+                [
+                    upserts["seq"].combine_chunks().cast(pa.string()),
+                    deletes["seq"].combine_chunks().cast(pa.string()),
+                ]
+            ),
+        )
+        data = data.append_column(
+            TS_COLUMN,
+            pa.concat_arrays(
+                [
+                    upserts["ts_ms"].combine_chunks().cast(pa.int64()),
+                    deletes["ts_ms"].combine_chunks().cast(pa.int64()),
+                ]
+            ),
+        )
         data = data.append_column(_DELETE_FLAG, pa.array([False] * n_up + [True] * n_del))
         partial = upserts["partial"].to_pylist()
         if any(partial):
@@ -458,12 +508,15 @@ class DeltaWarehouse:
     ) -> dict[str, Any]:
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in key_columns)
         newer = f"(t.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} >= t.{_q(SEQ_COLUMN)})"
-        present = {c[len(_PRESENT_PREFIX):] for c in source.column_names if c.startswith(_PRESENT_PREFIX)}
+        present = {
+            c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
+        }
         data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
         updates = {
             _q(c): (
                 f"CASE WHEN s.{_q(_PRESENT_PREFIX + c)} THEN s.{_q(c)} ELSE t.{_q(c)} END"
-                if c in present else f"s.{_q(c)}"
+                if c in present
+                else f"s.{_q(c)}"
             )
             for c in data_cols
         }
@@ -514,7 +567,9 @@ class DeltaWarehouse:
             if version is not None and version >= batch_id:
                 return
         write_deltalake(
-            path, data, mode="append",
+            path,
+            data,
+            mode="append",
             commit_properties=CommitProperties(app_transactions=[Transaction(app, batch_id)]),
             storage_options=self.storage_options or None,
         )

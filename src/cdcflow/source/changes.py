@@ -69,8 +69,10 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], DecodeFunction]:
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"option 'cdcflow.formatOptions' must be a JSON object: {exc}") from exc
     return kafka, DecodeFunction(
-        str(fmt), format_options,
-        state_path=own.get("cdcflow.statepath") or None, state_key=own.get("cdcflow.statekey") or "",
+        str(fmt),
+        format_options,
+        state_path=own.get("cdcflow.statepath") or None,
+        state_key=own.get("cdcflow.statekey") or "",
     )
 
 
@@ -101,7 +103,9 @@ class ChangesStreamReader(KafkaStreamReader):
                 writer.write_batch(batch)
                 rows += batch.num_rows
         os.replace(tmp, path)  # atomic: a re-run of the same range replaces the file whole
-        yield pa.RecordBatch.from_pydict({"staged_path": [path], "rows": [rows]}, schema=STAGED_SCHEMA)
+        yield pa.RecordBatch.from_pydict(
+            {"staged_path": [path], "rows": [rows]}, schema=STAGED_SCHEMA
+        )
 
 
 class ChangesDataSource(KafkaDataSource):

@@ -38,7 +38,9 @@ def load_case(expected_path: Path) -> GoldenCase:
     """Load the case that ``expected_path`` (``<scenario>.expected.jsonl``) belongs to."""
     stem = expected_path.name.removesuffix(".expected.jsonl")
     folder = expected_path.parent
-    inputs = [p for p in (folder / f"{stem}.input.jsonl", folder / f"{stem}.input.b64") if p.exists()]
+    inputs = [
+        p for p in (folder / f"{stem}.input.jsonl", folder / f"{stem}.input.b64") if p.exists()
+    ]
     if len(inputs) != 1:
         raise FileNotFoundError(f"{folder}/{stem}: need exactly one .input.jsonl or .input.b64")
     values = _values(inputs[0])
@@ -59,7 +61,9 @@ def decode_case(decoder: Decoder, case: GoldenCase) -> list[Any]:
     """Decode a case into the JSON-able list its expected file holds."""
     result = decoder.decode_batch(case.records)
     out: list[Any] = [orjson.loads(dumps(event_to_json_dict(e))) for e in result.events]
-    tail = [(s.origin.offset, {"skipped": s.reason, "line": s.origin.offset}) for s in result.skipped]
+    tail = [
+        (s.origin.offset, {"skipped": s.reason, "line": s.origin.offset}) for s in result.skipped
+    ]
     tail += [
         (d.origin.offset, {"dead_letter": d.code, "line": d.origin.offset})
         for d in result.dead_letters

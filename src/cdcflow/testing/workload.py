@@ -51,14 +51,24 @@ DEMO_TABLES = (
     ),
     TableSpec(
         "orders",
-        {"order_id": "int64", "customer_id": "int64", "amount": "float64", "status": "string",
-         "placed_at": "timestamptz"},
+        {
+            "order_id": "int64",
+            "customer_id": "int64",
+            "amount": "float64",
+            "status": "string",
+            "placed_at": "timestamptz",
+        },
         ("order_id",),
     ),
     TableSpec(
         "order_lines",
-        {"order_id": "int64", "line_no": "int64", "sku": "string", "qty": "int64",
-         "unit_price": "decimal(10,2)"},
+        {
+            "order_id": "int64",
+            "line_no": "int64",
+            "sku": "string",
+            "qty": "int64",
+            "unit_price": "decimal(10,2)",
+        },
         ("order_id", "line_no"),
     ),
 )
@@ -68,18 +78,44 @@ def _base(t: str) -> str:
     return parse_type(t)[0]
 
 
-def tables_for(exact_types: Iterable[str], tables: Sequence[TableSpec] = DEMO_TABLES) -> list[TableSpec]:
+def tables_for(
+    exact_types: Iterable[str], tables: Sequence[TableSpec] = DEMO_TABLES
+) -> list[TableSpec]:
     """The tables restricted to columns a format carries exactly (keys always kept)."""
     exact = set(exact_types)
     out = []
     for t in tables:
-        cols = {c: ty for c, ty in t.columns.items() if c in t.key_columns or ty in exact or _base(ty) in exact}
+        cols = {
+            c: ty
+            for c, ty in t.columns.items()
+            if c in t.key_columns or ty in exact or _base(ty) in exact
+        }
         out.append(TableSpec(t.name, cols, t.key_columns))
     return out
 
 
-_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
-          "kilo", "lima", "mike", "november", "oscar", "papa", "ünïcødé", "naïve café", "", "O'Brien"]
+_WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "ünïcødé",
+    "naïve café",
+    "",
+    "O'Brien",
+]
 
 
 @dataclass
@@ -122,7 +158,11 @@ class Workload:
         if rng.random() < 0.08 and base != "boolean":
             return None
         if base in ("int32", "int64"):
-            return rng.randint(-(2**31), 2**31 - 1) if base == "int32" else rng.randint(-(2**40), 2**40)
+            return (
+                rng.randint(-(2**31), 2**31 - 1)
+                if base == "int32"
+                else rng.randint(-(2**40), 2**40)
+            )
         if base in ("float32", "float64"):
             return round(rng.uniform(-1e6, 1e6), 3)
         if base == "decimal":
@@ -134,7 +174,9 @@ class Workload:
         if base == "date":
             return dt.date(1950, 1, 1) + dt.timedelta(days=rng.randint(0, 30_000))
         if base == "timestamptz":
-            return dt.datetime(2020, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=rng.randint(0, 10**11))
+            return dt.datetime(2020, 1, 1, tzinfo=dt.UTC) + dt.timedelta(
+                milliseconds=rng.randint(0, 10**11)
+            )
         if base == "timestamp":
             return dt.datetime(2020, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 10**14))
         if base == "binary":
@@ -165,9 +207,15 @@ class Workload:
         self._seq += 1
         self._ts_ms += self._rng.randint(1, 50)
         return SourceChange(
-            op=op, table=self.source_table(spec), columns=dict(spec.columns),
-            key_columns=spec.key_columns, before=before, after=after,
-            seq=self._seq, ts_ms=self._ts_ms, txn_id=str(self._seq // 5),
+            op=op,
+            table=self.source_table(spec),
+            columns=dict(spec.columns),
+            key_columns=spec.key_columns,
+            before=before,
+            after=after,
+            seq=self._seq,
+            ts_ms=self._ts_ms,
+            txn_id=str(self._seq // 5),
         )
 
     def changes(
@@ -215,8 +263,9 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def compare_with_mirror(expected: Sequence[Mapping[str, Any]], mirror: pa.Table,
-                        key_columns: Sequence[str]) -> list[str]:
+def compare_with_mirror(
+    expected: Sequence[Mapping[str, Any]], mirror: pa.Table, key_columns: Sequence[str]
+) -> list[str]:
     """Differences between the source rows and a Delta mirror (``[]`` when equal).
 
     ``_cdc_*`` bookkeeping columns are ignored; values compare after normalizing aware
@@ -226,7 +275,9 @@ def compare_with_mirror(expected: Sequence[Mapping[str, Any]], mirror: pa.Table,
     for row in mirror.to_pylist():
         row = {k: _normalize(v) for k, v in row.items() if not k.startswith("_cdc_")}
         got[tuple(row[k] for k in key_columns)] = row
-    want = {tuple(r[k] for k in key_columns): {k: _normalize(v) for k, v in r.items()} for r in expected}
+    want = {
+        tuple(r[k] for k in key_columns): {k: _normalize(v) for k, v in r.items()} for r in expected
+    }
     problems = []
     for k in sorted(set(want) - set(got)):
         problems.append(f"missing row {k}")
