@@ -907,3 +907,11 @@ def test_encoder_is_debeziums_and_round_trips_through_detection() -> None:
 def test_docs_list_every_signature() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "formats" / "auto.md").read_text()
     assert all(f"`{f}`" in doc for f in (*JSON_FORMATS, *AVRO_FORMATS))
+
+
+def test_plain_decoder_options_keep_the_record_size_limit():
+    from cdcflow.formats.base import DecoderOptions, Record
+
+    decoder = decoder_for("auto", DecoderOptions(max_record_bytes=10))
+    result = decoder.decode_batch([Record(value=b'{"a": "more than ten bytes"}')])
+    assert [d.code for d in result.dead_letters] == ["TOO_LARGE"]

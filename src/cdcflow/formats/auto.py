@@ -396,7 +396,9 @@ class AutoDecoder(Decoder):
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
         if options is not None and not isinstance(options, AutoOptions):
-            options = AutoOptions(primary_keys=options.primary_keys)
+            options = AutoOptions(
+                primary_keys=options.primary_keys, max_record_bytes=options.max_record_bytes
+            )
         super().__init__(options)
         opts = self.options
         self._formats = opts.formats

@@ -295,7 +295,7 @@ class Decoder(ABC):
             raise DecodeError(
                 f"no key columns for table {event.source.qualified_name!r}: the message "
                 "does not name them; set primary_keys for this table in the format "
-                "options (YAML: formats.<name>.primary_keys, CLI: --primary-key)",
+                "options (YAML: sources[].options.primary_keys, CLI: --primary-key)",
                 Code.MISSING_KEY,
             )
         image = event.after if event.after is not None else event.before
