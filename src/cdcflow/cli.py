@@ -37,11 +37,11 @@ def _primary_keys(values: Sequence[str] | None) -> dict[str, list[str]]:
 def _records(fmt: str, files: Sequence[str]):
     """Records from files: one message value per line (``null`` = tombstone); base64 lines
     for binary formats. Origin: file name as topic, line number (0-based) as offset."""
-    from cdcflow.formats import decoder_for
+    from cdcflow.formats import decoder_class
     from cdcflow.formats.base import Record
     from cdcflow.model import Origin
 
-    binary = getattr(type(decoder_for(fmt)), "binary_values", False)
+    binary = decoder_class(fmt).binary_values
     for name in files:
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
         for i, line in enumerate(data.splitlines()):

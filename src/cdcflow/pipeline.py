@@ -103,7 +103,7 @@ class Pipeline:
             state_key=wh.pipeline_id,
         )
 
-    def _decoded_stream(self, source: SourceConfig, options: dict[str, str]):
+    def _decoded_stream(self, source: SourceConfig, options: dict[str, str], staging: str | None):
         """Decoded events as a streaming DataFrame of EVENT_SCHEMA rows.
 
         On the Python Kafka source, decoding is fused into the read (``cdcflow_changes``:
@@ -111,19 +111,16 @@ class Pipeline:
         """
         from cdcflow.source.kafka import jvm_kafka_available, read_stream
 
-        if self.kafka_engine == "jvm" or (
+        jvm = self.kafka_engine == "jvm" or (
             self.kafka_engine == "auto" and jvm_kafka_available(self.spark)
-        ):
-            raw = read_stream(self.spark, options, engine="jvm")
-            return raw.mapInArrow(self._decode_function(source), spark_event_schema())
-        if self.kafka_engine == "python-mapinarrow":
-            raw = read_stream(self.spark, options, engine="python")
+        )
+        if jvm or self.kafka_engine == "python-mapinarrow":
+            raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
             return raw.mapInArrow(self._decode_function(source), spark_event_schema())
         from cdcflow.model import dumps
         from cdcflow.source.changes import FORMAT
 
         wh = self.warehouse_for(source)
-        staging = self._staging_path(source)
         fused = {
             **options,
             "cdcflow.format": source.format,
@@ -161,8 +158,8 @@ class Pipeline:
         else:
             assert source.topic_pattern is not None
             options["subscribePattern"] = source.topic_pattern
-        decoded = self._decoded_stream(source, options)
         staging = self._staging_path(source)
+        decoded = self._decoded_stream(source, options, staging)
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
         applier = BatchApplier(self.warehouse_for(source), Router(self.config.target_template))

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
-from cdcflow.apply.schema import merge_types
+from cdcflow.apply.schema import logical_from_arrow, merge_types
 from cdcflow.errors import ApplyError, Code
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
@@ -37,8 +37,11 @@ from cdcflow.sinks.delta import (
     DEAD_LETTER_SCHEMA,
     DECODER_STATE_SCHEMA,
     PROGRESS_SCHEMA,
+    SEQ_COLUMN,
+    TS_COLUMN,
     DeltaWarehouse,
     MirrorResult,
+    arrow_schema,
 )
 
 __all__ = ["BatchApplier", "BatchReport", "Router"]
@@ -221,9 +224,6 @@ class BatchApplier:
         table = self.warehouse.open(self.warehouse.table_path(target))
         existing: dict[str, str] = {}
         if table is not None:
-            from cdcflow.apply.schema import logical_from_arrow
-            from cdcflow.sinks.delta import SEQ_COLUMN, TS_COLUMN, arrow_schema
-
             existing = {
                 f.name: logical_from_arrow(f.type)
                 for f in arrow_schema(table)

@@ -421,8 +421,3 @@ class DecodeFunction:
         decoder.load_state(load_decoder_state(self.state_path, self.state_key))
         for batch in batches:
             yield decode_kafka_batch(decoder, batch)
-
-
-def loads(text: str | None) -> Any:
-    """Parse a JSON column value (``None`` stays ``None``)."""
-    return None if text is None else orjson.loads(text)

@@ -57,14 +57,14 @@ class NetChange:
     superseded: int
 
 
-def _order_columns(t: pa.Table) -> list[tuple[str, str]]:
-    return [
-        ("_seq", "ascending"),
-        ("partition", "ascending"),
-        ("offset", "ascending"),
-        ("event_index", "ascending"),
-        ("_sub", "ascending"),
-    ]
+#: Source order inside a batch: sequence, then Kafka position, then index in the record.
+_ORDER = [
+    ("_seq", "ascending"),
+    ("partition", "ascending"),
+    ("offset", "ascending"),
+    ("event_index", "ascending"),
+    ("_sub", "ascending"),
+]
 
 
 def net_change(events: pa.Table) -> NetChange:
@@ -85,7 +85,7 @@ def net_change(events: pa.Table) -> NetChange:
     truncate_seq: str | None = None
     truncates = t.filter(pc.equal(t["op"], _TRUNCATE))
     if truncates.num_rows:
-        last = truncates.sort_by(_order_columns(truncates)).slice(truncates.num_rows - 1)
+        last = truncates.sort_by(_ORDER).slice(truncates.num_rows - 1)
         truncate_seq = last["_seq"][0].as_py()
         cut = (
             last["_seq"][0].as_py(),
@@ -152,7 +152,7 @@ def net_change(events: pa.Table) -> NetChange:
         )
         return NetChange(empty, truncate_seq, 0, 0)
 
-    t = t.sort_by([("key", "ascending"), *_order_columns(t)])
+    t = t.sort_by([("key", "ascending"), *_ORDER])
     keys = t["key"].combine_chunks()
     n = t.num_rows
     if n > 1:

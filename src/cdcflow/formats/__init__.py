@@ -14,7 +14,7 @@ from typing import Any
 from cdcflow.errors import ConfigError
 from cdcflow.formats.base import Decoder, DecoderOptions, Encoder
 
-__all__ = ["DECODERS", "ENCODERS", "decoder_for", "encoder_for", "format_names"]
+__all__ = ["DECODERS", "ENCODERS", "decoder_class", "decoder_for", "encoder_for", "format_names"]
 
 #: identifier -> "module:DecoderClass"
 DECODERS: dict[str, str] = {
@@ -67,6 +67,15 @@ def _load(table: Mapping[str, str], name: str, what: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def decoder_class(name: str) -> type[Decoder]:
+    """The decoder class of format ``name`` (no instance, no options).
+
+    Raises:
+        ConfigError: unknown format name.
+    """
+    return _load(DECODERS, name, "decoder")
+
+
 def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = None) -> Decoder:
     """A decoder instance for format ``name``.
 
@@ -77,7 +86,7 @@ def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = 
     Raises:
         ConfigError: unknown format name or unknown option key.
     """
-    cls: type[Decoder] = _load(DECODERS, name, "decoder")
+    cls = decoder_class(name)
     if options is None or isinstance(options, DecoderOptions):
         return cls(options)
     return cls(cls.options_class.from_mapping(options))
