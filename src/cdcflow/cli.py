@@ -125,6 +125,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+    warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()))
+    for target in args.tables:
+        warehouse.resume_table(target, by="cdcflow resume")
+        print(f"{target}: resumed; the next micro-batch applies its changes again")
+    return 0
+
+
 def _next_batch_id(warehouse) -> int:
     table = warehouse.open(warehouse.system_path("batches"))
     if table is None:
@@ -250,6 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="target table name template (default: %(default)s)",
     )
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser(
+        "resume",
+        help="let tables stopped by a schema change take changes again",
+        description=(
+            "Records a 'resume' in _cdcflow/schema_changes. Fix the table (or its "
+            "schema_changes policy) first; changes dead-lettered while it was stopped stay "
+            "in _cdcflow/dead_letters."
+        ),
+    )
+    p.add_argument("--warehouse", required=True, help="folder of the Delta tables")
+    p.add_argument("tables", nargs="+", metavar="TABLE", help="target table name")
+    p.set_defaults(func=cmd_resume)
     return parser
 
 

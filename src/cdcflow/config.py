@@ -19,6 +19,20 @@ Example (every key with its default where it has one)::
         topics: [pg.public.customers]   # or topic_pattern: 'pg\\..*'
         options:                   # the format's options
           primary_keys: {customers: [id]}
+    tables:                        # per-table rules, in order; later matches override
+      - match: "*"                 # fnmatch pattern over target table names
+        mode: mirror               # mirror (SCD type 1) | history (SCD type 2)
+        schema_changes: evolve     # evolve | ignore | fail
+        soft_delete: false
+        ignore_null_updates: false
+        sequence_by: []            # tie-break columns after the source sequence
+        track_history: null        # history mode: columns that open a new version
+    apply:
+      tombstone_retention_hours: 168   # deleted keys remembered this long (0: forever)
+      transactions:                # transaction-consistent micro-batches (off by default)
+        consistent: false
+        max_wait_ms: 60000         # an open transaction is applied anyway after this
+        max_events: 100000         # ... or when more events than this are held
 
 An unknown key is an error that lists the valid ones; a missing one names the key.
 """
@@ -33,9 +47,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cdcflow.apply.options import SCHEMA_POLICIES, TableRules
 from cdcflow.errors import ConfigError
 
-__all__ = ["KafkaConfig", "PipelineConfig", "SourceConfig", "load_config", "parse_config"]
+__all__ = [
+    "ApplyConfig",
+    "KafkaConfig",
+    "PipelineConfig",
+    "SourceConfig",
+    "load_config",
+    "parse_config",
+]
 
 
 # --------------------------------------------------------------------------- inside
@@ -73,6 +95,18 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class ApplyConfig:
+    """Warehouse-wide apply settings (see docs/semantics.md)."""
+
+    #: tombstones older than this (by commit time) are purged; 0 keeps them forever
+    tombstone_retention_hours: float = 168.0
+    #: apply only whole source transactions per micro-batch
+    consistent_transactions: bool = False
+    transaction_max_wait_ms: int = 60_000
+    transaction_max_events: int = 100_000
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     pipeline_id: str
     warehouse: str
@@ -82,6 +116,8 @@ class PipelineConfig:
     target_template: str = "{database}.{schema}.{table}"
     trigger: str = "processing_time"  # processing_time | available_now
     trigger_interval: str = "10 seconds"
+    tables: TableRules = field(default_factory=TableRules)
+    apply: ApplyConfig = field(default_factory=ApplyConfig)
 
 
 # --------------------------------------------------------------------------- edge
@@ -122,6 +158,49 @@ class _Source(_Strict):
         return self
 
 
+class _TableRule(_Strict):
+    match: str
+    mode: Literal["mirror", "history"] | None = None
+    sequence_by: list[str] | None = None
+    soft_delete: bool | None = None
+    ignore_null_updates: bool | None = None
+    schema_changes: str | None = None
+    track_history: list[str] | None = None
+
+    @field_validator("schema_changes")
+    @classmethod
+    def _known_policy(cls, v: str | None) -> str | None:
+        if v is not None and v not in SCHEMA_POLICIES:
+            raise ValueError(f"unknown schema_changes {v!r}; use one of {list(SCHEMA_POLICIES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _history_only(self) -> _TableRule:
+        if self.track_history is not None and self.mode == "mirror":
+            raise ValueError("track_history applies to mode: history only; remove one of them")
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        out = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name == "match" or name not in self.model_fields_set:
+                continue
+            out[name] = tuple(value) if isinstance(value, list) else value
+        return out
+
+
+class _Transactions(_Strict):
+    consistent: bool = False
+    max_wait_ms: int = Field(default=60_000, ge=0)
+    max_events: int = Field(default=100_000, gt=0)
+
+
+class _Apply(_Strict):
+    tombstone_retention_hours: float = Field(default=168.0, ge=0)
+    transactions: _Transactions = Field(default_factory=_Transactions)
+
+
 class _Trigger(_Strict):
     processing_time: str | None = None
     available_now: bool | None = None
@@ -137,6 +216,8 @@ class _Pipeline(_Strict):
     )
     kafka: _Kafka
     sources: list[_Source] = Field(min_length=1)
+    tables: list[_TableRule] = Field(default_factory=list)
+    apply: _Apply = Field(default_factory=_Apply)
 
 
 def _explain(exc: ValidationError) -> str:
@@ -153,8 +234,8 @@ def _explain(exc: ValidationError) -> str:
                 model = next(
                     (
                         m
-                        for m in (_Kafka, _Source, _Trigger)
-                        if m is ann or f"list[{m.__name__}]" in str(ann)
+                        for m in (_Kafka, _Source, _Trigger, _TableRule, _Apply, _Transactions)
+                        if m is ann or str(ann).endswith(f".{m.__name__}]")
                     ),
                     model,
                 )
@@ -225,6 +306,13 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
         target_template=model.target_template,
         trigger=trigger,
         trigger_interval=interval,
+        tables=TableRules.of([(r.match, r.overrides()) for r in model.tables]),
+        apply=ApplyConfig(
+            tombstone_retention_hours=model.apply.tombstone_retention_hours,
+            consistent_transactions=model.apply.transactions.consistent,
+            transaction_max_wait_ms=model.apply.transactions.max_wait_ms,
+            transaction_max_events=model.apply.transactions.max_events,
+        ),
     )
 
 

@@ -39,6 +39,8 @@ class Code:
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
     UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
+    SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
+    TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
 
 
 class CdcflowError(Exception):

@@ -162,7 +162,12 @@ class Pipeline:
         decoded = self._decoded_stream(source, options, staging)
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
-        applier = BatchApplier(self.warehouse_for(source), Router(self.config.target_template))
+        applier = BatchApplier(
+            self.warehouse_for(source),
+            Router(self.config.target_template),
+            tables=self.config.tables,
+            tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
+        )
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,9 @@ import pyarrow.compute as pc
 
 from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
-from cdcflow.apply.schema import logical_from_arrow, merge_types
+from cdcflow.apply.options import TableOptions
+from cdcflow.apply.prepare import drop_null_updates, with_sequence_by
+from cdcflow.apply.schema import logical_from_arrow, plan_schema
 from cdcflow.errors import ApplyError, Code
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
@@ -37,7 +40,9 @@ from cdcflow.sinks.delta import (
     DEAD_LETTER_SCHEMA,
     DECODER_STATE_SCHEMA,
     PROGRESS_SCHEMA,
+    SCHEMA_CHANGES_SCHEMA,
     SEQ_COLUMN,
+    SOFT_DELETE_COLUMN,
     TS_COLUMN,
     DeltaWarehouse,
     MirrorResult,
@@ -51,6 +56,20 @@ log = logging.getLogger(__name__)
 _TABLE_OPS = pa.array(
     [Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value, Op.TRUNCATE.value]
 )
+_IMAGE_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value])
+_BOOKKEEPING = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
+#: at most one tombstone purge per this many seconds of a running applier
+_PURGE_EVERY_S = 3600.0
+
+
+class SchemaStop(ApplyError):
+    """A schema change the table's policy refuses: the table stops (others go on)."""
+
+    code = Code.SCHEMA_CHANGE
+
+    def __init__(self, message: str, first: dict[str, Any] | None = None) -> None:
+        super().__init__(message, Code.SCHEMA_CHANGE)
+        self.first = first or {}
 
 
 class Router:
@@ -120,14 +139,28 @@ class BatchApplier:
         warehouse: the pipeline's Delta tables.
         router: source -> target naming.
         changelog: also append every event to ``_cdcflow/changelog`` (default on).
+        tables: target name -> :class:`~cdcflow.apply.options.TableOptions` (default:
+            every table a type-1 mirror that evolves its schema).
+        tombstone_retention_hours: tombstones older than this are purged (at most once an
+            hour of a running applier); ``0`` keeps them forever.
     """
 
     def __init__(
-        self, warehouse: DeltaWarehouse, router: Router | None = None, changelog: bool = True
+        self,
+        warehouse: DeltaWarehouse,
+        router: Router | None = None,
+        changelog: bool = True,
+        tables: Callable[[str], TableOptions] | None = None,
+        tombstone_retention_hours: float = 168.0,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
         self.changelog = changelog
+        self.tables = tables or (lambda _target: TableOptions())
+        self.tombstone_retention_hours = tombstone_retention_hours
+        self._last_purge: float | None = None
+        self._schema_rows: list[dict[str, Any]] = []
+        self._schema_log: pa.Table | None = None
 
     def apply(self, events: pa.Table, batch_id: int) -> BatchReport:
         """Apply one batch. Replaying the same ``batch_id`` with the same rows is a no-op.
@@ -158,17 +191,41 @@ class BatchApplier:
         if self.changelog and rows.num_rows:
             wh.append(wh.system_path("changelog"), self._changelog(rows, batch_id), batch_id)
 
+        self._schema_rows = []
+        self._schema_log = None  # re-read once a batch: `cdcflow resume` may have written
+        stopped = self._stopped_tables()
         for target, part in self._by_target(rows):
+            options = self.tables(target)
             try:
-                mirror = self._apply_mirror(target, part, batch_id)
+                if target in stopped:
+                    raise ApplyError(
+                        f"table {target} is stopped: {stopped[target]} "
+                        "(see _cdcflow/schema_changes; docs/semantics.md#schema-changes)",
+                        Code.TABLE_STOPPED,
+                    )
+                mirror = self._apply_mirror(target, part, batch_id, options)
                 report.mirrors.append(mirror)
                 if mirror.rejected:
                     dead_letters.append(self._rejected_dead_letters(part, target, mirror, batch_id))
                     report.dead_letters[Code.TYPE_CONFLICT] += dead_letters[-1].num_rows
             except ApplyError as exc:
                 log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
+                if isinstance(exc, SchemaStop):
+                    self._record_schema(
+                        target,
+                        batch_id,
+                        "stop",
+                        options,
+                        exc.first,
+                        message=exc.message,
+                        applied=False,
+                    )
                 report.dead_letters[exc.code] += part.num_rows
                 dead_letters.append(self._apply_dead_letters(part, target, exc, batch_id))
+        if self._schema_rows:
+            data = pa.Table.from_pylist(self._schema_rows, schema=SCHEMA_CHANGES_SCHEMA)
+            wh.append(wh.system_path("schema_changes"), data, batch_id)
+        self._maybe_purge_tombstones()
         all_dead = pa.concat_tables(dead_letters)
         # dead letters are written after the mirrors so apply failures land in the same commit
         wh.append(wh.system_path("dead_letters"), all_dead, batch_id)
@@ -218,29 +275,215 @@ class BatchApplier:
 
     # ------------------------------------------------------------------ pieces
 
-    def _apply_mirror(self, target: str, part: pa.Table, batch_id: int) -> MirrorResult:
-        # distinct declarations, in order of first appearance
-        declared = [orjson.loads(c) for c in pc.unique(part["columns"]).to_pylist() if c]
-        table = self.warehouse.open(self.warehouse.table_path(target))
-        existing: dict[str, str] = {}
-        if table is not None:
-            existing = {
-                f.name: logical_from_arrow(f.type)
-                for f in arrow_schema(table)
-                if f.name not in (SEQ_COLUMN, TS_COLUMN)
-            }
-        types, conflicts = merge_types(existing, declared)
-        for c in conflicts:
-            log.warning("table %s: %s", target, c)
+    def _apply_mirror(
+        self, target: str, part: pa.Table, batch_id: int, options: TableOptions
+    ) -> MirrorResult:
+        if options.ignore_null_updates:
+            part = drop_null_updates(part)
+        if options.sequence_by:
+            part = with_sequence_by(part, options.sequence_by)
         keys = part.filter(pc.is_valid(part["key"]))["key"]
         key_columns = list(orjson.loads(keys[0].as_py())) if len(keys) else []
+        table = self.warehouse.open(self.warehouse.table_path(target))
         if not key_columns and table is None:
             # only a truncate was seen for a table that does not exist yet: nothing to do
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
+        types = self._evolve_schema(target, part, batch_id, options, key_columns)
         net = net_change(part)
-        result = self.warehouse.apply_mirror(target, net, types, key_columns, batch_id)
+        result = self.warehouse.apply_mirror(
+            target,
+            net,
+            types,
+            key_columns,
+            batch_id,
+            soft_delete=options.soft_delete,
+            full_row_identity=_full_row_identity(part),
+        )
         self.warehouse.append_tombstones(target, net, batch_id)
         return result
+
+    # ------------------------------------------------------------------ schema changes
+
+    def _evolve_schema(
+        self,
+        target: str,
+        part: pa.Table,
+        batch_id: int,
+        options: TableOptions,
+        key_columns: list[str],
+    ) -> dict[str, str]:
+        """The column types to store for ``target``, after applying its schema policy.
+
+        Raises:
+            SchemaStop: the policy is ``fail`` and the batch changes the schema, or a
+                declared type cannot be stored without loss.
+        """
+        declared_json = [c for c in pc.unique(part["columns"]).to_pylist() if c]
+        declared = [orjson.loads(c) for c in declared_json]
+        table = self.warehouse.open(self.warehouse.table_path(target))
+        stored: dict[str, str] = {}
+        if table is not None:
+            stored = {
+                f.name: logical_from_arrow(f.type)
+                for f in arrow_schema(table)
+                if f.name not in _BOOKKEEPING
+            }
+        full = part.filter(
+            pc.and_(
+                pc.is_in(part["op"], _IMAGE_OPS),
+                pc.and_(
+                    pc.is_valid(part["after"]), pc.invert(pc.fill_null(part["partial"], False))
+                ),
+            )
+        )["after"]
+        plan = plan_schema(
+            stored,
+            declared,
+            full_afters=full if table is not None else None,
+            dropped_before=self._dropped_columns(target),
+            policy=options.schema_changes,
+            key_columns=key_columns,
+        )
+        if table is None or not plan.changes:
+            return plan.types
+
+        def first(column: str, type_: str | None = None) -> dict[str, Any]:
+            for text, cols in zip(declared_json, declared, strict=True):
+                if column in cols and (type_ is None or cols[column] == type_):
+                    return _origin(part, pc.index(part["columns"], text).as_py())
+            return _origin(part, 0)
+
+        policy = options.schema_changes
+        if plan.conflicts or (policy == "fail" and (plan.added or plan.widened or plan.dropped)):
+            column, (old, new) = next(
+                iter(
+                    {
+                        **plan.conflicts,
+                        **plan.widened,
+                        **{c: (None, t) for c, t in plan.added.items()},
+                        **{c: (stored[c], None) for c in plan.dropped},
+                    }.items()
+                )
+            )
+            if column in plan.conflicts:
+                why = f"column {column!r} is stored as {old} and now declared {new}, which it cannot hold without loss"
+            else:
+                why = f"schema_changes is 'fail' and column {column!r} changed ({old} -> {new})"
+            raise SchemaStop(
+                f"{why}; the table is stopped, other tables go on. Fix: alter the table by hand "
+                f"(or set schema_changes: evolve), then `cdcflow resume {target}`",
+                first(column, new),
+            )
+        applied = policy == "evolve"
+        for column, t in plan.added.items():
+            self._record_schema(
+                target, batch_id, "add", options, first(column, t), column, None, t, applied
+            )
+        for column, (old, wider) in plan.widened.items():
+            self._record_schema(
+                target, batch_id, "widen", options, first(column), column, old, wider, applied
+            )
+        for column in plan.dropped:
+            self._record_schema(
+                target,
+                batch_id,
+                "drop",
+                options,
+                _origin(part, 0),
+                column,
+                stored[column],
+                None,
+                applied,
+            )
+        for column in plan.restored:
+            self._record_schema(
+                target,
+                batch_id,
+                "restore",
+                options,
+                first(column),
+                column,
+                None,
+                stored[column],
+                applied,
+            )
+        if applied and plan.widened:
+            self.warehouse.widen_columns(target, {c: w for c, (_, w) in plan.widened.items()})
+        return plan.types
+
+    def _record_schema(
+        self,
+        target: str,
+        batch_id: int,
+        change: str,
+        options: TableOptions,
+        origin: dict[str, Any],
+        column: str | None = None,
+        old_type: str | None = None,
+        new_type: str | None = None,
+        applied: bool = True,
+        message: str | None = None,
+    ) -> None:
+        self._schema_rows.append(
+            {
+                "target_table": target,
+                "batch_id": batch_id,
+                "change": change,
+                "column": column,
+                "old_type": old_type,
+                "new_type": new_type,
+                "policy": options.schema_changes,
+                "applied": applied,
+                "message": message,
+                "recorded_at_ms": int(time.time() * 1000),
+                **origin,
+            }
+        )
+
+    def _schema_changes(self) -> pa.Table:
+        if self._schema_log is None:
+            table = self.warehouse.open(self.warehouse.system_path("schema_changes"))
+            self._schema_log = (
+                SCHEMA_CHANGES_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+            )
+        return self._schema_log
+
+    def _last_records(self, on: str, undo: str, target: str | None = None) -> dict:
+        """The latest ``on``/``undo`` record per target (and column), in record order.
+
+        Returns ``{(target, column): message}`` for the pairs whose latest record is ``on``.
+        Records are ordered by ``recorded_at_ms``; on a tie the ``undo`` one is later.
+        """
+        log_ = self._schema_changes()
+        mask = pc.is_in(log_["change"], pa.array([on, undo]))
+        if target is not None:
+            mask = pc.and_(mask, pc.equal(log_["target_table"], target))
+        rows = log_.filter(mask).to_pylist()
+        rows.sort(key=lambda r: (r["recorded_at_ms"] or 0, r["change"] == undo))
+        state: dict[tuple[str, str | None], str | None] = {}
+        for r in rows:
+            where = (r["target_table"], r["column"])
+            state[where] = (r["message"] or on) if r["change"] == on else None
+        return {w: m for w, m in state.items() if m is not None}
+
+    def _stopped_tables(self) -> dict[str, str]:
+        """Target -> reason, for tables whose last stop/resume record is a stop."""
+        return {t: m for (t, _), m in self._last_records("stop", "resume").items()}
+
+    def _dropped_columns(self, target: str) -> set[str]:
+        """Columns of ``target`` whose last drop/restore record is a drop."""
+        return {c for (_, c), _m in self._last_records("drop", "restore", target).items()}
+
+    def _maybe_purge_tombstones(self) -> None:
+        now = time.monotonic()
+        if self.tombstone_retention_hours <= 0:
+            return
+        if self._last_purge is not None and now - self._last_purge < _PURGE_EVERY_S:
+            return
+        self._last_purge = now
+        purged = self.warehouse.purge_tombstones(self.tombstone_retention_hours)
+        if purged:
+            log.info("purged %d tombstones older than %s h", purged, self.tombstone_retention_hours)
 
     @staticmethod
     def _changelog(rows: pa.Table, batch_id: int) -> pa.Table:
@@ -417,3 +660,22 @@ class BatchApplier:
             },
             schema=BATCHES_SCHEMA,
         )
+
+
+def _origin(part: pa.Table, i: int) -> dict[str, Any]:
+    """Where event ``i`` of ``part`` came from (for the schema-change record)."""
+    i = max(0, i)
+    return {
+        "seq": part["seq"][i].as_py(),
+        "topic": part["topic"][i].as_py(),
+        "partition": part["partition"][i].as_py(),
+        "offset": part["offset"][i].as_py(),
+    }
+
+
+def _full_row_identity(part: pa.Table) -> bool:
+    """Whether the table's events use the whole row as identity (no primary key)."""
+    meta = part.filter(pc.is_valid(part["meta"]))["meta"]
+    if not len(meta):
+        return False
+    return bool(pc.any(pc.match_substring(meta, '"row_identity":"full_row"')).as_py())

@@ -9,6 +9,7 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/batches/              per micro-batch and partition: offsets and counts
     <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
     <warehouse>/_cdcflow/progress/             per batch and source: last sequence, source time, lag
+    <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
 
 Exactly once: every commit carries the application transaction
 ``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
@@ -47,7 +48,9 @@ __all__ = [
     "CHANGELOG_COLUMNS",
     "DEAD_LETTER_SCHEMA",
     "BATCHES_SCHEMA",
+    "SCHEMA_CHANGES_SCHEMA",
     "SEQ_COLUMN",
+    "SOFT_DELETE_COLUMN",
     "TS_COLUMN",
 ]
 
@@ -141,8 +144,31 @@ TOMBSTONE_SCHEMA = pa.schema(
         ("key", pa.string()),  # null: a truncate watermark for the whole table
         ("seq", pa.string()),
         ("batch_id", pa.int64()),
+        ("deleted_at_ms", pa.int64()),  # commit time: tombstone retention counts from here
     ]
 )
+
+SCHEMA_CHANGES_SCHEMA = pa.schema(
+    [
+        ("target_table", pa.string()),
+        ("batch_id", pa.int64()),
+        ("change", pa.string()),  # create | add | widen | drop | restore | stop
+        ("column", pa.string()),
+        ("old_type", pa.string()),
+        ("new_type", pa.string()),
+        ("policy", pa.string()),  # evolve | ignore | fail
+        ("applied", pa.bool_()),  # false: ignored by the policy, or the table stopped
+        ("message", pa.string()),
+        ("seq", pa.string()),  # the first event that carried the change
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("recorded_at_ms", pa.int64()),
+    ]
+)
+
+#: Column a soft-deleting mirror keeps: true once the row's key was deleted at the source.
+SOFT_DELETE_COLUMN = "_deleted"
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 
@@ -288,15 +314,21 @@ class DeltaWarehouse:
         types: Mapping[str, str],
         key_columns: Sequence[str],
         batch_id: int,
+        soft_delete: bool = False,
+        full_row_identity: bool = False,
     ) -> MirrorResult:
         """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
 
         Args:
             target: target table name (see :meth:`table_path`).
             net: the batch's net change for this table.
-            types: column -> logical type for every column the batch declares.
+            types: column -> logical type for every column to store (the stored ones
+                first; a column missing from the table is added).
             key_columns: the table's key columns, in key order.
             batch_id: micro-batch id; the commit carries it.
+            soft_delete: a delete (or truncate) sets ``_deleted`` instead of removing rows.
+            full_row_identity: the "key" is the whole row (a table without a primary
+                key): key columns may be NULL and are matched NULL-safely.
 
         Raises:
             ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
@@ -320,7 +352,7 @@ class DeltaWarehouse:
             if watermark:
                 before_truncate = pc.less(guard_seq, watermark)
                 keep = pc.and_(keep, pc.invert(before_truncate))
-        result.dropped_by_guard = rows.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
+        result.dropped_by_guard = rows.num_rows - (pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
         rows = rows.filter(keep)
 
         upserts = rows.filter(pc.invert(rows["is_delete"]))
@@ -328,7 +360,9 @@ class DeltaWarehouse:
         result.upserts, result.deletes = upserts.num_rows, deletes.num_rows
 
         table = self.open(path)
-        columns = self._ensure_table(path, table, types, key_columns)
+        columns = self._ensure_table(
+            path, table, types, () if full_row_identity else key_columns, soft_delete
+        )
         table = self.open(path)
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
         source = None
@@ -346,14 +380,25 @@ class DeltaWarehouse:
             result.truncated = True
             predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{net.truncate_seq}'"
             last_commit = source is None or source.num_rows == 0
-            table.delete(
-                predicate, commit_properties=self._commit(batch_id) if last_commit else None
-            )
+            props = self._commit(batch_id) if last_commit else None
+            if soft_delete:
+                table.update(
+                    updates={
+                        _q(SOFT_DELETE_COLUMN): "true",
+                        _q(SEQ_COLUMN): f"'{net.truncate_seq}'",
+                    },
+                    predicate=f"({predicate}) AND NOT {_q(SOFT_DELETE_COLUMN)}",
+                    commit_properties=props,
+                )
+            else:
+                table.delete(predicate, commit_properties=props)
             commit_done = last_commit
             table = self.open(path)
 
         if source is not None and source.num_rows:
-            result.metrics = self._merge(table, source, columns, key_columns, batch_id)
+            result.metrics = self._merge(
+                table, source, columns, key_columns, batch_id, soft_delete, full_row_identity
+            )
             commit_done = True
         if not commit_done:
             # nothing to change, but the batch must still count as committed here
@@ -378,13 +423,19 @@ class DeltaWarehouse:
         table: DeltaTable | None,
         types: Mapping[str, str],
         key_columns: Sequence[str],
+        soft_delete: bool = False,
     ) -> list[str]:
-        """Create the mirror or add new columns; returns the data columns in order."""
+        """Create the mirror or add new columns; returns the data columns in order.
+
+        ``key_columns`` are created NOT NULL; a soft-deleting mirror gets ``_deleted``.
+        """
         if table is None:
             fields = [
                 pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
             ]
             fields += [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
+            if soft_delete:
+                fields.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
             DeltaTable.create(
                 path,
                 pa.schema(fields),
@@ -394,6 +445,8 @@ class DeltaWarehouse:
             return list(types)
         existing = [f.name for f in arrow_schema(table)]
         new = [c for c in types if c not in existing]
+        if soft_delete and SOFT_DELETE_COLUMN not in existing:
+            table.alter.add_columns([Field(SOFT_DELETE_COLUMN, "boolean", nullable=True)])
         if new:
             # Added *before* the merge, never via merge_schema=True: delta-rs 1.6.6 copies the
             # source's new-column values into rows a guarded merge rewrote but did not update
@@ -401,8 +454,40 @@ class DeltaWarehouse:
             table.alter.add_columns(
                 [Field.from_arrow(pa.field(c, arrow_type(types[c]), nullable=True)) for c in new]
             )
-        data_cols = [c for c in existing if c not in (SEQ_COLUMN, TS_COLUMN)] + new
-        return data_cols
+        bookkeeping = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
+        return [c for c in existing if c not in bookkeeping] + new
+
+    def widen_columns(self, target: str, widened: Mapping[str, str]) -> None:
+        """Rewrite the mirror with wider column types (``{column: new logical type}``).
+
+        delta-rs 1.6 has no type-widening table feature, so the table is read, cast and
+        overwritten with the new schema in one commit (readers see the old or the new
+        table, never a mix). Casts are lossless by construction (:func:`cdcflow.types.widen`).
+        A replay finds the columns already wide and does nothing.
+        """
+        path = self.table_path(target)
+        table = self.open(path)
+        if table is None or not widened:
+            return
+        schema = arrow_schema(table)
+        fields = [
+            pa.field(f.name, arrow_type(widened[f.name]), nullable=f.nullable)
+            if f.name in widened
+            else f
+            for f in schema
+        ]
+        new_schema = pa.schema(fields)
+        if new_schema == schema:
+            return
+        data = table.to_pyarrow_table().cast(new_schema)
+        write_deltalake(
+            table,
+            data,
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=self.storage_options or None,
+        )
+        self._tables.pop(path, None)
 
     def _checked_merge_source(
         self,
@@ -505,8 +590,11 @@ class DeltaWarehouse:
         columns: Sequence[str],
         key_columns: Sequence[str],
         batch_id: int,
+        soft_delete: bool = False,
+        null_safe: bool = False,
     ) -> dict[str, Any]:
-        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in key_columns)
+        eq = "IS NOT DISTINCT FROM" if null_safe else "="
+        on = " AND ".join(f"t.{_q(k)} {eq} s.{_q(k)}" for k in key_columns)
         newer = f"(t.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} >= t.{_q(SEQ_COLUMN)})"
         present = {
             c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
@@ -522,16 +610,31 @@ class DeltaWarehouse:
         }
         inserts = {_q(c): f"s.{_q(c)}" for c in data_cols}
         started = time.perf_counter()
-        metrics = (
-            table.merge(
-                source,
-                predicate=on,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=self._commit(batch_id),
+        merger = table.merge(
+            source,
+            predicate=on,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=self._commit(batch_id),
+        )
+        is_delete = f"s.{_q(_DELETE_FLAG)} AND {newer}"
+        if soft_delete:
+            flag = _q(SOFT_DELETE_COLUMN)
+            merger = merger.when_matched_update(
+                updates={
+                    flag: "true",
+                    _q(SEQ_COLUMN): f"s.{_q(SEQ_COLUMN)}",
+                    _q(TS_COLUMN): f"s.{_q(TS_COLUMN)}",
+                },
+                predicate=is_delete,
             )
-            .when_matched_delete(predicate=f"s.{_q(_DELETE_FLAG)} AND {newer}")
-            .when_matched_update(updates=updates, predicate=f"NOT s.{_q(_DELETE_FLAG)} AND {newer}")
+            updates[flag] = inserts[flag] = "false"
+        else:
+            merger = merger.when_matched_delete(predicate=is_delete)
+        metrics = (
+            merger.when_matched_update(
+                updates=updates, predicate=f"NOT s.{_q(_DELETE_FLAG)} AND {newer}"
+            )
             .when_not_matched_insert(updates=inserts, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
             .execute()
         )
@@ -548,12 +651,14 @@ class DeltaWarehouse:
             seqs.append(net.truncate_seq)
         if not keys:
             return
+        now = int(time.time() * 1000)
         data = pa.table(
             {
                 "target_table": [target] * len(keys),
                 "key": pa.array(keys, pa.string()),
                 "seq": seqs,
                 "batch_id": pa.array([batch_id] * len(keys), pa.int64()),
+                "deleted_at_ms": pa.array([now] * len(keys), pa.int64()),
             },
             schema=TOMBSTONE_SCHEMA,
         )
@@ -574,3 +679,51 @@ class DeltaWarehouse:
             storage_options=self.storage_options or None,
         )
         self._tables.pop(path, None)
+
+    def purge_tombstones(self, retention_hours: float, now_ms: int | None = None) -> int:
+        """Delete key tombstones committed more than ``retention_hours`` ago.
+
+        Truncate watermarks (``key`` NULL) are kept. After the purge, a change older than a
+        purged tombstone that arrives late can bring its row back: the retention must
+        exceed the longest delay a late or replayed event can have (as AUTO CDC's tombstone
+        GC threshold). ``0`` keeps tombstones forever.
+
+        Returns:
+            The number of tombstones deleted.
+        """
+        if retention_hours <= 0:
+            return 0
+        path = self.system_path("tombstones")
+        table = self.open(path)
+        if table is None:
+            return 0
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cutoff = now_ms - int(retention_hours * 3_600_000)
+        metrics = table.delete(f"key IS NOT NULL AND deleted_at_ms < {cutoff}")
+        self._tables.pop(path, None)
+        return int(metrics.get("num_deleted_rows", 0) or 0)
+
+    def resume_table(self, target: str, by: str = "") -> None:
+        """Let a table stopped by a schema change take changes again.
+
+        Appends a ``resume`` record to ``_cdcflow/schema_changes``; the next micro-batch
+        applies the table's changes again. The changes dead-lettered while it was stopped
+        stay in ``_cdcflow/dead_letters`` (code ``TABLE_STOPPED``/``SCHEMA_CHANGE``).
+        """
+        now = int(time.time() * 1000)
+        row = {name: None for name in SCHEMA_CHANGES_SCHEMA.names}
+        row.update(
+            target_table=target,
+            batch_id=-1,
+            change="resume",
+            applied=True,
+            message=f"resumed by {by or 'an operator'}",
+            recorded_at_ms=now,
+        )
+        write_deltalake(
+            self.system_path("schema_changes"),
+            pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA),
+            mode="append",
+            storage_options=self.storage_options or None,
+        )
+        self._tables.pop(self.system_path("schema_changes"), None)

@@ -1,0 +1,384 @@
+"""Per-table apply options on real Delta tables: sequence_by, soft delete,
+ignore_null_updates, schema-change policies, type widening, drops, tombstone retention."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from tests.apply.helpers import dele, ev, ins, table_of, upd
+
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.apply.options import TableOptions, TableRules
+from cdcflow.apply.prepare import tie_break_part
+from cdcflow.cli import main
+from cdcflow.errors import Code
+from cdcflow.model import Op, SourceTable, seq_key
+from cdcflow.sinks.delta import DeltaWarehouse
+
+TARGET = "db.items"
+
+
+def _setup(tmp_path, **options):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    rules = TableRules.of([("db.*", options)]) if options else None
+    return wh, BatchApplier(wh, tables=rules)
+
+
+def _rows(wh, target=TARGET):
+    out = {}
+    for r in wh.read(target).to_pylist():
+        out[r["id"]] = {k: v for k, v in r.items() if not k.startswith("_cdc_")}
+    return out
+
+
+def _system(wh, name):
+    return wh.read(name, system=True)
+
+
+# ---------------------------------------------------------------- rules
+
+
+def test_rules_apply_in_file_order_and_later_matches_override():
+    rules = TableRules.of(
+        [
+            ("*", {"soft_delete": True}),
+            ("shop.*", {"mode": "history"}),
+            ("shop.a", {"soft_delete": False}),
+        ]
+    )
+    assert rules("other.x") == TableOptions(soft_delete=True)
+    assert rules("shop.b") == TableOptions(soft_delete=True, mode="history")
+    assert rules("shop.a") == TableOptions(soft_delete=False, mode="history")
+    with pytest.raises(KeyError, match="soft_delet"):
+        TableRules.of([("*", {"soft_delet": True})])
+
+
+# ---------------------------------------------------------------- sequence_by
+
+COLS_V = {"id": "int64", "name": "string", "version": "int64"}
+
+
+def _v(op, k, name, version, seq, **kw):
+    return ev(
+        op, k, after={"id": k, "name": name, "version": version}, seq=seq, columns=COLS_V, **kw
+    )
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_sequence_by_breaks_ties_between_equal_source_sequences(tmp_path, order):
+    wh, ap = _setup(tmp_path, sequence_by=("version",))
+    events = [
+        _v(Op.INSERT, 1, "v1", 1, seq=5),
+        _v(Op.UPDATE, 1, "v3", 3, seq=5),
+        _v(Op.UPDATE, 1, "v2", 2, seq=5),
+    ]
+    # every event in a batch of its own, in the given arrival order
+    for batch_id, i in enumerate(order):
+        ap.apply(table_of(events[i]), batch_id)
+    assert _rows(wh)[1]["name"] == "v3"
+
+
+def test_without_sequence_by_the_kafka_position_decides_ties(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(
+        table_of(
+            _v(Op.INSERT, 1, "v3", 3, seq=5, offset=1), _v(Op.UPDATE, 1, "v1", 1, seq=5, offset=2)
+        ),
+        0,
+    )
+    assert _rows(wh)[1]["name"] == "v1"
+
+
+def test_source_sequence_still_comes_before_the_tie_break(tmp_path):
+    wh, ap = _setup(tmp_path, sequence_by=("version",))
+    ap.apply(table_of(_v(Op.INSERT, 1, "newer", 1, seq=9)), 0)
+    ap.apply(table_of(_v(Op.UPDATE, 1, "older", 99, seq=8)), 1)
+    assert _rows(wh)[1]["name"] == "newer"
+
+
+@pytest.mark.parametrize(
+    ("values", "logical"),
+    [
+        ([-(10**12), -3, 0, 7, 10**15], "int64"),
+        (["-12.50", "-1.00", "0.00", "0.01", "99999.99"], "decimal(10,2)"),
+        ([-1.5e10, -0.25, 0.0, 1e-9, 3.5, 2.5e15], "float64"),
+        (
+            [
+                "1969-12-31T23:59:59+00:00",
+                "2020-01-01T01:59:59+02:00",
+                "2020-01-01T00:00:00+00:00",
+                "2020-01-01T00:00:00.000001+00:00",
+            ],
+            "timestamptz",
+        ),
+    ],
+)
+def test_tie_break_parts_sort_like_their_values(values, logical):
+    parts = [tie_break_part(v, logical) for v in values]
+    assert parts == sorted(parts)
+    assert tie_break_part(None, logical) < min(parts)  # NULL first
+
+
+def test_tie_break_keeps_a_sequence_before_its_extensions():
+    from cdcflow.apply.prepare import TIE_BREAK_SEPARATOR as SEP
+
+    assert seq_key((5,)) + SEP + tie_break_part(10**9, "int64") < seq_key((5, 0))
+    assert seq_key((5,)) + SEP + tie_break_part(-1, "int64") > seq_key((4, 99))
+
+
+# ---------------------------------------------------------------- soft delete
+
+
+def test_soft_delete_flags_the_row_and_a_newer_insert_clears_it(tmp_path):
+    wh, ap = _setup(tmp_path, soft_delete=True)
+    ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
+    ap.apply(table_of(dele(1, seq=3)), 1)
+    rows = wh.read(TARGET).to_pylist()
+    flags = {r["id"]: (r["_deleted"], r["name"]) for r in rows}
+    assert flags == {1: (True, "a"), 2: (False, "b")}  # values kept, flag set
+    ap.apply(table_of(ins(1, "late, older than the delete", seq=2)), 2)
+    assert {r["id"]: r["_deleted"] for r in wh.read(TARGET).to_pylist()}[1] is True
+    ap.apply(table_of(ins(1, "back", seq=4)), 3)
+    again = {r["id"]: (r["_deleted"], r["name"]) for r in wh.read(TARGET).to_pylist()}
+    assert again[1] == (False, "back")
+
+
+def test_soft_delete_truncate_flags_only_rows_before_it(tmp_path):
+    wh, ap = _setup(tmp_path, soft_delete=True)
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    ap.apply(table_of(ev(Op.TRUNCATE, seq=2), ins(2, "b", seq=3)), 1)
+    flags = {r["id"]: r["_deleted"] for r in wh.read(TARGET).to_pylist()}
+    assert flags == {1: True, 2: False}
+
+
+# ---------------------------------------------------------------- ignore_null_updates
+
+
+def test_ignore_null_updates_keeps_stored_values(tmp_path):
+    wh, ap = _setup(tmp_path, ignore_null_updates=True)
+    ap.apply(table_of(ins(1, "a", qty=5, seq=1)), 0)
+    ap.apply(table_of(ev(Op.UPDATE, 1, after={"id": 1, "name": None, "qty": 6}, seq=2)), 1)
+    assert _rows(wh)[1] == {"id": 1, "name": "a", "qty": 6}
+
+
+def test_without_ignore_null_updates_null_is_written(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", qty=5, seq=1)), 0)
+    ap.apply(table_of(ev(Op.UPDATE, 1, after={"id": 1, "name": None, "qty": 6}, seq=2)), 1)
+    assert _rows(wh)[1] == {"id": 1, "name": None, "qty": 6}
+
+
+def test_ignore_null_updates_never_touches_inserts(tmp_path):
+    wh, ap = _setup(tmp_path, ignore_null_updates=True)
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    ap.apply(
+        table_of(dele(1, seq=2), ev(Op.INSERT, 1, after={"id": 1, "name": None, "qty": 1}, seq=3)),
+        1,
+    )
+    assert _rows(wh)[1]["name"] is None
+
+
+# ---------------------------------------------------------------- schema changes
+
+NARROW = {"id": "int64", "name": "string", "qty": "int32", "price": "decimal(6,2)"}
+WIDE = {"id": "int64", "name": "string", "qty": "int64", "price": "decimal(12,3)"}
+
+
+def _typed(k, qty, price, seq, cols):
+    return ev(
+        Op.INSERT,
+        k,
+        after={"id": k, "name": "n", "qty": qty, "price": price},
+        seq=seq,
+        columns=cols,
+    )
+
+
+def test_evolve_widens_stored_columns_without_losing_values(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(_typed(1, 7, "1234.56", 1, NARROW)), 0)
+    ap.apply(table_of(_typed(2, 2**40, "123456789.125", 2, WIDE)), 1)
+    schema = {f.name: f.type for f in wh.read(TARGET).schema}
+    assert schema["qty"] == pa.int64() and schema["price"] == pa.decimal128(12, 3)
+    rows = _rows(wh)
+    assert rows[1]["qty"] == 7 and str(rows[1]["price"]) == "1234.560"
+    assert rows[2]["qty"] == 2**40 and str(rows[2]["price"]) == "123456789.125"
+    log = _system(wh, "schema_changes").to_pylist()
+    widened = {(r["column"], r["old_type"], r["new_type"]) for r in log if r["change"] == "widen"}
+    assert widened == {("qty", "int32", "int64"), ("price", "decimal(6,2)", "decimal(12,3)")}
+    assert all(r["applied"] and r["topic"] == "t" for r in log)
+
+
+def test_evolve_records_added_and_dropped_columns(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", qty=3, seq=1)), 0)
+    two = {"id": "int64", "name": "string", "color": "string"}
+    ap.apply(
+        table_of(
+            ev(Op.UPDATE, 1, after={"id": 1, "name": "b", "color": "red"}, seq=2, columns=two)
+        ),
+        1,
+    )
+    assert _rows(wh)[1] == {"id": 1, "name": "b", "qty": None, "color": "red"}  # NULL from then on
+    ap.apply(
+        table_of(ev(Op.INSERT, 2, after={"id": 2, "name": "c", "color": None}, seq=3, columns=two)),
+        2,
+    )
+    log = _system(wh, "schema_changes").to_pylist()
+    changes = [(r["batch_id"], r["change"], r["column"]) for r in log]
+    assert sorted(changes) == [(1, "add", "color"), (1, "drop", "qty")]  # recorded once
+    ap.apply(table_of(ins(3, "d", qty=9, seq=4)), 3)  # qty is back
+    log = _system(wh, "schema_changes").to_pylist()
+    assert (3, "restore", "qty") in [(r["batch_id"], r["change"], r["column"]) for r in log]
+
+
+def test_a_null_value_is_not_a_dropped_column(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", qty=3, seq=1)), 0)
+    # schemaless formats declare no type for a NULL value, but the image still holds it
+    ap.apply(
+        table_of(
+            ev(
+                Op.UPDATE,
+                1,
+                after={"id": 1, "name": "b", "qty": None},
+                seq=2,
+                columns={"id": "int64", "name": "string"},
+            )
+        ),
+        1,
+    )
+    assert wh.open(wh.system_path("schema_changes")) is None
+
+
+def test_fail_policy_stops_only_that_table_with_the_offending_event(tmp_path):
+    wh, ap = _setup(tmp_path, schema_changes="fail")
+    other = SourceTable("test", "other", "", "things")
+    ap.apply(table_of(ins(1, "a", seq=1), ins(1, "x", seq=1, table=other)), 0)
+    new_cols = {**TABLE_COLS, "color": "string"}
+    bad = ev(
+        Op.INSERT,
+        2,
+        after={"id": 2, "name": "b", "qty": 1, "color": "red"},
+        seq=2,
+        columns=new_cols,
+        offset=77,
+    )
+    report = ap.apply(table_of(ins(3, "c", seq=2), bad, ins(2, "y", seq=2, table=other)), 1)
+    assert report.dead_letters[Code.SCHEMA_CHANGE] == 2
+    assert set(_rows(wh)) == {1}  # nothing of the batch applied to the stopped table
+    assert set(_rows(wh, "other.things")) == {1, 2}  # the other table went on
+    stop = [r for r in _system(wh, "schema_changes").to_pylist() if r["change"] == "stop"]
+    assert len(stop) == 1 and stop[0]["offset"] == 77 and "color" in stop[0]["message"]
+    # later batches of the stopped table are dead letters too, with raw events kept
+    report = ap.apply(table_of(ins(4, "d", seq=3), ins(3, "z", seq=3, table=other)), 2)
+    assert report.dead_letters[Code.TABLE_STOPPED] == 1
+    assert set(_rows(wh)) == {1} and set(_rows(wh, "other.things")) == {1, 2, 3}
+    dead = _system(wh, "dead_letters")
+    stopped = dead.filter(pc.equal(dead["code"], Code.TABLE_STOPPED)).to_pylist()
+    assert stopped[0]["target_table"] == TARGET
+    assert orjson.loads(orjson.loads(stopped[0]["raw_value"])["after"])["name"] == "d"
+
+
+TABLE_COLS = {"id": "int64", "name": "string", "qty": "int64"}
+
+
+def test_ignore_policy_keeps_the_schema_and_records_what_it_ignored(tmp_path):
+    wh, ap = _setup(tmp_path, schema_changes="ignore")
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    cols = {**TABLE_COLS, "color": "string"}
+    ap.apply(
+        table_of(
+            ev(
+                Op.INSERT,
+                2,
+                after={"id": 2, "name": "b", "qty": 1, "color": "red"},
+                seq=2,
+                columns=cols,
+            )
+        ),
+        1,
+    )
+    assert _rows(wh)[2] == {"id": 2, "name": "b", "qty": 1}
+    log = _system(wh, "schema_changes").to_pylist()
+    assert [(r["change"], r["column"], r["applied"]) for r in log] == [("add", "color", False)]
+
+
+def test_evolve_stops_a_table_on_a_type_it_cannot_hold(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", qty=1, seq=1)), 0)
+    cols = {**TABLE_COLS, "qty": "string"}
+    report = ap.apply(
+        table_of(
+            ev(Op.UPDATE, 1, after={"id": 1, "name": "a", "qty": "many"}, seq=2, columns=cols)
+        ),
+        1,
+    )
+    assert report.dead_letters[Code.SCHEMA_CHANGE] == 1
+    assert _rows(wh)[1]["qty"] == 1
+    stop = [r for r in _system(wh, "schema_changes").to_pylist() if r["change"] == "stop"][0]
+    assert "int64" in stop["message"] and "string" in stop["message"]
+
+
+def test_resume_lets_a_stopped_table_go_on(tmp_path):
+    wh, ap = _setup(tmp_path, schema_changes="fail")
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    cols = {**TABLE_COLS, "color": "string"}
+    ap.apply(
+        table_of(
+            ev(
+                Op.INSERT,
+                2,
+                after={"id": 2, "name": "b", "qty": 1, "color": "r"},
+                seq=2,
+                columns=cols,
+            )
+        ),
+        1,
+    )
+    ap.apply(table_of(ev(Op.INSERT, 3, after={"id": 3, "name": "c", "qty": 1}, seq=3)), 2)
+    assert 3 not in _rows(wh)  # still stopped
+    assert main(["resume", "--warehouse", str(tmp_path / "wh"), TARGET]) == 0
+    ap2 = BatchApplier(wh, tables=TableRules.of([("*", {"schema_changes": "evolve"})]))
+    ap2.apply(
+        table_of(
+            ev(
+                Op.INSERT,
+                3,
+                after={"id": 3, "name": "c", "qty": 1, "color": "g"},
+                seq=3,
+                columns=cols,
+            )
+        ),
+        3,
+    )
+    assert _rows(wh)[3]["color"] == "g"
+
+
+# ---------------------------------------------------------------- tombstone retention
+
+
+def test_tombstones_past_retention_are_purged_but_truncate_watermarks_stay(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=1)), 0)
+    ap.apply(table_of(ev(Op.TRUNCATE, seq=2), ins(2, "b", seq=3), dele(2, seq=4)), 1)
+    tombs = DeltaTable(wh.system_path("tombstones")).to_pyarrow_table()
+    assert tombs.num_rows == 2
+    latest = max(tombs["deleted_at_ms"].to_pylist())
+    assert wh.purge_tombstones(1.0, now_ms=latest + 3_599_000) == 0  # within retention
+    assert wh.purge_tombstones(1.0, now_ms=latest + 3_601_000) == 1
+    left = DeltaTable(wh.system_path("tombstones")).to_pyarrow_table().to_pylist()
+    assert [r["key"] for r in left] == [None]
+    assert wh.purge_tombstones(0, now_ms=latest + 10**12) == 0  # 0 keeps forever
+
+
+def test_applier_purges_on_its_first_batch(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    BatchApplier(wh).apply(table_of(ins(1, "a", seq=1)), 0)
+    BatchApplier(wh).apply(table_of(dele(1, seq=2)), 1)
+    tiny = BatchApplier(wh, tombstone_retention_hours=1e-9)
+    tiny.apply(table_of(upd(2, "x", seq=3)), 2)
+    assert DeltaTable(wh.system_path("tombstones")).to_pyarrow_table().num_rows == 0
