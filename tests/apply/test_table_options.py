@@ -382,3 +382,52 @@ def test_applier_purges_on_its_first_batch(tmp_path):
     tiny = BatchApplier(wh, tombstone_retention_hours=1e-9)
     tiny.apply(table_of(upd(2, "x", seq=3)), 2)
     assert DeltaTable(wh.system_path("tombstones")).to_pyarrow_table().num_rows == 0
+
+
+# ---------------------------------------------------------------- renames from DDL
+
+
+def _with_ddl(text, seq):
+    from dataclasses import replace
+
+    return replace(ev(Op.DDL, None, seq=seq, columns=None), ddl=text)
+
+
+RENAMED = {"id": "int64", "title": "string", "qty": "int64"}
+
+
+def test_a_rename_stated_by_ddl_moves_the_values(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
+    ren = _with_ddl("ALTER TABLE `db`.`items` RENAME COLUMN `name` TO `title`", 3)
+    after = ev(Op.UPDATE, 2, after={"id": 2, "title": "B", "qty": 5}, seq=4, columns=RENAMED)
+    ap.apply(table_of(ren, after), 1)
+    rows = _rows(wh)
+    assert rows[1] == {"id": 1, "name": None, "title": "a", "qty": 1}  # untouched row moved
+    assert rows[2] == {"id": 2, "name": None, "title": "B", "qty": 5}
+    log = [
+        (r["change"], r["column"], r["message"]) for r in _system(wh, "schema_changes").to_pylist()
+    ]
+    assert ("rename", "name", "name -> title") in log and ("drop", "name", None) in log
+    assert not any(c == "add" for c, *_ in log)  # a rename, not an unrelated new column
+
+
+def test_without_the_ddl_a_rename_is_a_drop_and_an_add(tmp_path):
+    wh, ap = _setup(tmp_path)
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    ap.apply(
+        table_of(ev(Op.UPDATE, 1, after={"id": 1, "title": "A", "qty": 1}, seq=2, columns=RENAMED)),
+        1,
+    )
+    assert _rows(wh)[1] == {"id": 1, "name": None, "title": "A", "qty": 1}
+    log = sorted((r["change"], r["column"]) for r in _system(wh, "schema_changes").to_pylist())
+    assert log == [("add", "title"), ("drop", "name")]
+
+
+def test_fail_policy_stops_on_a_rename(tmp_path):
+    wh, ap = _setup(tmp_path, schema_changes="fail")
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    report = ap.apply(table_of(_with_ddl("ALTER TABLE items RENAME COLUMN name TO title", 2)), 1)
+    assert report.dead_letters[Code.SCHEMA_CHANGE] == 1
+    stop = [r for r in _system(wh, "schema_changes").to_pylist() if r["change"] == "stop"]
+    assert "renamed" in stop[0]["message"] and stop[0]["seq"] == seq_key((2,))

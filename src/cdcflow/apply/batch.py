@@ -27,6 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.apply.ddl import column_renames
 from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
 from cdcflow.apply.options import TableOptions
@@ -57,6 +58,8 @@ _TABLE_OPS = pa.array(
     [Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value, Op.TRUNCATE.value]
 )
 _IMAGE_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value])
+#: what a target table's part of a batch holds: its row changes, truncates and DDL
+_ROUTED_OPS = pa.array([*_TABLE_OPS.to_pylist(), Op.DDL.value])
 _BOOKKEEPING = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
 #: at most one tombstone purge per this many seconds of a running applier
 _PURGE_EVERY_S = 3600.0
@@ -254,8 +257,11 @@ class BatchApplier:
         self.warehouse.append(self.warehouse.system_path("decoder_state"), data, batch_id)
 
     def _by_target(self, rows: pa.Table):
-        """``(target, rows)`` per target table, for the row changes and truncates."""
-        is_table_op = pc.is_in(rows["op"], _TABLE_OPS)
+        """``(target, rows)`` per target table, for the row changes, truncates and DDL."""
+        is_table_op = pc.and_(
+            pc.is_in(rows["op"], _ROUTED_OPS),
+            pc.invert(pc.equal(pc.fill_null(rows["table"], ""), "")),
+        )
         if not pc.all(is_table_op).as_py():
             rows = rows.filter(is_table_op)
         if rows.num_rows == 0:
@@ -288,7 +294,7 @@ class BatchApplier:
         if not key_columns and table is None:
             # only a truncate was seen for a table that does not exist yet: nothing to do
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
-        types = self._evolve_schema(target, part, batch_id, options, key_columns)
+        types, renames = self._evolve_schema(target, part, batch_id, options, key_columns)
         net = net_change(part)
         result = self.warehouse.apply_mirror(
             target,
@@ -300,6 +306,8 @@ class BatchApplier:
             full_row_identity=_full_row_identity(part),
         )
         self.warehouse.append_tombstones(target, net, batch_id)
+        if renames:
+            self.warehouse.copy_renamed_columns(target, renames)
         return result
 
     # ------------------------------------------------------------------ schema changes
@@ -311,8 +319,9 @@ class BatchApplier:
         batch_id: int,
         options: TableOptions,
         key_columns: list[str],
-    ) -> dict[str, str]:
-        """The column types to store for ``target``, after applying its schema policy.
+    ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """The column types to store for ``target`` after its schema policy, and the
+        ``(old, new)`` column renames whose values the caller copies after the merge.
 
         Raises:
             SchemaStop: the policy is ``fail`` and the batch changes the schema, or a
@@ -344,8 +353,9 @@ class BatchApplier:
             policy=options.schema_changes,
             key_columns=key_columns,
         )
-        if table is None or not plan.changes:
-            return plan.types
+        renames = self._renames(part, stored)
+        if table is None or not (plan.changes or renames):
+            return plan.types, []
 
         def first(column: str, type_: str | None = None) -> dict[str, Any]:
             for text, cols in zip(declared_json, declared, strict=True):
@@ -354,6 +364,22 @@ class BatchApplier:
             return _origin(part, 0)
 
         policy = options.schema_changes
+        fresh_renames = [(o, n, at) for o, n, at in renames if n not in stored]
+        declared_new: dict[str, str] = {}
+        for old, new, _ in renames:
+            if new in plan.added:
+                declared_new[new] = plan.added.pop(new)
+                plan.types.pop(new, None)
+            if old in plan.dropped:
+                plan.dropped.remove(old)
+        if policy == "fail" and fresh_renames:
+            old, new, at = fresh_renames[0]
+            raise SchemaStop(
+                f"schema_changes is 'fail' and column {old!r} was renamed to {new!r}; the table "
+                f"is stopped, other tables go on. Fix: rename it in the table by hand (or set "
+                f"schema_changes: evolve), then `cdcflow resume {target}`",
+                at,
+            )
         if plan.conflicts or (policy == "fail" and (plan.added or plan.widened or plan.dropped)):
             column, (old, new) = next(
                 iter(
@@ -407,9 +433,42 @@ class BatchApplier:
                 stored[column],
                 applied,
             )
+        for old, new, at in fresh_renames:
+            self._record_schema(
+                target,
+                batch_id,
+                "rename",
+                options,
+                at,
+                old,
+                stored[old],
+                stored[old],
+                applied,
+                message=f"{old} -> {new}",
+            )
+            self._record_schema(
+                target, batch_id, "drop", options, at, old, stored[old], None, applied
+            )
+            if applied:
+                plan.types[new] = declared_new.get(new, stored[old])
         if applied and plan.widened:
             self.warehouse.widen_columns(target, {c: w for c, (_, w) in plan.widened.items()})
-        return plan.types
+        copies = [(o, n) for o, n, _ in renames if o in stored] if applied else []
+        return plan.types, copies
+
+    @staticmethod
+    def _renames(part: pa.Table, stored: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
+        """Column renames the batch's DDL states for stored columns: (old, new, origin)."""
+        ddl = pc.equal(part["op"], Op.DDL.value)
+        if not stored or not pc.any(ddl).as_py():
+            return []
+        out = []
+        indices = pc.indices_nonzero(ddl).to_pylist()
+        for i in indices:
+            for old, new in column_renames(part["ddl"][i].as_py()):
+                if old in stored:
+                    out.append((old, new, _origin(part, i)))
+        return out
 
     def _record_schema(
         self,

@@ -457,6 +457,27 @@ class DeltaWarehouse:
         bookkeeping = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
         return [c for c in existing if c not in bookkeeping] + new
 
+    def copy_renamed_columns(self, target: str, renames: Sequence[tuple[str, str]]) -> None:
+        """After a rename ``old -> new``: rows that still hold their value under ``old``
+        (written before the rename) move it to ``new``; ``old`` becomes NULL.
+
+        Idempotent: rows already moved have ``new`` set and are left alone.
+        """
+        path = self.table_path(target)
+        table = self.open(path)
+        if table is None:
+            return
+        names = set(arrow_schema(table).names)
+        for old, new in renames:
+            if old not in names or new not in names:
+                continue
+            table.update(
+                updates={_q(new): _q(old), _q(old): "NULL"},
+                predicate=f"{_q(new)} IS NULL AND {_q(old)} IS NOT NULL",
+            )
+            table = self.open(path)
+        self._tables.pop(path, None)
+
     def widen_columns(self, target: str, widened: Mapping[str, str]) -> None:
         """Rewrite the mirror with wider column types (``{column: new logical type}``).
 
