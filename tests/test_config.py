@@ -80,3 +80,45 @@ def test_yaml_errors_are_config_errors(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read configuration"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_table_rules_and_apply_settings():
+    cfg = parse_config(
+        {
+            **GOOD,
+            "tables": [
+                {"match": "*", "schema_changes": "ignore"},
+                {"match": "shop.*", "mode": "history", "track_history": ["status"]},
+                {"match": "shop.audit", "soft_delete": True, "sequence_by": ["ts"]},
+            ],
+            "apply": {
+                "tombstone_retention_hours": 24,
+                "transactions": {"consistent": True, "max_wait_ms": 500},
+            },
+        }
+    )
+    audit = cfg.tables("shop.audit")
+    assert (audit.mode, audit.track_history, audit.soft_delete) == ("history", ("status",), True)
+    assert audit.sequence_by == ("ts",) and audit.schema_changes == "ignore"
+    assert cfg.tables("other.t").mode == "mirror"
+    assert cfg.apply.tombstone_retention_hours == 24
+    policy = cfg.apply.transaction_policy()
+    assert policy is not None and (policy.max_wait_ms, policy.max_events) == (500, 100_000)
+    assert parse_config(GOOD).apply.transaction_policy() is None  # off by default
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ({"tables": [{"match": "*", "soft_delet": True}]}, "tables.0.soft_delet: unknown key"),
+        ({"tables": [{"match": "*", "schema_changes": "evolv"}]}, "'evolve', 'ignore', 'fail'"),
+        ({"tables": [{"match": "*", "mode": "mirror", "track_history": ["a"]}]}, "history only"),
+        ({"tables": [{"mode": "history"}]}, "tables.0.match: required"),
+        ({"apply": {"transactions": {"consisten": True}}}, "valid keys here: ['consistent'"),
+        ({"apply": {"tombstone_retention_hours": -1}}, "apply.tombstone_retention_hours"),
+    ],
+)
+def test_bad_table_and_apply_settings_name_the_key(bad, named):
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, **bad})
+    assert named in str(e.value)

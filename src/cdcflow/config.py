@@ -48,6 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdcflow.apply.options import SCHEMA_POLICIES, TableRules
+from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import ConfigError
 
 __all__ = [
@@ -104,6 +105,14 @@ class ApplyConfig:
     consistent_transactions: bool = False
     transaction_max_wait_ms: int = 60_000
     transaction_max_events: int = 100_000
+
+    def transaction_policy(self) -> TransactionPolicy | None:
+        """The policy for :class:`~cdcflow.apply.batch.BatchApplier` (``None``: off)."""
+        if not self.consistent_transactions:
+            return None
+        return TransactionPolicy(
+            max_wait_ms=self.transaction_max_wait_ms, max_events=self.transaction_max_events
+        )
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,7 @@ class Pipeline:
             Router(self.config.target_template),
             tables=self.config.tables,
             tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
+            transactions=self.config.apply.transaction_policy(),
         )
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch

@@ -431,3 +431,62 @@ def test_fail_policy_stops_on_a_rename(tmp_path):
     assert report.dead_letters[Code.SCHEMA_CHANGE] == 1
     stop = [r for r in _system(wh, "schema_changes").to_pylist() if r["change"] == "stop"]
     assert "renamed" in stop[0]["message"] and stop[0]["seq"] == seq_key((2,))
+
+
+# ---------------------------------------------------------------- transactions
+
+
+def _in_txn(event, txn_id, order, last):
+    from dataclasses import replace
+
+    from cdcflow.model import Txn
+
+    return replace(event, txn=Txn(txn_id, order, last))
+
+
+def test_consistent_transactions_apply_only_whole_transactions(tmp_path):
+    from cdcflow.apply.transactions import TransactionPolicy
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh, transactions=TransactionPolicy(max_wait_ms=3_600_000))
+    first = table_of(
+        _in_txn(ins(1, "a", seq=1), "77", 1, False),
+        _in_txn(ins(2, "b", seq=2), "77", 2, False),
+        ins(9, "no transaction", seq=3),
+    )
+    r0 = ap.apply(first, 0)
+    assert set(_rows(wh)) == {9}  # transaction 77 is open: none of it is applied
+    assert r0.transactions["held"] == 1 and r0.transactions["held_events"] == 2
+    assert r0.events == 3  # the held events are still this batch's records
+    r1 = ap.apply(table_of(_in_txn(upd(1, "a2", seq=4), "77", 3, True)), 1)
+    assert _rows(wh) == {
+        1: {"id": 1, "name": "a2", "qty": 1},
+        2: {"id": 2, "name": "b", "qty": 1},
+        9: {"id": 9, "name": "no transaction", "qty": 1},
+    }
+    assert r1.transactions["complete"] == 1 and r1.transactions["held"] == 0
+    changelog = _system(wh, "changelog")
+    by_batch = sorted(zip(changelog["batch_id"].to_pylist(), changelog["seq"].to_pylist()))
+    assert by_batch == [
+        (0, seq_key((3,))),
+        (1, seq_key((1,))),
+        (1, seq_key((2,))),
+        (1, seq_key((4,))),
+    ]
+    progress = _system(wh, "progress").sort_by("batch_id").to_pylist()
+    assert [p["txn_held"] for p in progress] == [1, 0]
+    assert progress[1]["txn_max_wait_ms"] >= 0 and progress[1]["txn_complete"] == 1
+    batches = _system(wh, "batches").to_pylist()
+    assert sum(b["records"] for b in batches) == 4 and sum(b["events"] for b in batches) == 4
+    # a replay of batch 1 after a crash changes nothing
+    ap.apply(table_of(_in_txn(upd(1, "a2", seq=4), "77", 3, True)), 1)
+    assert _system(wh, "changelog").num_rows == 4
+
+
+def test_an_open_transaction_is_released_after_max_wait(tmp_path):
+    from cdcflow.apply.transactions import TransactionPolicy
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh, transactions=TransactionPolicy(max_wait_ms=0))
+    r = ap.apply(table_of(_in_txn(ins(1, "a", seq=1), "5", 1, False)), 0)
+    assert set(_rows(wh)) == {1} and r.transactions["released_open"] == 1

@@ -155,8 +155,8 @@ def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path,
     real = DeltaWarehouse.apply_mirror
     calls = {"n": 0}
 
-    def crashing(self, target, net, types, key_columns, batch_id):
-        result = real(self, target, net, types, key_columns, batch_id)
+    def crashing(self, target, net, types, key_columns, batch_id, **options):
+        result = real(self, target, net, types, key_columns, batch_id, **options)
         calls["n"] += 1
         if batch_id == 1 and calls["n"] == 5:  # second mirror of batch 1 committed, then crash
             raise Crash("killed mid-batch")

@@ -33,6 +33,13 @@ from cdcflow.apply.netchange import net_change
 from cdcflow.apply.options import TableOptions
 from cdcflow.apply.prepare import drop_null_updates, with_sequence_by
 from cdcflow.apply.schema import logical_from_arrow, plan_schema
+from cdcflow.apply.transactions import (
+    TransactionPolicy,
+    batch_clock_ms,
+    load_pending,
+    save_pending,
+    split_transactions,
+)
 from cdcflow.errors import ApplyError, Code
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
@@ -106,6 +113,9 @@ class BatchReport:
     dead_letters: Counter = field(default_factory=Counter)
     mirrors: list[MirrorResult] = field(default_factory=list)
     seconds: float = 0.0
+    #: transaction-consistent apply only: complete, released_open, held, held_events,
+    #: max_wait_ms (see :class:`~cdcflow.apply.transactions.TransactionSplit`)
+    transactions: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +134,7 @@ class BatchReport:
                 }
                 for m in self.mirrors
             },
+            "transactions": dict(self.transactions),
             "seconds": round(self.seconds, 3),
         }
 
@@ -146,6 +157,8 @@ class BatchApplier:
             every table a type-1 mirror that evolves its schema).
         tombstone_retention_hours: tombstones older than this are purged (at most once an
             hour of a running applier); ``0`` keeps them forever.
+        transactions: apply only whole source transactions (see
+            :mod:`cdcflow.apply.transactions`); ``None`` (default) applies every event at once.
     """
 
     def __init__(
@@ -155,12 +168,14 @@ class BatchApplier:
         changelog: bool = True,
         tables: Callable[[str], TableOptions] | None = None,
         tombstone_retention_hours: float = 168.0,
+        transactions: TransactionPolicy | None = None,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
         self.changelog = changelog
         self.tables = tables or (lambda _target: TableOptions())
         self.tombstone_retention_hours = tombstone_retention_hours
+        self.transactions = transactions
         self._last_purge: float | None = None
         self._schema_rows: list[dict[str, Any]] = []
         self._schema_log: pa.Table | None = None
@@ -191,13 +206,17 @@ class BatchApplier:
 
         dead_letters = [self._decode_dead_letters(dead, batch_id)]
         self._persist_decoder_state(rows, batch_id)
-        if self.changelog and rows.num_rows:
-            wh.append(wh.system_path("changelog"), self._changelog(rows, batch_id), batch_id)
+        ready = rows
+        if self.transactions is not None:
+            # first commit of the batch after the decoder state: what waits for the next one
+            ready, report.transactions = self._whole_transactions(rows, batch_id)
+        if self.changelog and ready.num_rows:
+            wh.append(wh.system_path("changelog"), self._changelog(ready, batch_id), batch_id)
 
         self._schema_rows = []
         self._schema_log = None  # re-read once a batch: `cdcflow resume` may have written
         stopped = self._stopped_tables()
-        for target, part in self._by_target(rows):
+        for target, part in self._by_target(ready):
             options = self.tables(target)
             try:
                 if target in stopped:
@@ -238,6 +257,26 @@ class BatchApplier:
         report.records = per_record.num_rows
         report.seconds = time.perf_counter() - started
         return report
+
+    def _whole_transactions(self, rows: pa.Table, batch_id: int) -> tuple[pa.Table, dict]:
+        """The events to apply now (whole transactions) and the split's metrics; the
+        events of open transactions are saved for the next batch."""
+        wh = self.warehouse
+        assert self.transactions is not None
+        now = batch_clock_ms(wh, wh.pipeline_id, batch_id, int(time.time() * 1000))
+        held_before = load_pending(wh, wh.pipeline_id, batch_id)
+        # rows leave the batch in any subset: each must carry its table's declaration
+        rows = _declarations_on_every_row(rows)
+        split = split_transactions(rows, held_before, now, batch_id, self.transactions)
+        save_pending(wh, wh.pipeline_id, split.held, batch_id, now_ms=now)
+        metrics = {
+            "complete": split.complete,
+            "released_open": split.released_open,
+            "held": split.held_transactions,
+            "held_events": split.held.num_rows,
+            "max_wait_ms": split.max_wait_ms,
+        }
+        return split.ready.select(rows.schema.names).cast(rows.schema), metrics
 
     def _persist_decoder_state(self, rows: pa.Table, batch_id: int) -> None:
         """Append what the decoders learned in this batch (before anything else uses it)."""
@@ -638,6 +677,10 @@ class BatchApplier:
                 "rows_changed": pa.array([changed], pa.int64()),
                 "committed_at_ms": pa.array([now], pa.int64()),
                 "lag_ms": pa.array([None if last_ts is None else now - last_ts], pa.int64()),
+                **{
+                    f"txn_{k}": pa.array([report.transactions.get(k)], pa.int64())
+                    for k in ("complete", "released_open", "held", "max_wait_ms")
+                },
             },
             schema=PROGRESS_SCHEMA,
         )
@@ -738,3 +781,26 @@ def _full_row_identity(part: pa.Table) -> bool:
     if not len(meta):
         return False
     return bool(pc.any(pc.match_substring(meta, '"row_identity":"full_row"')).as_py())
+
+
+def _declarations_on_every_row(rows: pa.Table) -> pa.Table:
+    """``columns`` filled forward per source table (a batch states each declaration once).
+
+    Needed when events are applied in a later batch than the event that declared them.
+    """
+    columns = rows["columns"].combine_chunks()
+    if columns.null_count == 0 or rows.num_rows == 0:
+        return rows
+    source = pc.binary_join_element_wise(
+        rows["format"], rows["database"], rows["schema"], rows["table"], "\x1f"
+    ).combine_chunks()
+    filled = columns.to_pylist()
+    last: dict[str, str] = {}
+    for i, (src, cols) in enumerate(zip(source.to_pylist(), filled, strict=True)):
+        if cols is not None:
+            last[src] = cols
+        elif src in last:
+            filled[i] = last[src]
+    return rows.set_column(
+        rows.schema.get_field_index("columns"), "columns", pa.array(filled, pa.string())
+    )

@@ -10,6 +10,7 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
     <warehouse>/_cdcflow/progress/             per batch and source: last sequence, source time, lag
     <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
+    <warehouse>/_cdcflow/pending_transactions/ events of open transactions (consistent mode)
 
 Exactly once: every commit carries the application transaction
 ``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
@@ -126,6 +127,11 @@ PROGRESS_SCHEMA = pa.schema(
         ("rows_changed", pa.int64()),  # upserts + deletes committed to mirrors
         ("committed_at_ms", pa.int64()),
         ("lag_ms", pa.int64()),  # committed_at_ms - last_source_ts_ms
+        # transaction-consistent apply only (NULL otherwise):
+        ("txn_complete", pa.int64()),  # transactions completed in the batch
+        ("txn_released_open", pa.int64()),  # released incomplete by max_wait_ms/max_events
+        ("txn_held", pa.int64()),  # open transactions waiting for the next batch
+        ("txn_max_wait_ms", pa.int64()),  # longest wait among the released transactions
     ]
 )
 
