@@ -466,7 +466,9 @@ def test_consistent_transactions_apply_only_whole_transactions(tmp_path):
     }
     assert r1.transactions["complete"] == 1 and r1.transactions["held"] == 0
     changelog = _system(wh, "changelog")
-    by_batch = sorted(zip(changelog["batch_id"].to_pylist(), changelog["seq"].to_pylist()))
+    by_batch = sorted(
+        zip(changelog["batch_id"].to_pylist(), changelog["seq"].to_pylist(), strict=True)
+    )
     assert by_batch == [
         (0, seq_key((3,))),
         (1, seq_key((1,))),
