@@ -334,6 +334,11 @@ class BatchApplier:
             # only a truncate was seen for a table that does not exist yet: nothing to do
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
         types, renames = self._evolve_schema(target, part, batch_id, options, key_columns)
+        full_row = _full_row_identity(part)
+        if full_row:
+            # the row is its own identity: match every stored column (NULL-safely), so a
+            # row whose image left a NULL column out still matches only itself
+            key_columns = list(types)
         net = net_change(part)
         result = self.warehouse.apply_mirror(
             target,
@@ -342,7 +347,7 @@ class BatchApplier:
             key_columns,
             batch_id,
             soft_delete=options.soft_delete,
-            full_row_identity=_full_row_identity(part),
+            full_row_identity=full_row,
         )
         self.warehouse.append_tombstones(target, net, batch_id)
         if renames:

@@ -350,6 +350,7 @@ class AutoOptions(DecoderOptions):
             records that match no JSON signature. List fewer formats to settle records
             that are ambiguous between Canal, DRS JSON and DRS JSON-C.
         primary_keys: passed to every delegate (see :class:`DecoderOptions`).
+        keyless: passed to every delegate unless its ``format_options`` set it.
         format_options: per-format options, ``{format: {option: value}}``, e.g.
             ``{"drs-json-c": {"timestamp_zone": "Asia/Shanghai"}}``; a ``primary_keys``
             given here replaces the shared one for that format.
@@ -397,7 +398,9 @@ class AutoDecoder(Decoder):
     def __init__(self, options: DecoderOptions | None = None) -> None:
         if options is not None and not isinstance(options, AutoOptions):
             options = AutoOptions(
-                primary_keys=options.primary_keys, max_record_bytes=options.max_record_bytes
+                primary_keys=options.primary_keys,
+                max_record_bytes=options.max_record_bytes,
+                keyless=options.keyless,
             )
         super().__init__(options)
         opts = self.options
@@ -427,6 +430,8 @@ class AutoDecoder(Decoder):
         values = dict(given or {})
         if self.options.primary_keys and "primary_keys" not in values:
             values["primary_keys"] = dict(self.options.primary_keys)
+        if "keyless" not in values:
+            values["keyless"] = self.options.keyless
         try:
             return cls.options_class.from_mapping(values)
         except ConfigError as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,6 +28,9 @@ from cdcflow.errors import Code, DecodeError
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
 
 __all__ = [
+    "FULL_ROW",
+    "KEYLESS_MODES",
+    "ROW_IDENTITY",
     "DecodeResult",
     "Decoder",
     "DecoderOptions",
@@ -36,6 +40,7 @@ __all__ = [
     "SkipRecord",
     "Skipped",
     "SourceChange",
+    "is_full_row",
     "key_columns_for",
 ]
 
@@ -109,6 +114,21 @@ class DecodeResult:
 
 # --------------------------------------------------------------------------- options
 
+#: ``DecoderOptions.keyless`` values: a row change of a table without key columns is a
+#: ``MISSING_KEY`` dead letter, or is identified by all its columns.
+KEYLESS_MODES = ("dead_letter", "full_row")
+#: ``event.meta`` key that says how the event's row is identified, and its value for an
+#: event whose ``key`` is its whole row (``keyless: full_row``).
+ROW_IDENTITY = "row_identity"
+FULL_ROW = "full_row"
+
+
+def _check_keyless(value: Any) -> None:
+    from cdcflow.errors import ConfigError
+
+    if value not in KEYLESS_MODES:
+        raise ConfigError(f"keyless must be one of {list(KEYLESS_MODES)}, not {value!r}")
+
 
 @dataclass(frozen=True)
 class DecoderOptions:
@@ -124,10 +144,17 @@ class DecoderOptions:
             message cannot exhaust an executor's memory. Default 16 MiB (Kafka's
             default ``max.message.bytes`` is 1 MiB); raise it for larger messages
             (YAML: ``sources[].options.max_record_bytes``).
+        keyless: what a row change of a table without key columns becomes -- no key in
+            the message, none in ``primary_keys``, no row id that the format adds.
+            ``"dead_letter"`` (default): a ``MISSING_KEY`` dead letter. ``"full_row"``: the
+            whole row is its identity (:meth:`Decoder.full_row_key`); identical rows
+            become one row of the mirror (docs/semantics.md, "Tables without a primary
+            key").
     """
 
     primary_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     max_record_bytes: int = 16 * 1024 * 1024
+    keyless: str = "dead_letter"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
@@ -145,6 +172,8 @@ class DecoderOptions:
             values["primary_keys"] = {
                 str(t): tuple(cols) for t, cols in dict(values["primary_keys"]).items()
             }
+        if "keyless" in values:
+            _check_keyless(values["keyless"])
         return cls(**values)
 
 
@@ -176,6 +205,7 @@ class Decoder(ABC):
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
         self.options = options if options is not None else self.options_class()
+        _check_keyless(self.options.keyless)
 
     @abstractmethod
     def decode(self, record: Record) -> list[ChangeEvent]:
@@ -280,9 +310,12 @@ class Decoder(ABC):
     def require_key(self, event: ChangeEvent, declared: Sequence[str] | None) -> ChangeEvent:
         """Fill ``event.key`` from ``declared`` key columns, else from the options.
 
+        A table with neither is keyless: with ``keyless: full_row`` its row is identified
+        by all its columns (:meth:`full_row_key`).
+
         Raises:
-            DecodeError: ``MISSING_KEY`` when no key columns are known, or a key column
-                is absent from the row image.
+            DecodeError: ``MISSING_KEY`` when no key columns are known (and ``keyless`` is
+                ``dead_letter``), or a key column is absent from the row image.
         """
         if event.op not in ROW_OPS:
             return event
@@ -292,10 +325,13 @@ class Decoder(ABC):
             else key_columns_for(self.options.primary_keys, event.source)
         )
         if not cols:
+            if self.options.keyless == FULL_ROW:
+                return self.full_row_key(event)
             raise DecodeError(
                 f"no key columns for table {event.source.qualified_name!r}: the message "
                 "does not name them; set primary_keys for this table in the format "
-                "options (YAML: sources[].options.primary_keys, CLI: --primary-key)",
+                "options (YAML: sources[].options.primary_keys, CLI: --primary-key), or "
+                "keyless: full_row to identify its rows by all their columns",
                 Code.MISSING_KEY,
             )
         image = event.after if event.after is not None else event.before
@@ -313,6 +349,86 @@ class Decoder(ABC):
                 Code.MISSING_KEY,
             ) from exc
         return event
+
+    def full_row_key(self, event: ChangeEvent) -> ChangeEvent:
+        """Identify the row of a keyless table by all its columns (``keyless: full_row``).
+
+        * insert, snapshot: ``key`` = the after image;
+        * delete, and an update without an after image (a lone before half): the before
+          image;
+        * update: the after image completed from the before image (a column the after
+          image leaves out did not change). The before image must hold every column: it
+          is the old key, so the apply deletes the old row and upserts the new one. An
+          update without a before image is identified only when it is the after half of
+          an update published as two records (:meth:`update_half`): its before half
+          deletes the old row.
+
+        Key columns are sorted by name, so every image of the same row gives the same key.
+        The event is marked ``meta["row_identity"] = "full_row"``.
+
+        Raises:
+            DecodeError: ``MISSING_KEY`` when the identifying image is missing, or lacks a
+                column that the message declares (or, for an update's before image, that
+                the after image has).
+        """
+        op, before, after = event.op, event.before, event.after
+        declared = event.columns.keys() if event.columns else _NONE
+        if op is Op.UPDATE and after is not None:
+            if before is not None:  # the old key: it must hold every column
+                _whole(event, "before", before, declared | after.keys())
+                image = {**before, **after}
+            elif self.update_half(event) == "after":  # its before half deletes the old row
+                image = _whole(event, "after", after, declared)
+            else:
+                raise _no_full_image(event, "before", None)
+        elif op is Op.DELETE or op is Op.UPDATE:  # a delete, or a lone before half
+            image = _whole(event, "before", before, declared)
+        else:
+            image = _whole(event, "after", after, declared)
+        event.key = {c: image[c] for c in sorted(image)}
+        event.meta = {**(event.meta or {}), ROW_IDENTITY: FULL_ROW}
+        return event
+
+    def update_half(self, event: ChangeEvent) -> str | None:
+        """``"before"`` or ``"after"`` when ``event`` is one half of an update that the
+        format publishes as two records (joined by :meth:`combine`), else ``None``.
+
+        Default: ``event.meta["half"]`` of an update (DataWorks' ``UPDATE_BEFOR`` /
+        ``UPDATE_AFTER``).
+        """
+        meta = event.meta
+        return meta.get("half") if meta is not None and event.op is Op.UPDATE else None
+
+
+def is_full_row(event: ChangeEvent) -> bool:
+    """``True`` when ``event.key`` is the whole row (see :meth:`Decoder.full_row_key`)."""
+    return event.meta is not None and event.meta.get(ROW_IDENTITY) == FULL_ROW
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _whole(
+    event: ChangeEvent, which: str, image: dict[str, Any] | None, columns: AbstractSet[str]
+) -> dict[str, Any]:
+    """``image`` when it is present and holds every one of ``columns``."""
+    if image is None:
+        raise _no_full_image(event, which, None)
+    if not image.keys() >= columns:
+        raise _no_full_image(event, which, sorted(c for c in columns if c not in image))
+    return image
+
+
+def _no_full_image(event: ChangeEvent, which: str, missing: list[str] | None) -> DecodeError:
+    lacks = f"lacks columns {missing}" if missing else "is missing"
+    return DecodeError(
+        f"{event.op.value} on keyless table {event.source.qualified_name!r}: its {which} "
+        f"image {lacks}, so the row cannot be identified by all its columns (keyless: "
+        "full_row). Make the source publish full row images (PostgreSQL: REPLICA IDENTITY "
+        "FULL; MySQL: binlog_row_image=FULL; Oracle: supplemental logging of all columns) "
+        "or set primary_keys for this table",
+        Code.MISSING_KEY,
+    )
 
 
 # --------------------------------------------------------------------------- encoder

@@ -46,6 +46,7 @@ from cdcflow.formats.base import (
     Message,
     Record,
     SourceChange,
+    is_full_row,
 )
 from cdcflow.formats.drs_json import (
     _ENCODE_TYPES,
@@ -528,7 +529,7 @@ class DrsAvroDecoder(Decoder):
         if pk is not None and (not isinstance(pk, list) or not all(isinstance(c, str) for c in pk)):
             raise _error(f"{opts.key_field!r} must be a list of column names", Code.BAD_FIELD)
         self.require_key(event, pk or None)
-        if before is not None and after is not None and event.key:
+        if before is not None and after is not None and event.key and not is_full_row(event):
             old_key = {c: before[c] for c in event.key if c in before}
             if len(old_key) == len(event.key) and old_key != event.key:
                 event.meta = {**(event.meta or {}), "old_key": old_key}

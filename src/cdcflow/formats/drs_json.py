@@ -56,6 +56,7 @@ from cdcflow.formats.base import (
     Message,
     Record,
     SourceChange,
+    is_full_row,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable
 from cdcflow.types import to_decimal, to_float, to_int
@@ -655,7 +656,7 @@ class _DrsJsonDecoderBase(Decoder):
                     ) from None
             else:
                 self.require_key(event, None)
-            if before is not None and after is not None:
+            if before is not None and after is not None and not is_full_row(event):
                 self._old_key(event, before)
             events.append(event)
         return events

@@ -559,13 +559,14 @@ class DtsAvroDecoder(Decoder):
         if event.op is not Op.UPDATE or before is None or after is None:
             return self.require_key(event, declared)
         cols = declared or key_columns_for(self.options.primary_keys, event.source)
-        if not cols or not all(c in after or c in before for c in cols):
+        if not cols:  # MISSING_KEY, or the full-row identity (keyless: full_row)
+            return self.require_key(event, None)
+        if not all(c in after or c in before for c in cols):
             event.before, event.after = None, {**before, **after}
             try:
                 self.require_key(event, cols)  # raises MISSING_KEY with the usual message
             finally:
                 event.before, event.after = before, after
-        assert cols
         event.key = {c: after[c] if c in after else before[c] for c in cols}
         return event
 

@@ -731,8 +731,8 @@ class QlikJsonDecoder(Decoder):
                     key = {c: image[c] for c in key_cols}
             except KeyError:
                 pass
-        if key is None:
-            self.require_key(event, key_cols)  # raises MISSING_KEY with the reason
+        if key is None:  # MISSING_KEY with the reason, or the full-row identity (keyless)
+            return self.require_key(event, key_cols)
         event.key = key
         return event
 

@@ -41,6 +41,7 @@ import orjson
 
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import (
+    FULL_ROW,
     Decoder,
     DecoderOptions,
     Encoder,
@@ -394,6 +395,21 @@ class SharePlexJsonDecoder(Decoder):
         rowid_col = self._rowid_column
         rowid = meta.get("rowid")
         if configured or not rowid_col or rowid is None:
+            if (
+                not configured
+                and self.options.keyless == FULL_ROW
+                and event.before is not None
+                and event.after is not None
+            ):
+                # upd: its before image is the `key` object, which holds the key and
+                # changed columns (document): not a whole row to identify the row by
+                raise DecodeError(
+                    f"update on keyless table {event.source.qualified_name!r}: SharePlex's "
+                    "'key' object holds the key and changed columns, not the whole before "
+                    "row, so keyless: full_row cannot identify it; keep the ROWID identity "
+                    "(rowid_column) or set primary_keys for this table",
+                    Code.MISSING_KEY,
+                )
             return self.require_key(event, configured)
         if type(rowid) is not str:
             raise _wrong("meta.rowid", "a string", rowid)
@@ -404,6 +420,10 @@ class SharePlexJsonDecoder(Decoder):
             event.columns[rowid_col] = "string"
         event.key = {rowid_col: rowid}
         return event
+
+    def update_half(self, event: ChangeEvent) -> str | None:
+        """``"before"``/``"after"`` for an ``UPDATE BEFORE``/``UPDATE AFTER`` half."""
+        return _half(event)
 
     def combine(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
         """Join each ``UPDATE BEFORE`` half with the next ``UPDATE AFTER`` half.

@@ -621,7 +621,8 @@ class DeltaWarehouse:
         null_safe: bool = False,
     ) -> dict[str, Any]:
         eq = "IS NOT DISTINCT FROM" if null_safe else "="
-        on = " AND ".join(f"t.{_q(k)} {eq} s.{_q(k)}" for k in key_columns)
+        # parenthesised: delta-rs parses `a IS NOT DISTINCT FROM b AND c` as `a ... (b AND c)`
+        on = " AND ".join(f"(t.{_q(k)} {eq} s.{_q(k)})" for k in key_columns)
         newer = f"(t.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} >= t.{_q(SEQ_COLUMN)})"
         present = {
             c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
