@@ -142,3 +142,18 @@ def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
             )
             == []
         )
+
+
+def test_decode_keyless_full_row(tmp_path, capsys):
+    line = (
+        b'{"data":[{"v0":"five","v1":"50"}],"old":null,"database":"d","es":1,"id":1,'
+        b'"isDdl":false,"mysqlType":{"v0":"VARCHAR(10)","v1":"INT"},"pkNames":[],"sql":"",'
+        b'"sqlType":{},"table":"t","ts":1,"type":"INSERT"}\n'
+    )
+    path = tmp_path / "keyless.jsonl"
+    path.write_bytes(line)
+    assert main(["decode", "--format", "canal-json", str(path)]) == 1
+    assert "keyless: full_row" in capsys.readouterr().err
+    assert main(["decode", "--format", "canal-json", "--keyless", "full_row", str(path)]) == 0
+    event = json.loads(capsys.readouterr().out)
+    assert event["key"] == {"v0": "five", "v1": 50}

@@ -57,17 +57,19 @@ def _records(fmt: str, files: Sequence[str]):
             yield Record(value=value, origin=Origin(topic=name, partition=0, offset=i))
 
 
-def _decoder(fmt: str, primary_keys: Sequence[str] | None):
+def _decoder(fmt: str, primary_keys: Sequence[str] | None, keyless: str | None = None):
     from cdcflow.formats import decoder_for
 
-    options = {"primary_keys": _primary_keys(primary_keys)} if primary_keys else None
-    return decoder_for(fmt, options)
+    options: dict = {"primary_keys": _primary_keys(primary_keys)} if primary_keys else {}
+    if keyless:
+        options["keyless"] = keyless
+    return decoder_for(fmt, options or None)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from cdcflow.model import dumps, event_to_json_dict
 
-    decoder = _decoder(args.format, args.primary_key)
+    decoder = _decoder(args.format, args.primary_key, args.keyless)
     result = decoder.decode_batch(_records(args.format, args.files))
     out = sys.stdout.buffer
     for event in result.events:
@@ -103,7 +105,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from cdcflow.apply.events import flatten, load_decoder_state
     from cdcflow.sinks.delta import DeltaWarehouse
 
-    decoder = _decoder(args.format, args.primary_key)
+    decoder = _decoder(args.format, args.primary_key, args.keyless)
     warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()), pipeline_id=args.pipeline_id)
     decoder.load_state(
         load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id)
@@ -227,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="[TABLE=]COLS",
             help="key columns where messages lack them: 'id' for every table or "
             "'orders=id,region' for one (repeatable)",
+        )
+        p.add_argument(
+            "--keyless",
+            choices=["dead_letter", "full_row"],
+            help="a table with no key at all: dead-letter its changes (default) or use the "
+            "whole row as its identity",
         )
         p.add_argument(
             "files",
