@@ -41,6 +41,7 @@ class Code:
     UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
+    MISSING_SEQ = "MISSING_SEQ"  # a history (SCD type 2) table needs a source sequence
 
 
 class CdcflowError(Exception):

@@ -492,3 +492,49 @@ def test_an_open_transaction_is_released_after_max_wait(tmp_path):
     ap = BatchApplier(wh, transactions=TransactionPolicy(max_wait_ms=0))
     r = ap.apply(table_of(_in_txn(ins(1, "a", seq=1), "5", 1, False)), 0)
     assert set(_rows(wh)) == {1} and r.transactions["released_open"] == 1
+
+
+# ---------------------------------------------------------------- history (SCD type 2)
+
+
+def _versions(wh, target=TARGET):
+    rows = wh.read(target).to_pylist()
+    return sorted(
+        (r["id"], r["name"], r["__start_at"], r["__end_at"], r["__is_current"]) for r in rows
+    )
+
+
+def test_history_mode_keeps_versions_and_places_late_events(tmp_path):
+    wh, ap = _setup(tmp_path, mode="history")
+    other = SourceTable("test", "other", "", "things")
+    ap.apply(
+        table_of(ins(1, "a", seq=1), upd(1, "c", seq=5), ins(1, "mirror", seq=1, table=other)), 0
+    )
+    ap.apply(table_of(upd(1, "b", seq=3)), 1)  # late: between the two versions
+    ap.apply(table_of(dele(1, seq=7)), 2)
+    s = seq_key
+    assert _versions(wh) == [
+        (1, "a", s((1,)), s((3,)), False),
+        (1, "b", s((3,)), s((5,)), False),
+        (1, "c", s((5,)), s((7,)), False),
+    ]
+    # the other table is a plain mirror: rules pick the mode per table
+    assert "__start_at" not in wh.read("other.things").column_names
+
+
+def test_history_mode_with_track_history_updates_untracked_columns_in_place(tmp_path):
+    wh, ap = _setup(tmp_path, mode="history", track_history=("name",))
+    ap.apply(table_of(ins(1, "a", qty=1, seq=1)), 0)
+    report = ap.apply(table_of(upd(1, "a", qty=5, seq=2)), 1)
+    rows = wh.read(TARGET).to_pylist()
+    assert [(r["name"], r["qty"], r["__is_current"]) for r in rows] == [("a", 5, True)]
+    assert report.mirrors[0].metrics["updated_in_place"] == 1
+
+
+def test_history_mode_dead_letters_events_without_a_sequence(tmp_path):
+    wh, ap = _setup(tmp_path, mode="history")
+    report = ap.apply(table_of(ins(1, "a", seq=1), ins(2, "no sequence")), 0)
+    assert dict(report.dead_letters) == {Code.MISSING_SEQ: 1}
+    assert [r["id"] for r in wh.read(TARGET).to_pylist()] == [1]
+    dead = _system(wh, "dead_letters").to_pylist()
+    assert dead[0]["code"] == Code.MISSING_SEQ and dead[0]["target_table"] == TARGET

@@ -56,6 +56,8 @@ from cdcflow.sinks.delta import (
     MirrorResult,
     arrow_schema,
 )
+from cdcflow.sinks.history import MISSING_SEQ, apply_history
+from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
 
 __all__ = ["BatchApplier", "BatchReport", "Router"]
 
@@ -67,7 +69,7 @@ _TABLE_OPS = pa.array(
 _IMAGE_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value])
 #: what a target table's part of a batch holds: its row changes, truncates and DDL
 _ROUTED_OPS = pa.array([*_TABLE_OPS.to_pylist(), Op.DDL.value])
-_BOOKKEEPING = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
+_BOOKKEEPING = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN, *HISTORY_SYSTEM_COLUMNS)
 #: at most one tombstone purge per this many seconds of a running applier
 _PURGE_EVERY_S = 3600.0
 
@@ -228,8 +230,9 @@ class BatchApplier:
                 mirror = self._apply_mirror(target, part, batch_id, options)
                 report.mirrors.append(mirror)
                 if mirror.rejected:
-                    dead_letters.append(self._rejected_dead_letters(part, target, mirror, batch_id))
-                    report.dead_letters[Code.TYPE_CONFLICT] += dead_letters[-1].num_rows
+                    rejected = self._rejected_dead_letters(part, target, mirror, batch_id)
+                    dead_letters.append(rejected)
+                    report.dead_letters.update(rejected["code"].to_pylist())
             except ApplyError as exc:
                 log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
                 if isinstance(exc, SchemaStop):
@@ -334,6 +337,8 @@ class BatchApplier:
             # only a truncate was seen for a table that does not exist yet: nothing to do
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
         types, renames = self._evolve_schema(target, part, batch_id, options, key_columns)
+        if options.mode == "history":
+            return self._apply_history(target, part, types, key_columns, batch_id, options)
         full_row = _full_row_identity(part)
         if full_row:
             # the row is its own identity: match every stored column (NULL-safely), so a
@@ -353,6 +358,36 @@ class BatchApplier:
         if renames:
             self.warehouse.copy_renamed_columns(target, renames)
         return result
+
+    def _apply_history(
+        self,
+        target: str,
+        part: pa.Table,
+        types: dict[str, str],
+        key_columns: list[str],
+        batch_id: int,
+        options: TableOptions,
+    ) -> MirrorResult:
+        """SCD type 2: versions instead of one row per key (see :mod:`cdcflow.sinks.history`)."""
+        h = apply_history(
+            self.warehouse, target, part, types, key_columns, batch_id, options.track_history
+        )
+        return MirrorResult(
+            target=target,
+            path=h.path,
+            upserts=h.versions_opened + h.updated_in_place,
+            deletes=h.versions_closed,
+            skipped_replay=h.skipped_replay,
+            metrics={
+                "versions_opened": h.versions_opened,
+                "versions_closed": h.versions_closed,
+                "updated_in_place": h.updated_in_place,
+                "versions_removed": h.versions_removed,
+                "duplicates": h.duplicates,
+                **h.metrics,
+            },
+            rejected=list(h.rejected),
+        )
 
     # ------------------------------------------------------------------ schema changes
 
@@ -616,19 +651,24 @@ class BatchApplier:
     def _rejected_dead_letters(
         self, part: pa.Table, target: str, mirror: MirrorResult, batch_id: int
     ) -> pa.Table:
-        """Dead letters for the events of keys whose net change did not fit the table."""
+        """Dead letters for the events of keys the table refused: ``(key, reason)`` entries
+        (``TYPE_CONFLICT``) or ``(key, code, reason)``; a ``None`` key with ``MISSING_SEQ``
+        stands for the events without a sequence."""
         out = []
-        for key, reason in mirror.rejected:
-            events = part.filter(
-                pc.or_(
+        for entry in mirror.rejected:
+            key, code, reason = (
+                entry if len(entry) == 3 else (entry[0], Code.TYPE_CONFLICT, entry[1])
+            )
+            if code == MISSING_SEQ:
+                mask = pc.is_null(part["seq"])
+                if key is not None:
+                    mask = pc.and_(mask, pc.equal(pc.fill_null(part["key"], ""), key))
+            else:
+                mask = pc.or_(
                     pc.equal(part["key"], key), pc.fill_null(pc.equal(part["old_key"], key), False)
                 )
-            )
-            out.append(
-                self._apply_dead_letters(
-                    events, target, ApplyError(reason, Code.TYPE_CONFLICT), batch_id
-                )
-            )
+            events = part.filter(pc.fill_null(mask, False))
+            out.append(self._apply_dead_letters(events, target, ApplyError(reason, code), batch_id))
         return pa.concat_tables(out)
 
     @staticmethod
