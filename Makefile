@@ -7,7 +7,7 @@ export PYSPARK_PYTHON        := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast bench lint clean
+.PHONY: help install demo test test-fast bench soak lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka
 
 bench: $(STAMP) ## end-to-end benchmark: 1M Debezium events into one Delta mirror, vs a plain PySpark reference
 	$(BIN)/python bench/e2e_debezium.py
+
+soak: $(STAMP) ## fault soak: 1M Debezium events with duplicates, replays, bad records; the pipeline SIGKILLed and restarted 5 times; all checked
+	$(BIN)/python bench/soak.py
 
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check src tests bench

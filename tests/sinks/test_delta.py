@@ -224,3 +224,21 @@ def test_progress_follows_the_source_and_heartbeats_advance_it(tmp_path):
     ] == [(0, 2, 2, 1002), (1, 1, 0, 9_999)]
     assert rows[0]["last_seq"] == table_of(ins(2, "b", seq=2))["seq"][0].as_py()
     assert all(r["lag_ms"] == r["committed_at_ms"] - r["last_source_ts_ms"] for r in rows)
+
+
+def test_system_tables_of_an_older_warehouse_gain_new_columns(tmp_path):
+    """An upgrade must not stop the stream: a progress/tombstones table written before a
+    column was added takes the new rows (older rows read NULL there)."""
+    from deltalake import write_deltalake
+
+    from cdcflow.sinks.delta import PROGRESS_SCHEMA, TOMBSTONE_SCHEMA
+
+    wh, ap = _wh(tmp_path)
+    old_progress = pa.schema([f for f in PROGRESS_SCHEMA if not f.name.startswith("txn_")])
+    write_deltalake(wh.system_path("progress"), old_progress.empty_table(), mode="overwrite")
+    old_tombs = pa.schema([f for f in TOMBSTONE_SCHEMA if f.name != "deleted_at_ms"])
+    write_deltalake(wh.system_path("tombstones"), old_tombs.empty_table(), mode="overwrite")
+    ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    ap.apply(table_of(dele(1, seq=2)), 1)
+    assert wh.read("progress", system=True).num_rows == 2
+    assert wh.read("tombstones", system=True)["deleted_at_ms"][0].as_py() > 0

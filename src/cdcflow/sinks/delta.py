@@ -265,6 +265,7 @@ class DeltaWarehouse:
         """Append ``data`` once per batch. Returns ``False`` if the batch was already there."""
         if data.num_rows == 0 or self.committed(path, batch_id):
             return False
+        self._add_missing_columns(self.open(path), data.schema)
         write_deltalake(
             path,
             data,
@@ -274,6 +275,19 @@ class DeltaWarehouse:
         )
         self._tables.pop(path, None)
         return True
+
+    @staticmethod
+    def _add_missing_columns(table: DeltaTable | None, schema: pa.Schema) -> None:
+        """Columns a newer cdcflow added to a system table, added to an older warehouse's
+        table (as nullable) before appending, so an upgrade never stops the stream."""
+        if table is None:
+            return
+        have = set(arrow_schema(table).names)
+        missing = [f for f in schema if f.name not in have]
+        if missing:
+            table.alter.add_columns(
+                [Field.from_arrow(pa.field(f.name, f.type, nullable=True)) for f in missing]
+            )
 
     def read(self, target_or_path: str, system: bool = False) -> pa.Table:
         """Read a mirror (by target name) or a system table (by name) back as Arrow."""
@@ -699,6 +713,7 @@ class DeltaWarehouse:
             version = table.transaction_version(app)
             if version is not None and version >= batch_id:
                 return
+        self._add_missing_columns(table, data.schema)
         write_deltalake(
             path,
             data,
@@ -723,8 +738,8 @@ class DeltaWarehouse:
             return 0
         path = self.system_path("tombstones")
         table = self.open(path)
-        if table is None:
-            return 0
+        if table is None or "deleted_at_ms" not in arrow_schema(table).names:
+            return 0  # none yet, or only tombstones older than retention (kept)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         cutoff = now_ms - int(retention_hours * 3_600_000)
         metrics = table.delete(f"key IS NOT NULL AND deleted_at_ms < {cutoff}")
