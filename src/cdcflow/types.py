@@ -19,6 +19,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from cdcflow.errors import Code, DecodeError
@@ -41,9 +42,24 @@ __all__ = [
     "parse_timestamp_text",
     "parse_date_text",
     "infer_type",
+    "INT32_MIN",
+    "INT32_MAX",
+    "INT64_MIN",
+    "INT64_MAX",
+    "INT_RANGES",
+    "JSON_WRITE_DEPTH",
+    "int_range_error",
+    "field_range_error",
+    "json_text",
 ]
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: ``int32``/``int64`` -> the inclusive range a column of that logical type holds
+INT_RANGES = {"int32": (INT32_MIN, INT32_MAX), "int64": (INT64_MIN, INT64_MAX)}
+#: The deepest nesting of lists/objects that orjson writes (it reads up to 1024).
+JSON_WRITE_DEPTH = 254
 #: Wide enough for any source decimal (Oracle NUMBER: 38 digits; MySQL DECIMAL: 65).
 _DECIMAL_CONTEXT = decimal.Context(prec=200, Emax=10**6, Emin=-(10**6))
 EPOCH_NAIVE = dt.datetime(1970, 1, 1)
@@ -182,11 +198,108 @@ def infer_type(value: Any) -> str | None:
 # Each raises DecodeError(BAD_VALUE) with the column name, so a bad value dead-letters.
 
 
+#: An integer as text: optional sign, ASCII digits (``re`` ``\d`` would take any script's).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+").fullmatch
+
+
 def _bad(column: str, value: Any, want: str) -> DecodeError:
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
     return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def int_range_error(column: str, value: int, logical: str) -> DecodeError:
+    """The error for an integer that does not fit its column's declared type.
+
+    Args:
+        column: the column's name.
+        value: the integer.
+        logical: ``"int32"`` or ``"int64"``.
+
+    Returns:
+        A ``BAD_VALUE`` :class:`DecodeError` whose message names the column and the range
+        (a value that would not fit the table's column is refused at decode time).
+    """
+    lo, hi = INT_RANGES[logical]
+    return DecodeError(
+        f"column {column!r}: {_shown(value)} is outside the {logical} range {lo}..{hi}",
+        Code.BAD_VALUE,
+    )
+
+
+def field_range_error(
+    field: str, value: int, lo: int, hi: int, what: str, code: str = Code.BAD_FIELD
+) -> DecodeError:
+    """The error for an envelope field whose integer is outside ``lo..hi``.
+
+    Args:
+        field: the field's name as the message spells it (``"es"``, ``"meta.seq"``).
+        value: the integer.
+        lo, hi: the valid range, inclusive.
+        what: what the field holds and why the range, e.g. ``"epoch milliseconds; ts_ms
+            is a 64-bit integer"``.
+        code: ``BAD_FIELD`` unless the format uses another code for bad envelope fields.
+
+    Returns:
+        A :class:`DecodeError` whose message names the field, the value and the range.
+    """
+    return DecodeError(
+        f"field {field!r}: {_shown(value)} is outside the valid range {lo}..{hi} ({what})", code
+    )
+
+
+def _number_fragment(value: Any) -> Any:
+    """orjson ``default``: an exact ``Decimal`` (``float_as_decimal`` parses) as a JSON
+    number written as it is."""
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return orjson.Fragment(str(value))
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _exact_json(value: Any) -> str:
+    """JSON text of a parsed value, integers of any size written exactly (orjson stops
+    at 64 bits)."""
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ",".join(f"{_exact_json(str(k))}:{_exact_json(v)}" for k, v in value.items())
+            + "}"
+        )
+    if isinstance(value, list):
+        return "[" + ",".join(_exact_json(v) for v in value) + "]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return orjson.dumps(value, default=_number_fragment).decode()
+
+
+def json_text(value: Any, column: str) -> str:
+    """Compact JSON text of a JSON value (what a ``json`` column holds, and what a format
+    keeps for an object or array in a column without a declared type).
+
+    ``Decimal`` numbers (exact parses) are written as they are, and integers beyond 64 bits
+    exactly.
+
+    Raises:
+        DecodeError: ``BAD_VALUE`` naming ``column`` when ``value`` nests lists/objects
+            deeper than :data:`JSON_WRITE_DEPTH` (254) levels, which cannot be written back
+            as JSON text.
+    """
+    try:
+        return orjson.dumps(value, default=_number_fragment).decode()
+    except TypeError as exc:
+        if "Recursion" not in str(exc):  # an integer beyond 64 bits (an exact parse)
+            return _exact_json(value)
+        raise DecodeError(
+            f"column {column!r}: JSON nested deeper than {JSON_WRITE_DEPTH} levels; such a "
+            "value is kept as JSON text, which cannot be written that deep (orjson's limit)",
+            Code.BAD_VALUE,
+        ) from None
 
 
 def to_bool(value: Any, column: str) -> bool | None:
@@ -205,21 +318,21 @@ def to_bool(value: Any, column: str) -> bool | None:
 
 
 def to_int(value: Any, column: str) -> int | None:
-    """JSON integer, integral float, or decimal text -> int."""
+    """JSON integer, integral float, or integer text -> int.
+
+    Text is an optional sign and ASCII digits (``"-42"``, ``"+7"``, ``"007"``), nothing
+    else: no surrounding spaces, no ``_`` separators, no other scripts' digits, no
+    fraction or exponent (``int()`` would take the first three).
+
+    Raises:
+        DecodeError: ``BAD_VALUE`` naming ``column``.
+    """
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            try:
-                d = decimal.Decimal(value.strip())
-            except decimal.InvalidOperation:
-                d = None
-            if d is not None and d.is_finite() and d == d.to_integral_value():
-                return int(d)
+    if isinstance(value, str) and _INT_TEXT(value):
+        return int(value)
     raise _bad(column, value, "integer")
 
 

@@ -224,6 +224,30 @@ def test_transaction_details_go_to_meta():
     }
 
 
+@pytest.mark.parametrize("record_id", [2**63, 2**64 - 1])
+def test_transaction_record_id_beyond_int64_is_bad_field_naming_the_range(record_id):
+    msg = _msg(**{"transaction-id": 1140, "transaction-record-id": 1})
+    raw = orjson.dumps(msg).replace(
+        b'"transaction-record-id":1', b'"transaction-record-id":%d' % record_id
+    )
+    with pytest.raises(DecodeError) as info:
+        _decode(raw)
+    assert info.value.code == Code.BAD_FIELD
+    assert "transaction-record-id" in info.value.message
+    assert "-9223372036854775808..9223372036854775807" in info.value.message
+    [e] = _decode(_msg(**{"transaction-id": 1140, "transaction-record-id": 2**63 - 1}))
+    assert e.txn.order == 2**63 - 1
+
+
+def test_a_json_value_nested_deeper_than_254_levels_is_bad_value_naming_the_column():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    raw = orjson.dumps(_msg(data={"id": 1, "doc": "DEEP"})).replace(b'"DEEP"', deep)
+    with pytest.raises(DecodeError) as info:
+        _decode(raw)
+    assert info.value.code == Code.BAD_VALUE
+    assert "'doc'" in info.value.message and "nested deeper than 254 levels" in info.value.message
+
+
 def test_json_numbers_beyond_int64_stay_exact():
     raw = orjson.dumps(_msg()).replace(b'"id":1,', b'"id":1,"n":123456789012345678901234,')
     [e] = _decode(raw)

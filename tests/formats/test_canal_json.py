@@ -228,6 +228,104 @@ def test_a_float_in_an_int_column_is_not_truncated():
     assert _dead(_msg(data=[{"id": 1.5}])) == Code.BAD_VALUE
 
 
+@pytest.mark.parametrize(
+    ("mysql_type", "text", "logical"),
+    [
+        ("INT", "2147483648", "int32"),
+        ("INT", "-2147483649", "int32"),
+        ("SMALLINT UNSIGNED", "99999999999", "int32"),
+        ("YEAR", "4294967296", "int32"),
+        ("INT UNSIGNED", "9223372036854775808", "int64"),
+        ("BIGINT", "9223372036854775808", "int64"),
+        ("BIGINT", "-9223372036854775809", "int64"),
+        ("BIT(63)", "99999999999999999999", "int64"),
+    ],
+)
+def test_an_integer_outside_its_columns_range_is_bad_value_naming_column_and_range(
+    mysql_type, text, logical
+):
+    result = _decode(_msg(data=[{"id": "1", "c": text}], mysqlType={"id": "int", "c": mysql_type}))
+    assert result.events == []
+    (dead,) = result.dead_letters
+    assert dead.code == Code.BAD_VALUE
+    assert "'c'" in dead.message and logical in dead.message
+    lo, hi = (-(2**31), 2**31 - 1) if logical == "int32" else (-(2**63), 2**63 - 1)
+    assert f"{lo}..{hi}" in dead.message
+
+
+@pytest.mark.parametrize(
+    ("mysql_type", "text", "want", "logical"),
+    [
+        ("INT", "2147483647", 2**31 - 1, "int32"),
+        ("INT", "-2147483648", -(2**31), "int32"),
+        ("BIGINT", "9223372036854775807", 2**63 - 1, "int64"),
+        ("BIGINT", "-9223372036854775808", -(2**63), "int64"),
+        ("INT UNSIGNED", "4294967295", 2**32 - 1, "int64"),
+    ],
+)
+def test_integers_at_the_limits_of_their_range_are_kept(mysql_type, text, want, logical):
+    assert _value(mysql_type, text) == (want, logical)
+
+
+def test_range_is_checked_on_the_careful_path_and_in_old_images_too():
+    # a JSON number (Flink's writer) takes the careful path; 'old' is typed there as well
+    assert _dead(_msg(data=[{"id": 2147483648}])) == Code.BAD_VALUE
+    result = _decode(_msg(type="UPDATE", data=[{"id": "1", "v": "b"}], old=[{"id": "2147483648"}]))
+    assert [d.code for d in result.dead_letters] == [Code.BAD_VALUE]
+    assert "'id'" in result.dead_letters[0].message
+
+
+@pytest.mark.parametrize("es", [2**63, 2**64 - 1])
+def test_es_beyond_int64_is_bad_field_naming_the_range(es):
+    for msg in (_msg(es=es), _msg(type="TRUNCATE", isDdl=True, data=None, es=es)):
+        result = _decode(msg)
+        assert result.events == []
+        (dead,) = result.dead_letters
+        assert dead.code == Code.BAD_FIELD
+        assert "'es'" in dead.message
+        assert "-9223372036854775808..9223372036854775807" in dead.message
+
+
+def test_es_at_the_int64_limit_is_kept():
+    (e,) = _events(_msg(es=2**63 - 1))
+    assert e.ts_ms == 2**63 - 1
+
+
+def test_an_object_or_array_in_an_undeclared_column_is_json_text_declared_json():
+    msg = _msg(data=[{"id": "1", "v": "a", "doc": {"a": [1, {"b": None}]}, "tags": [1, "x"]}])
+    (e,) = _events(msg)
+    assert e.after["doc"] == '{"a":[1,{"b":null}]}' and e.after["tags"] == '[1,"x"]'
+    assert e.columns == {"id": "int32", "v": "string", "doc": "json", "tags": "json"}
+    # the table's cached declaration is not changed: the next row has no such columns
+    decoder = decoder_for("canal-json")
+    first, second = (decoder.decode(Record(value=orjson.dumps(m)))[0] for m in (msg, _msg()))
+    assert "doc" in first.columns and second.columns == {"id": "int32", "v": "string"}
+
+
+def test_an_undeclared_scalar_keeps_its_json_value():
+    (e,) = _events(_msg(data=[{"id": "1", "n": 5, "f": 0.5, "t": "x"}]))
+    assert (e.after["n"], e.after["f"], e.after["t"]) == (5, 0.5, "x")
+    assert "n" not in e.columns and "f" not in e.columns and "t" not in e.columns
+
+
+def test_an_undeclared_object_in_old_is_json_text_too():
+    (e,) = _events(
+        _msg(type="UPDATE", data=[{"id": "1", "v": "b", "doc": "[2]"}], old=[{"doc": [1]}])
+    )
+    assert e.before["doc"] == "[1]" and e.columns["doc"] == "json"
+
+
+def test_a_value_nested_deeper_than_254_levels_is_bad_value_naming_the_column():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    for column, mysql_type in (("v", "varchar(10)"), ("j", "json"), ("x", None)):
+        types = {"id": "int", column: mysql_type} if mysql_type else {"id": "int"}
+        msg = _msg(data=[{"id": "1", column: "DEEP"}], mysqlType=types, sqlType=None)
+        result = _decode(orjson.dumps(msg).replace(b'"DEEP"', deep))
+        (dead,) = result.dead_letters
+        assert dead.code == Code.BAD_VALUE
+        assert f"'{column}'" in dead.message and "nested deeper than 254 levels" in dead.message
+
+
 def test_type_options():
     assert _value("tinyint(1)", "2", tinyint1_as_boolean=False) == (2, "int32")
     assert _value("TIME", "838:59:59", time_as_string=True) == ("838:59:59", "string")

@@ -330,8 +330,10 @@ def _one_column(type_: str, value: Any) -> Any:
         ("BYTES", base64.b64encode("héllo".encode()).decode(), "héllo".encode()),
         ("BYTES", "", b""),
         ("LONG", 9223372036854775807, 9223372036854775807),
+        ("LONG", -9223372036854775808, -9223372036854775808),
         ("LONG", "-42", -42),
-        ("LONG", "18446744073709551615", 18446744073709551615),
+        ("LONG", "+7", 7),
+        ("LONG", "-9223372036854775808", -9223372036854775808),
         ("STRING", "", ""),
         ("STRING", "多字节", "多字节"),
     ],
@@ -376,6 +378,32 @@ def test_double_nan_text():
 )
 def test_bad_values_dead_letter(type_, value):
     assert _dead(_one_column(type_, value)) == Code.BAD_VALUE
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"9223372036854775808",  # 2**63: orjson reads it exactly (up to 2**64 - 1)
+        b"18446744073709551615",
+        b'"18446744073709551615"',  # integer text of any size
+        b'"-9223372036854775809"',
+    ],
+)
+def test_long_outside_int64_is_bad_value_naming_the_column_and_range(raw):
+    """A LONG (Java long) column is int64: a value beyond it would not fit the table."""
+    value = orjson.dumps(_one_column("LONG", 0)).replace(b'"v":0', b'"v":' + raw)
+    result = _batch(value)
+    assert result.events == []
+    (dead,) = result.dead_letters
+    assert dead.code == Code.BAD_VALUE
+    assert "'v'" in dead.message and "int64" in dead.message
+    assert "-9223372036854775808..9223372036854775807" in dead.message
+
+
+@pytest.mark.parametrize("raw", [b'" 42"', b'"4_2"', b'"\u0664\u0662"', b'"42.0"'])
+def test_long_text_is_a_sign_and_ascii_digits_only(raw):
+    value = orjson.dumps(_one_column("LONG", 0)).replace(b'"v":0', b'"v":' + raw)
+    assert _dead(value) == Code.BAD_VALUE
 
 
 def test_long_beyond_64_bits_is_refused_not_rounded():
@@ -487,6 +515,22 @@ def test_event_time_forms():
     assert e.ts_ms is None
     assert _dead(_msg(after=ROW, event_time="soon")) == Code.BAD_FIELD
     assert _dead(_msg(after=ROW, timestamp=[1])) == Code.BAD_FIELD
+
+
+@pytest.mark.parametrize("event_time", [2**63, "9223372036854775808", 2**64 - 1])
+def test_event_time_beyond_int64_is_bad_field_naming_the_range(event_time):
+    """ts_ms is a 64-bit integer: the hot path (a JSON integer) and the text path say so."""
+    result = _batch(_msg(after=ROW, event_time=event_time))
+    assert result.events == []
+    (dead,) = result.dead_letters
+    assert dead.code == Code.BAD_FIELD
+    assert "payload.timestamp.eventTime" in dead.message
+    assert "0..9223372036854775807" in dead.message
+
+
+def test_event_time_at_the_int64_limit_is_kept():
+    (e,) = _events(_msg(after=ROW, event_time=2**63 - 1))
+    assert e.ts_ms == 2**63 - 1
 
 
 # --------------------------------------------------------------------------- envelope

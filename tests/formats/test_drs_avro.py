@@ -182,6 +182,24 @@ def test_a_record_without_key_columns_needs_primary_keys():
 
 
 @pytest.mark.parametrize(
+    ("type_name", "text", "logical"),
+    [
+        ("int", "2147483648", "int32"),
+        ("int unsigned", "9223372036854775808", "int64"),
+        ("bigint", "-9223372036854775809", "int64"),
+    ],
+)
+def test_an_integer_outside_its_columns_range_is_bad_value(type_name, text, logical):
+    """drs-avro shares drs-json's value converters, range checks included."""
+    fields = [{"name": "id", "type": type_name}, {"name": "name", "type": "varchar"}]
+    rec = _record(fields=fields, afterImages=[{"value": text}, {"value": "a"}])
+    with pytest.raises(DecodeError) as info:
+        DrsAvroDecoder().decode(Record(value=_raw(rec)))
+    assert info.value.code == Code.BAD_VALUE
+    assert "'id'" in info.value.message and logical in info.value.message
+
+
+@pytest.mark.parametrize(
     ("fields", "code"),
     [
         ({"afterImages": None}, Code.MISSING_FIELD),

@@ -196,6 +196,83 @@ def test_type_mapping(type_name, jdbc, logical):
     assert mysql_column(type_name, jdbc, UTC)[0] == logical
 
 
+@pytest.mark.parametrize("fmt", ["drs-json", "drs-json-c"])
+@pytest.mark.parametrize(
+    ("type_name", "text", "logical"),
+    [
+        ("int", "2147483648", "int32"),
+        ("tinyint", "-2147483649", "int32"),
+        ("year", "99999999999", "int32"),
+        ("int unsigned", "9223372036854775808", "int64"),
+        ("bigint", "9223372036854775808", "int64"),
+        ("bigint", "-9223372036854775809", "int64"),
+    ],
+)
+def test_an_integer_outside_its_columns_range_is_bad_value_naming_column_and_range(
+    fmt, type_name, text, logical
+):
+    row = {"id": "1", "c": text}
+    with pytest.raises(DecodeError) as info:
+        decode(message(data=[row], mysqlType={"id": "int", "c": type_name}, sqlType=None), fmt)
+    assert info.value.code == Code.BAD_VALUE
+    lo, hi = (-(2**31), 2**31 - 1) if logical == "int32" else (-(2**63), 2**63 - 1)
+    assert "'c'" in info.value.message and f"{logical} range {lo}..{hi}" in info.value.message
+
+
+def test_integers_at_the_limits_of_their_range_are_kept_in_data_and_old():
+    mt = {"id": "bigint", "i": "int"}
+    row = {"id": "9223372036854775807", "i": "-2147483648"}
+    old = {"id": "-9223372036854775808", "i": "2147483647"}
+    (event,) = decode(message("UPDATE", data=[row], old=[old], mysqlType=mt, sqlType=None))
+    assert event.after == {"id": 2**63 - 1, "i": -(2**31)}
+    assert event.before == {"id": -(2**63), "i": 2**31 - 1}
+    too_big = message("UPDATE", data=[row], old=[{**old, "i": "2147483648"}], mysqlType=mt)
+    assert dead_code(too_big) == Code.BAD_VALUE
+
+
+@pytest.mark.parametrize("fmt", ["drs-json", "drs-json-c"])
+@pytest.mark.parametrize("typ", ["INSERT", "DDL"])
+def test_es_beyond_int64_is_bad_field_naming_the_range(fmt, typ):
+    with pytest.raises(DecodeError) as info:
+        decode(message(typ, es=2**63, isDdl=typ == "DDL", sql="alter table t"), fmt)
+    assert info.value.code == Code.BAD_FIELD
+    assert "'es'" in info.value.message
+    assert "-9223372036854775808..9223372036854775807" in info.value.message
+    (event,) = decode(message(typ, es=2**63 - 1, isDdl=typ == "DDL", sql="alter table t"), fmt)
+    assert event.ts_ms == 2**63 - 1
+
+
+@pytest.mark.parametrize("fmt", ["drs-json", "drs-json-c"])
+def test_an_object_or_array_in_an_undeclared_column_is_json_text_declared_json(fmt):
+    row = {**ROW, "doc": {"a": [1, None]}, "tags": ["x"], "n": 5}
+    old = {**ROW, "doc": [2]}
+    decoder = decoder_for(fmt)
+    (event,) = decoder.decode(Record(value=message("UPDATE", data=[row], old=[old])))
+    assert event.after["doc"] == '{"a":[1,null]}' and event.after["tags"] == '["x"]'
+    assert event.before["doc"] == "[2]"
+    assert event.after["n"] == 5 and "n" not in event.columns  # a scalar is kept as it is
+    assert event.columns == {
+        "id": "int64",
+        "name": "string",
+        "amount": "decimal(12,2)",
+        "paid_at": "timestamptz",
+        "doc": "json",
+        "tags": "json",
+    }
+    # the table's shared declaration is left alone
+    (plain,) = decoder.decode(Record(value=message()))
+    assert "doc" not in plain.columns
+
+
+def test_a_value_of_an_unknown_type_nested_deeper_than_254_levels_is_bad_value():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    value = message(data=[{**ROW, "g": "DEEP"}]).replace(b'"DEEP"', deep)
+    with pytest.raises(DecodeError) as info:
+        decode(value)
+    assert info.value.code == Code.BAD_VALUE
+    assert "'g'" in info.value.message and "nested deeper than 254 levels" in info.value.message
+
+
 def test_a_new_type_map_for_the_same_table_replans():
     decoder = DrsJsonDecoder()
     decoder.decode(Record(value=message()))

@@ -123,6 +123,24 @@ def test_envelope_fields_map_to_seq_time_txn_source_and_origin():
     assert event.meta["source_position"] == "9@1" and event.meta["operation"] == "INSERT"
 
 
+@pytest.mark.parametrize("ts", [9223372036854776, -9223372036854776, 2**62])
+def test_source_timestamp_whose_ms_would_leave_int64_is_bad_field_naming_the_range(ts):
+    """sourceTimestamp is epoch seconds (any Avro long); ts_ms = x 1000 must fit 64 bits."""
+    fields = [{"name": "id", "dataTypeNumber": 8}]
+    value = raw(rec(ts=ts, fields=fields, after=[integer("3")]))
+    result = decoder_for("dts-avro").decode_batch([Record(value=value)])
+    (dead_letter,) = result.dead_letters
+    assert dead_letter.code == Code.BAD_FIELD
+    assert "sourceTimestamp" in dead_letter.message
+    assert "-9223372036854775..9223372036854775" in dead_letter.message
+
+
+def test_source_timestamp_at_the_limit_is_kept():
+    fields = [{"name": "id", "dataTypeNumber": 8}]
+    event = decode(rec(ts=-9223372036854775, fields=fields, after=[integer("3")]))[0]
+    assert event.ts_ms == -9223372036854775000
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

@@ -23,9 +23,10 @@ a dead letter has a known code and keeps the record's exact bytes and origin; ev
 well formed; input that is not JSON yields no event from a JSON format; and
 :func:`cdcflow.apply.events.flatten` turns the result into Arrow rows without raising.
 
-Known bugs found this way are pinned at the end of the file by minimal reproducers marked
-``xfail(strict=True)``; the hypothesis tests tolerate a batch that runs into one of them
-(:func:`known_bug`), so the suite stays green and each bug stays visible until fixed.
+Bugs found this way keep a minimal reproducer at the end of the file, each asserting the
+fixed behaviour (the dead-letter code and what its message names, or the event). A bug not
+fixed yet is pinned by a reproducer marked ``xfail(strict=True)`` and listed in
+:func:`known_bug`, which the hypothesis tests tolerate so the suite stays green.
 
 The default run is sized for about a minute on two cores. ``CDCFLOW_FUZZ_EXAMPLES=N``
 runs N examples per format and property instead (e.g. 5000 for a long run); pytest's
@@ -125,15 +126,8 @@ def _check_image(image: Any, where: str) -> None:
         )
 
 
-# Known bugs the fuzzer runs into. Each is pinned by an xfail(strict=True) test in the
-# "known bugs" section below (so it stays visible and the xfail fails once it is fixed);
-# the hypothesis tests tolerate a batch that hits one, so the suite stays green.
-BUG_TS_MS = "ts_ms beyond int64 is not rejected by the decoder (flatten dead-letters the record)"
-BUG_TXN_ORDER = (
-    "txn.order beyond int64 is not rejected by the decoder (flatten dead-letters the record)"
-)
-BUG_MAXWELL_XOFFSET = "maxwell-json: xoffset of any JSON type goes into seq when xid is absent"
-BUG_NESTED_VALUE = "a JSON array/object value of an undeclared column is kept as a list/dict"
+# Known bugs the fuzzer runs into; the hypothesis tests tolerate a batch that hits one, so
+# the suite stays green. Fixed ones leave this list (their reproducers stay, at the end).
 BUG_DEEP_META = (
     "a message field nested 255-1024 levels deep is copied into meta, and flatten raises "
     "TypeError (orjson writes at most 254 levels)"
@@ -157,26 +151,8 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def known_bug(event: ChangeEvent) -> str | None:
     """The known bug (one of the ``BUG_*`` names) ``event`` shows, or ``None``."""
-    if event.ts_ms is not None and type(event.ts_ms) is int and not _int64(event.ts_ms):
-        return BUG_TS_MS
-    order = event.txn.order if isinstance(event.txn, Txn) else None
-    if order is not None and type(order) is int and not _int64(order):
-        return BUG_TXN_ORDER
-    if (
-        event.source.format == "maxwell-json"
-        and isinstance(event.seq, tuple)
-        and len(event.seq) == 3
-        and type(event.seq[2]) is not int
-    ):
-        return BUG_MAXWELL_XOFFSET
     if isinstance(event.meta, dict) and _deeper_than(event.meta, 254):
         return BUG_DEEP_META
-    declared = event.columns or {}
-    for image in (event.before, event.after):
-        if isinstance(image, dict) and any(
-            isinstance(v, list | dict) and c not in declared for c, v in image.items()
-        ):
-            return BUG_NESTED_VALUE
     return None
 
 
@@ -935,39 +911,22 @@ def _envelope_with(fmt: str, raw: bytes) -> tuple[list[Record], Any]:
     return _records(out), options
 
 
-#: Known bug: a nested JSON value in a string column is kept as JSON text made with
-#: ``orjson.dumps``, which refuses more than 254 levels; the ``TypeError`` becomes a
-#: ``BAD_FIELD`` dead letter "TypeError: Recursion limit reached" from decode_batch's
-#: safety net, instead of a DecodeError that names the column.
-_STRINGIFY_DEPTH_BUG = {
-    "aws-dms-json": "maxwell_json.json_image",
-    "maxwell-json": "maxwell_json.json_image",
-    "ogg-json": "maxwell_json.json_image",
-    "canal-json": "canal_json._text",
-    "shareplex-json": "shareplex_json._plain",
-}
+#: Formats that keep an object or array in a string (or undeclared) column as JSON text.
+#: A value that orjson reads (up to 1024 levels) but cannot write back (over 254) was a
+#: ``BAD_FIELD`` "TypeError: Recursion limit reached" from decode_batch's safety net; it is
+#: a ``BAD_VALUE`` that names the column and the limit.
+_KEPT_AS_JSON_TEXT = frozenset(
+    {"aws-dms-json", "maxwell-json", "ogg-json", "canal-json", "shareplex-json"}
+)
 
 
 def _envelope_params() -> list[Any]:
-    out = []
-    for fmt in FORMATS:
-        if decoder_for(fmt).binary_values:
-            continue
-        for depth in DEPTHS:
-            marks = []
-            if fmt in _STRINGIFY_DEPTH_BUG and 254 < depth <= 1024:
-                marks.append(
-                    pytest.mark.xfail(
-                        strict=True,
-                        reason=(
-                            f"bug: {_STRINGIFY_DEPTH_BUG[fmt]} turns a column value nested "
-                            f"255-1024 levels deep into JSON text with orjson.dumps, whose "
-                            f"TypeError 'Recursion limit reached' ends as an unexplained BAD_FIELD"
-                        ),
-                    )
-                )
-            out.append(pytest.param(fmt, depth, marks=marks, id=f"{fmt}-{depth}"))
-    return out
+    return [
+        pytest.param(fmt, depth, id=f"{fmt}-{depth}")
+        for fmt in FORMATS
+        if not decoder_for(fmt).binary_values
+        for depth in DEPTHS
+    ]
 
 
 @pytest.mark.parametrize(("fmt", "depth"), _envelope_params())
@@ -976,6 +935,12 @@ def test_deeply_nested_column_value_in_a_valid_envelope(fmt: str, depth: int) ->
         records, options = _envelope_with(fmt, raw)
         result = check(decoder_for(fmt, options), records)
         assert_clear(result)
+        if fmt in _KEPT_AS_JSON_TEXT and depth <= 1024:  # read by orjson, not writable
+            assert result.dead_letters
+            for dead in result.dead_letters:
+                assert dead.code == Code.BAD_VALUE, dead
+                assert "column 'name'" in dead.message
+                assert "nested deeper than 254 levels" in dead.message
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
@@ -1072,10 +1037,10 @@ def test_a_tombstone_is_skipped_whatever_the_limit() -> None:
     assert [d.code for d in result.dead_letters] == [Code.TOO_LARGE]
 
 
-# --------------------------------------------------------------------------- known bugs
+# --------------------------------------------------------------------------- bug reproducers
 # Minimal reproducers of what the fuzzer found. Each expects the correct behaviour (a
-# well-formed event that flattens, or a dead letter with a clear code) and is marked
-# xfail(strict=True) until the decoder is fixed; then it passes and the mark must go.
+# well-formed event that flattens, or a dead letter with a clear code); one not fixed yet
+# is marked xfail(strict=True), and the mark goes when the decoder is fixed.
 
 _INSERT = _insert({"id": "int64", "name": "string"}, {"id": 1, "name": "x"})
 
@@ -1105,134 +1070,168 @@ def _patched(
 
 
 _BEYOND_INT64 = b"9223372036854775808"  # 2**63
+_INT64_RANGE = "-9223372036854775808..9223372036854775807"
 
 
-def _bug(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"bug: {reason}")
+def _dead(code: str, *names: str) -> tuple[str, str, tuple[str, ...]]:
+    """Expect the patched record to be one dead letter ``code`` whose message has ``names``."""
+    return ("dead", code, names)
 
 
-KNOWN_BUG_CASES = [
-    # ts_ms taken from an epoch-ms field without a range check (2**63 ms)
-    pytest.param("canal-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="canal-es"),
-    pytest.param("drs-json", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-es"),
-    pytest.param("drs-json-c", {("es",): _BEYOND_INT64}, -1, marks=_bug(BUG_TS_MS), id="drs-c-es"),
+def _json_text(column: str, text: str) -> tuple[str, str, tuple[str, ...]]:
+    """Expect a row event whose undeclared ``column`` holds JSON ``text``, declared json."""
+    return ("json", column, (text,))
+
+
+BUG_CASES = [
+    # ts_ms from an epoch-ms field was not range-checked (2**63 ms)
+    pytest.param(
+        "canal-json",
+        {("es",): _BEYOND_INT64},
+        -1,
+        _dead(Code.BAD_FIELD, "'es'", _INT64_RANGE),
+        id="canal-es",
+    ),
+    pytest.param(
+        "drs-json",
+        {("es",): _BEYOND_INT64},
+        -1,
+        _dead(Code.BAD_FIELD, "'es'", _INT64_RANGE),
+        id="drs-es",
+    ),
+    pytest.param(
+        "drs-json-c",
+        {("es",): _BEYOND_INT64},
+        -1,
+        _dead(Code.BAD_FIELD, "'es'", _INT64_RANGE),
+        id="drs-c-es",
+    ),
     pytest.param(
         "dataworks-json",
         {("payload", "timestamp", "eventTime"): _BEYOND_INT64},
         -1,
-        marks=_bug(BUG_TS_MS),
+        _dead(Code.BAD_FIELD, "eventTime", "0..9223372036854775807"),
         id="dataworks-eventTime",
     ),
-    # ts in epoch seconds, times 1000 without a range check
+    # ts in epoch seconds, times 1000, was not range-checked
     pytest.param(
         "maxwell-json",
         {("ts",): b"9223372036854775807"},
         -1,
-        marks=_bug(BUG_TS_MS),
+        _dead(Code.BAD_FIELD, "'ts'", "-9223372036854775..9223372036854775"),
         id="maxwell-ts",
     ),
-    # txn.order from a counter without a range check
+    # txn.order from a counter was not range-checked
     pytest.param(
         "aws-dms-json",
         {("metadata", "transaction-record-id"): _BEYOND_INT64},
         -1,
-        marks=_bug(BUG_TXN_ORDER),
+        _dead(Code.BAD_FIELD, "transaction-record-id", _INT64_RANGE),
         id="dms-transaction-record-id",
     ),
-    pytest.param(
+    pytest.param(  # xoffset + 1 is txn.order; xoffset sorts below the commit row (2**32)
         "maxwell-json",
         {("xoffset",): b"9223372036854775807"},
         -1,
-        marks=_bug(BUG_TXN_ORDER),
+        _dead(Code.BAD_FIELD, "'xoffset'", "0..4294967295"),
         id="maxwell-xoffset-plus-1",
     ),
     pytest.param(
         "qlik-json",
         {("message", "headers", "transactionEventCounter"): _BEYOND_INT64},
         -1,
-        marks=_bug(BUG_TXN_ORDER),
+        _dead(Code.BAD_FIELD, "transactionEventCounter", _INT64_RANGE),
         id="qlik-transactionEventCounter",
     ),
     pytest.param(
         "shareplex-json",
         {("meta", "seq"): _BEYOND_INT64},
         -1,
-        marks=_bug(BUG_TXN_ORDER),
+        _dead(Code.BAD_FIELD, "meta.seq", _INT64_RANGE),
         id="shareplex-meta-seq",
     ),
-    # maxwell checks xoffset's type only when xid is present; flatten then fails in seq_key
+    # maxwell checked xoffset's type only when xid was present; flatten then failed in seq_key
     pytest.param(
         "maxwell-json",
         {("xid",): None, ("xoffset",): b'"a"'},
         -1,
-        marks=_bug(BUG_MAXWELL_XOFFSET),
+        _dead(Code.BAD_FIELD, "'xoffset'", "integer"),
         id="maxwell-xoffset-string",
     ),
     pytest.param(
         "maxwell-json",
         {("xid",): None, ("xoffset",): b"true"},
         -1,
-        marks=_bug(BUG_MAXWELL_XOFFSET),
+        _dead(Code.BAD_FIELD, "'xoffset'", "integer"),
         id="maxwell-xoffset-bool",
     ),
-    # a column missing from the declared types keeps its raw JSON value
+    # a column missing from the declared types kept its raw JSON value (a list or dict)
     pytest.param(
         "canal-json",
         {("data", 0, "extra"): b'[1,{"a":2}]'},
         -1,
-        marks=_bug(BUG_NESTED_VALUE),
+        _json_text("extra", '[1,{"a":2}]'),
         id="canal-undeclared-array",
     ),
     pytest.param(
         "drs-json",
         {("data", 0, "extra"): b'{"a":[2]}'},
         -1,
-        marks=_bug(BUG_NESTED_VALUE),
+        _json_text("extra", '{"a":[2]}'),
         id="drs-undeclared-object",
     ),
     pytest.param(
         "drs-json-c",
         {("data", 0, "extra"): b"[1]"},
         -1,
-        marks=_bug(BUG_NESTED_VALUE),
+        _json_text("extra", "[1]"),
         id="drs-c-undeclared-array",
     ),
     pytest.param(
         "qlik-json",
         {("message", "data", "extra"): b"[1]"},
         -1,
-        marks=_bug(BUG_NESTED_VALUE),
+        _json_text("extra", "[1]"),
         id="qlik-column-not-in-metadata",
     ),
-    # a huge column ordinal in Qlik metadata becomes a 2**ordinal bit mask: MemoryError
-    # (ordinal 8e9 takes 2 GB and 1.4 s before the mask fits)
+    # a huge column ordinal in Qlik metadata became a 2**ordinal bit mask: MemoryError
+    # (ordinal 8e9 takes 2 GB and 1.4 s before the mask fits); the insert's table has 2
+    # columns, and the data message then has no metadata
     pytest.param(
         "qlik-json",
         {("message", "tableStructure", "tableColumns", "name", "ordinal"): b"1099511627776"},
         0,
-        marks=_bug(
-            "qlik-json: a huge column ordinal allocates a 2**ordinal bit mask (MemoryError)"
-        ),
+        _dead(Code.BAD_FIELD, "tableColumns.name.ordinal", "1..2"),
         id="qlik-huge-ordinal",
     ),
 ]
 
 
-@pytest.mark.parametrize(("fmt", "edits", "index"), KNOWN_BUG_CASES)
-def test_known_bug_reproducer(
-    fmt: str, edits: dict[tuple[Any, ...], bytes | None], index: int
+@pytest.mark.parametrize(("fmt", "edits", "index", "expect"), BUG_CASES)
+def test_bug_reproducer(
+    fmt: str,
+    edits: dict[tuple[Any, ...], bytes | None],
+    index: int,
+    expect: tuple[str, str, tuple[str, ...]],
 ) -> None:
     records, options = _patched(fmt, edits, index)
     result = check(decoder_for(fmt, options), records)
     assert_clear(result)
+    patched = records[index].origin
+    kind, what, texts = expect
+    if kind == "dead":
+        dead = [d for d in result.dead_letters if d.origin == patched]
+        assert [d.code for d in dead] == [what], result.dead_letters
+        assert all(t in dead[0].message for t in texts), dead[0].message
+        assert not [e for e in result.events if e.origin == patched]
+    else:
+        (event,) = [e for e in result.events if e.origin == patched and e.op in ROW_OPS]
+        assert event.after[what] == texts[0]
+        assert event.columns[what] == "json"
+        assert event.columns["id"] == "int64"  # the declared types are kept beside it
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=f"bug: dts-avro: {BUG_TS_MS} (sourceTimestamp x 1000)",
-)
-def test_known_bug_dts_avro_source_timestamp_beyond_int64_ms() -> None:
+def test_dts_avro_source_timestamp_beyond_int64_ms_is_bad_field() -> None:
     import io
 
     import fastavro
@@ -1247,7 +1246,12 @@ def test_known_bug_dts_avro_source_timestamp_beyond_int64_ms() -> None:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, schema, rec)
     records[0] = dataclasses.replace(records[0], value=out.getvalue())
-    check(decoder_for("dts-avro", options), records)
+    result = check(decoder_for("dts-avro", options), records)
+    (dead,) = result.dead_letters
+    assert dead.code == Code.BAD_FIELD and dead.origin == records[0].origin
+    assert (
+        "sourceTimestamp" in dead.message and "-9223372036854775..9223372036854775" in dead.message
+    )
 
 
 _DEEP_300 = b"[" * 300 + b"]" * 300

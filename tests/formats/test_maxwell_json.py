@@ -133,6 +133,35 @@ def test_json_columns_and_sets_become_json_text():
     assert e.after["s"] == '["x","y"]' and e.after["e"] == "[]"
 
 
+def test_a_json_column_nested_deeper_than_254_levels_is_bad_value_naming_the_column():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    value = orjson.dumps(_msg(data={"id": 1, "j": "DEEP"})).replace(b'"DEEP"', deep)
+    with pytest.raises(DecodeError) as info:
+        _decode(value)
+    assert info.value.code == Code.BAD_VALUE
+    assert "'j'" in info.value.message and "nested deeper than 254 levels" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("options", "raw", "text"),
+    [
+        # float_as_decimal: numbers inside a JSON column are written as published
+        ({"float_as_decimal": True}, b'{"a":12.50,"b":[0.1]}', '{"a":12.50,"b":[0.1]}'),
+        # an exact re-parse (a top-level integer beyond 64 bits): nested ones stay exact
+        (None, b'{"a":123456789012345678901234567890}', '{"a":123456789012345678901234567890}'),
+    ],
+)
+def test_json_columns_of_an_exact_parse_keep_their_numbers(options, raw, text):
+    """These were BAD_FIELD 'TypeError' dead letters: orjson writes neither Decimal nor
+    integers beyond 64 bits."""
+    value = (
+        b'{"database":"d","table":"t","type":"insert","primary_key_columns":["id"],'
+        b'"data":{"id":1,"big":18446744073709551616,"j":' + raw + b"}}"
+    )
+    [e] = _decode(value, options)
+    assert e.after["j"] == text and e.after["big"] == 2**64
+
+
 @pytest.mark.parametrize(
     "literal, value",
     [
@@ -252,6 +281,56 @@ def test_row_ts_is_seconds_and_ddl_ts_is_milliseconds():
     assert ddl.op is Op.DDL and ddl.ts_ms == 1477053308123 and ddl.key is None
     assert ddl.ddl == "drop table items" and ddl.seq == (6, 804398, 0)
     assert ddl.meta == {"type": "table-drop"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "valid"),
+    [
+        # row ts is epoch seconds: ts * 1000 (ts_ms) must fit 64 bits
+        ({"ts": 9223372036854776}, "'ts'", "-9223372036854775..9223372036854775"),
+        ({"ts": -9223372036854776}, "'ts'", "-9223372036854775..9223372036854775"),
+        # xoffset + 1 is txn.order, and xoffset sorts below the commit row in seq
+        ({"xid": 1, "xoffset": COMMIT_ROW_XOFFSET}, "'xoffset'", "0..4294967295"),
+        ({"xid": 1, "xoffset": -1}, "'xoffset'", "0..4294967295"),
+        ({"xoffset": 2**63 - 1}, "'xoffset'", "0..4294967295"),  # without xid too
+    ],
+)
+def test_ts_and_xoffset_out_of_range_are_bad_field_naming_the_range(fields, field, valid):
+    with pytest.raises(DecodeError) as info:
+        _decode(_msg(position="mysql-bin.000001:4", **fields))
+    assert info.value.code == Code.BAD_FIELD
+    assert field in info.value.message and valid in info.value.message
+
+
+def test_ts_and_xoffset_at_the_limits_are_kept():
+    [e] = _decode(_msg(ts=9223372036854775, xid=1, xoffset=COMMIT_ROW_XOFFSET - 1))
+    assert e.ts_ms == 9223372036854775000 and e.txn.order == COMMIT_ROW_XOFFSET
+    [e] = _decode(_msg(ts=-9223372036854775))
+    assert e.ts_ms == -9223372036854775000
+
+
+@pytest.mark.parametrize("xoffset", ["a", True, 1.5, [1], None])
+def test_xoffset_must_be_an_integer_with_or_without_xid(xoffset):
+    """Without xid, xoffset still goes into seq, so its type is checked there too."""
+    for xid in (..., 7):
+        msg = _msg(position="mysql-bin.000001:4", xid=xid, xoffset=xoffset)
+        if xoffset is None:
+            [e] = _decode(msg)  # null: absent
+            assert e.seq == (1, 4, 0)
+            continue
+        with pytest.raises(DecodeError) as info:
+            _decode(msg)
+        assert info.value.code == Code.BAD_FIELD and "'xoffset'" in info.value.message
+
+
+def test_ddl_ts_beyond_int64_is_bad_field():
+    ddl = {"type": "table-drop", "database": "shop", "table": "t", "sql": "drop table t"}
+    with pytest.raises(DecodeError) as info:
+        _decode({**ddl, "ts": 2**63})
+    assert info.value.code == Code.BAD_FIELD and "'ts'" in info.value.message
+    assert "-9223372036854775808..9223372036854775807" in info.value.message
+    [e] = _decode({**ddl, "ts": 2**63 - 1})
+    assert e.ts_ms == 2**63 - 1
 
 
 def test_database_ddl_has_no_table():

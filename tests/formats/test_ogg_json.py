@@ -196,6 +196,15 @@ def test_keys_from_options_when_the_message_has_none():
     assert e.key == {"NAME": "a"}
 
 
+def test_a_json_value_nested_deeper_than_254_levels_is_bad_value_naming_the_column():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    raw = orjson.dumps(_msg(after={"ID": 1, "DOC": "DEEP"})).replace(b'"DEEP"', deep)
+    with pytest.raises(DecodeError) as info:
+        _decode(raw)
+    assert info.value.code == Code.BAD_VALUE
+    assert "'DOC'" in info.value.message and "nested deeper than 254 levels" in info.value.message
+
+
 def test_json_numbers_beyond_int64_stay_exact():
     raw = orjson.dumps(_msg()).replace(b'"ID":1,', b'"ID":1,"N":-99999999999999999999999,')
     [e] = _decode(raw)

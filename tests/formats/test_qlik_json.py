@@ -285,6 +285,106 @@ def test_numeric_strings_from_number_sources_are_accepted_for_integer_columns():
     assert result.events[1].after["I4"] == 42 and result.events[1].key["I4"] == 42
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "logical"),
+    [
+        ("I4", 2147483648, "int32"),
+        ("I1", -2147483649, "int32"),
+        ("U2", "4294967296", "int32"),
+        ("I8", 9223372036854775808, "int64"),  # orjson reads up to 2**64 - 1 exactly
+        ("U4", "-9223372036854775809", "int64"),
+    ],
+)
+def test_an_integer_outside_its_columns_range_is_bad_value_naming_column_and_range(
+    column, value, logical
+):
+    for image in ("data", "beforeData"):
+        row = {**TYPED_ROW, column: value}
+        msg = dt_message(row) if image == "data" else dt_message(TYPED_ROW, before=row)
+        result = decode([envelope("MD", md_message(TYPED)), msg])
+        assert codes(result) == [Code.BAD_VALUE], image
+        message = result.dead_letters[0].message
+        lo, hi = (-(2**31), 2**31 - 1) if logical == "int32" else (-(2**63), 2**63 - 1)
+        assert f"'{column}'" in message and f"{logical} range {lo}..{hi}" in message
+
+
+def test_integers_at_the_limits_of_their_range_are_kept():
+    row = {**TYPED_ROW, "I4": -(2**31), "I2": "2147483647", "I8": 2**63 - 1, "U4": -(2**63)}
+    (_, e) = decode([envelope("MD", md_message(TYPED)), dt_message(row)]).events
+    assert (e.after["I4"], e.after["I2"], e.after["I8"], e.after["U4"]) == (
+        -(2**31),
+        2**31 - 1,
+        2**63 - 1,
+        -(2**63),
+    )
+
+
+@pytest.mark.parametrize("text", [" 42", "42 ", "4_2", "٤٢", "42.0", "0x2a"])
+def test_integer_text_is_a_sign_and_ascii_digits_only(text):
+    result = decode([envelope("MD", md_message(TYPED)), dt_message({**TYPED_ROW, "I4": text})])
+    assert codes(result) == [Code.BAD_VALUE]
+
+
+def test_an_object_or_array_in_a_column_the_metadata_does_not_declare_is_json_text():
+    # GEOMETRY has no logical type here (X); EXTRA is not in the metadata at all
+    row = {**TYPED_ROW, "X": {"type": "Point"}, "EXTRA": [1, {"a": None}], "N2": 5}
+    before = {**TYPED_ROW, "EXTRA": {"b": [2]}}
+    (md, e) = decode(
+        [envelope("MD", md_message(TYPED)), dt_message(row, before, operation="UPDATE")]
+    ).events
+    assert e.after["X"] == '{"type":"Point"}' and e.after["EXTRA"] == '[1,{"a":null}]'
+    assert e.before["EXTRA"] == '{"b":[2]}'
+    assert e.after["N2"] == 5  # a scalar keeps its JSON value
+    assert e.columns == {**md.columns, "X": "json", "EXTRA": "json"}
+    assert "EXTRA" not in md.columns  # the table's declaration is not changed
+
+
+def test_an_object_nested_deeper_than_254_levels_is_bad_value_naming_the_column():
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    typed = dt_message({**TYPED_ROW, "EXTRA": "DEEP"}).replace(b'"DEEP"', deep)
+    untyped = dt_message({"ID": 1, "EXTRA": "DEEP"}, sid=None).replace(b'"DEEP"', deep)
+    for value, options in ((typed, {}), (untyped, {"primary_keys": {"*": ("ID",)}})):
+        result = decode([envelope("MD", md_message(TYPED)), value], topic="unknown", **options)
+        assert codes(result) == [Code.BAD_VALUE]
+        message = result.dead_letters[0].message
+        assert "'EXTRA'" in message and "nested deeper than 254 levels" in message
+
+
+@pytest.mark.parametrize("counter", [2**63, 2**64 - 1])
+def test_transaction_event_counter_beyond_int64_is_bad_field_naming_the_range(counter):
+    result = decode(
+        [envelope("MD", md_message(TEN)), dt_message(ROW10, transactionEventCounter=counter)]
+    )
+    assert codes(result) == [Code.BAD_FIELD]
+    message = result.dead_letters[0].message
+    assert "transactionEventCounter" in message
+    assert "-9223372036854775808..9223372036854775807" in message
+
+
+def test_transaction_event_counter_at_the_int64_limit_is_kept():
+    result = decode(
+        [envelope("MD", md_message(TEN)), dt_message(ROW10, transactionEventCounter=2**63 - 1)]
+    )
+    assert result.events[1].txn.order == 2**63 - 1
+
+
+@pytest.mark.parametrize("ordinal", [3, 11, 2**40])
+def test_an_ordinal_beyond_the_column_count_is_bad_field(ordinal):
+    """A column's ordinal is its position (1..columns); a huge one used to allocate a
+    2**ordinal bit mask."""
+    columns = {"ID": col(1, "INT4", pk=1), "NAME": col(ordinal, "STRING")}
+    result = decode([envelope("MD", md_message(columns))])
+    assert codes(result) == [Code.BAD_FIELD]
+    message = result.dead_letters[0].message
+    assert "tableColumns.NAME.ordinal" in message and "1..2" in message
+
+
+def test_ordinals_up_to_the_column_count_in_any_order_are_kept():
+    columns = {"NAME": col(2, "STRING"), "ID": col(1, "INT4", pk=1)}
+    (md,) = decode([envelope("MD", md_message(columns))]).events
+    assert md.meta["tableStructure"]["tableColumns"]["NAME"]["ordinal"] == 2
+
+
 # --------------------------------------------------------------------------- headers
 
 

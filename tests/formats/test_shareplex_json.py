@@ -391,6 +391,72 @@ def test_column_types_reject_bad_values(column, value):
     assert dead(msg(data={"ID": "1", column: value}), TYPES) == Code.BAD_VALUE
 
 
+def _typed_options(logical: str) -> dict:
+    return {**PK, "column_types": {"MIO_LOG": {"ID": "int64", "N": logical}}}
+
+
+@pytest.mark.parametrize(
+    ("logical", "value"),
+    [
+        ("int32", "2147483648"),
+        ("int32", -2147483649),
+        ("int64", "9223372036854775808"),
+        ("int64", 9223372036854775808),  # orjson reads up to 2**64 - 1 exactly
+        ("int64", "-9223372036854775809"),
+    ],
+)
+def test_column_types_reject_an_integer_outside_the_range_naming_column_and_range(logical, value):
+    result = decoder_for(FMT, _typed_options(logical)).decode_batch(
+        [Record(value=msg(data={"ID": "1", "N": value}))]
+    )
+    (dead_letter,) = result.dead_letters
+    assert dead_letter.code == Code.BAD_VALUE
+    lo, hi = (-(2**31), 2**31 - 1) if logical == "int32" else (-(2**63), 2**63 - 1)
+    assert "'N'" in dead_letter.message and f"{logical} range {lo}..{hi}" in dead_letter.message
+
+
+@pytest.mark.parametrize(
+    ("logical", "value", "want"),
+    [
+        ("int32", "-2147483648", -(2**31)),
+        ("int32", "+2147483647", 2**31 - 1),
+        ("int64", "9223372036854775807", 2**63 - 1),
+        ("int64", -(2**63), -(2**63)),
+    ],
+)
+def test_column_types_keep_integers_at_the_limits(logical, value, want):
+    [event] = decode(msg(data={"ID": "1", "N": value}), _typed_options(logical))
+    assert event.after["N"] == want
+
+
+@pytest.mark.parametrize("value", [" 42", "42 ", "4_2", "٤٢", "42.0"])
+def test_column_types_take_integer_text_as_sign_and_ascii_digits_only(value):
+    """The document's integers are plain digit strings ("32539737")."""
+    assert dead(msg(data={"ID": "1", "N": value}), _typed_options("int64")) == Code.BAD_VALUE
+
+
+@pytest.mark.parametrize("seq", [2**63, 2**64 - 1])
+def test_meta_seq_beyond_int64_is_bad_field_naming_the_range(seq):
+    result = decoder_for(FMT).decode_batch([Record(value=msg(seq=seq))])
+    (dead_letter,) = result.dead_letters
+    assert dead_letter.code == Code.BAD_FIELD
+    assert "meta.seq" in dead_letter.message
+    assert "-9223372036854775808..9223372036854775807" in dead_letter.message
+    [event] = decode(msg(seq=2**63 - 1, size=2**63 - 1))
+    assert event.txn.order == 2**63 - 1 and event.txn.last is True
+
+
+@pytest.mark.parametrize("options", [None, TYPES])
+def test_a_value_nested_deeper_than_254_levels_is_bad_value_naming_the_column(options):
+    deep = b"[" * 300 + b"]" * 300  # orjson reads 1024 levels, writes 254
+    value = msg(data={"ID": "1", "J": "DEEP"}).replace(b'"DEEP"', deep)
+    result = decoder_for(FMT, options).decode_batch([Record(value=value)])
+    (dead_letter,) = result.dead_letters
+    assert dead_letter.code == Code.BAD_VALUE
+    assert "'J'" in dead_letter.message
+    assert "nested deeper than 254 levels" in dead_letter.message
+
+
 @pytest.mark.parametrize("logical", ["binary", "decimal", "varchar", "int"])
 def test_unsupported_column_types_are_config_errors(logical):
     with pytest.raises(ConfigError):

@@ -65,6 +65,7 @@ from cdcflow.formats.maxwell_json import (
     with_key,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
+from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error
 
 __all__ = ["AwsDmsJsonDecoder", "AwsDmsJsonEncoder", "AwsDmsJsonOptions"]
 
@@ -227,7 +228,17 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         txn = None
         if txid is not None:
             order = get("transaction-record-id")
-            txn = Txn(str(txid), order if type(order) is int else None, None)
+            if type(order) is not int:
+                order = None
+            elif not INT64_MIN <= order <= INT64_MAX:
+                raise field_range_error(
+                    "transaction-record-id",
+                    order,
+                    INT64_MIN,
+                    INT64_MAX,
+                    "the record's position in its transaction; txn.order is a 64-bit integer",
+                )
+            txn = Txn(str(txid), order, None)
         event = ChangeEvent(
             op, source, None, before, after, None, seq, ts_ms, txn, None, None, record.origin, meta
         )

@@ -47,7 +47,15 @@ from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import Decoder, DecoderOptions, Encoder, Message, Record, SourceChange
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
 from cdcflow.types import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    INT_RANGES,
     decimal_type,
+    field_range_error,
+    int_range_error,
+    json_text,
     parse_type,
     to_bytes_base64,
     to_decimal,
@@ -162,7 +170,7 @@ def _bad(column: str, value: Any, want: str, hint: str = "") -> DecodeError:
 
 
 def _text(v: Any, c: str) -> str:
-    return v if type(v) is str else orjson.dumps(v).decode()
+    return v if type(v) is str else json_text(v, c)
 
 
 def _int(v: Any, c: str) -> int:
@@ -172,6 +180,20 @@ def _int(v: Any, c: str) -> int:
         except ValueError:
             pass
     return to_int(v, c)  # type: ignore[return-value]
+
+
+def _int32(v: Any, c: str) -> int:
+    n = _int(v, c)
+    if INT32_MIN <= n <= INT32_MAX:
+        return n
+    raise int_range_error(c, n, "int32")
+
+
+def _int64(v: Any, c: str) -> int:
+    n = _int(v, c)
+    if INT64_MIN <= n <= INT64_MAX:
+        return n
+    raise int_range_error(c, n, "int64")
 
 
 def _float(v: Any, c: str) -> float:
@@ -271,7 +293,7 @@ def _hex(v: Any, c: str) -> bytes:
 
 
 def _json(v: Any, c: str) -> str:
-    return v if type(v) is str else orjson.dumps(v).decode()
+    return v if type(v) is str else json_text(v, c)
 
 
 _LABEL_RE = re.compile(r"'((?:[^']|'')*)'")
@@ -333,10 +355,10 @@ _GEOMETRIES = frozenset(
 # java.sql.Types fallback for a column without mysqlType (binary codes are ambiguous:
 # Canal also gives TEXT columns -4, so those stay text).
 _SQL_TYPES: dict[int, tuple[str, Any]] = {
-    -6: ("int32", _int),
-    5: ("int32", _int),
-    4: ("int32", _int),
-    -5: ("int64", _int),
+    -6: ("int32", _int32),
+    5: ("int32", _int32),
+    4: ("int32", _int32),
+    -5: ("int64", _int64),
     7: ("float32", _float),
     6: ("float64", _float),
     8: ("float64", _float),
@@ -369,7 +391,8 @@ def _datetime_fast(v: str) -> dt.datetime:
 
 _BOOL_TEXT = {"0": False, "1": True}
 _FAST: dict[Any, Callable[[str], Any]] = {
-    _int: int,
+    _int32: int,  # the range is checked after the row (``ranges`` of the table entry)
+    _int64: int,
     _float: float,
     _boolean: _BOOL_TEXT.__getitem__,
     _date: dt.date.fromisoformat,
@@ -450,13 +473,13 @@ class CanalJsonDecoder(Decoder):
         if base in ("bool", "boolean") or (base == "tinyint" and args == ["1"]):
             if o.tinyint1_as_boolean:
                 return "boolean", _boolean
-            return "int32", _int
+            return "int32", _int32
         if base in _SMALL_INTS:
-            return "int32", _int
+            return "int32", _int32
         if base in _INTS:
-            return ("int64", _int) if unsigned else ("int32", _int)
+            return ("int64", _int64) if unsigned else ("int32", _int32)
         if base in _BIGINTS:
-            return ("decimal(20,0)", _decimal) if unsigned else ("int64", _int)
+            return ("decimal(20,0)", _decimal) if unsigned else ("int64", _int64)
         if base == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT
             return "decimal(20,0)", _decimal
         if base in _FLOATS:  # FLOAT(p) with p > 24 is a DOUBLE
@@ -487,12 +510,12 @@ class CanalJsonDecoder(Decoder):
         if base == "time":
             return ("string", None) if o.time_as_string else ("time", _time)
         if base == "year":
-            return "int32", _int
+            return "int32", _int32
         if base == "bit":
             n = int(args[0]) if args and args[0].isdecimal() else 1
             if n == 1:
                 return "boolean", _boolean
-            return ("int64", _int) if n < 64 else ("decimal(20,0)", _decimal)
+            return ("int64", _int64) if n < 64 else ("decimal(20,0)", _decimal)
         if base in ("enum", "set"):
             labels = tuple(m.replace("''", "'") for m in _LABEL_RE.findall(raw_args))
             make = _enum if base == "enum" else _set
@@ -506,7 +529,8 @@ class CanalJsonDecoder(Decoder):
     def _table(self, database: Any, table: Any, mt: Any, st: Any, pks: Any) -> list[Any]:
         """Per-table state for a row message, cached while its header stays the same:
         ``[mysqlType, sqlType, pkNames, source, columns, converters, fast converters,
-        key columns]``."""
+        key columns, integer ranges]``; the ranges are ``(column, min, max)`` of the
+        ``int32``/``int64`` columns, whose fast converter (``int``) does not check them."""
         source = self._source(database, table, rows=True)
         if mt is not None and type(mt) is not dict:
             raise DecodeError(
@@ -531,7 +555,8 @@ class CanalJsonDecoder(Decoder):
             if col not in columns and type(code) is int and code in _SQL_TYPES:
                 columns[col], convs[col] = _SQL_TYPES[code]
         fast = {col: _fast(conv) for col, conv in convs.items()}
-        entry = [mt, st, pks, source, columns, convs, fast, tuple(pks) if pks else None]
+        ranges = tuple((col, *INT_RANGES[t]) for col, t in columns.items() if t in INT_RANGES)
+        entry = [mt, st, pks, source, columns, convs, fast, tuple(pks) if pks else None, ranges]
         if len(self._tables) > 4096:
             self._tables.clear()
         self._tables[(database, table)] = entry
@@ -566,6 +591,10 @@ class CanalJsonDecoder(Decoder):
                 raise DecodeError(f"'id' must be an integer, not {batch_id!r}", Code.BAD_FIELD)
             if type(is_ddl) is not bool:
                 raise DecodeError(f"'isDdl' must be true or false, not {is_ddl!r}", Code.BAD_FIELD)
+        if es is not None and not INT64_MIN <= es <= INT64_MAX:
+            raise field_range_error(
+                "es", es, INT64_MIN, INT64_MAX, "epoch milliseconds; ts_ms is a 64-bit integer"
+            )
         gtid = get("gtid")
         txn = Txn(gtid) if gtid and type(gtid) is str else None
         origin = record.origin
@@ -587,7 +616,7 @@ class CanalJsonDecoder(Decoder):
             entry = None
         if entry is None or mt != entry[0] or st != entry[1] or pk_names != entry[2]:
             entry = self._table(database, table, mt, st, pk_names)
-        _, _, _, source, columns, convs, fast, pks = entry
+        _, _, _, source, columns, convs, fast, pks, ranges = entry
         fast_get = fast.get
         pk1 = pks[0] if pks is not None and len(pks) == 1 else None
         rows, olds = get("data"), get("old")
@@ -610,6 +639,7 @@ class CanalJsonDecoder(Decoder):
             if type(row) is not dict:
                 raise DecodeError(f"row {i} of the message is not an object", Code.BAD_FIELD)
             image = {}
+            cols = columns
             try:  # fast path: every value text (or null) and well formed
                 for c, v in row.items():
                     if type(v) is str:
@@ -619,8 +649,12 @@ class CanalJsonDecoder(Decoder):
                     elif v is not None:
                         raise TypeError
                     image[c] = v
+                for c, lo, hi in ranges:
+                    v = image.get(c)
+                    if v is not None and not lo <= v <= hi:
+                        raise ValueError  # the careful path says which column and range
             except Exception:  # noqa: BLE001 - the careful path raises the real error
-                image = _image(row, convs)
+                image, cols = _image(row, convs, columns)
             try:
                 if pk1 is not None:
                     key = {pk1: image[pk1]}
@@ -635,13 +669,14 @@ class CanalJsonDecoder(Decoder):
                 prior = olds[i]
                 if type(prior) is not dict:
                     raise DecodeError(f"'old' entry {i} is not an object", Code.BAD_FIELD)
-                before = {**image, **_image(prior, convs)}
+                prior, cols = _image(prior, convs, cols)
+                before = {**image, **prior}
                 changed = tuple(prior)
             seq = None if es is None else (es, batch_id, offset, i)
             # positional (faster): op source key before after columns seq ts_ms txn ddl
             # changed origin
             event = ChangeEvent(
-                op, source, key, before, image, columns, seq, es, txn, None, changed, origin
+                op, source, key, before, image, cols, seq, es, txn, None, changed, origin
             )
             if key is None:
                 self.require_key(event, pks)  # options' keys, or raises MISSING_KEY
@@ -709,8 +744,15 @@ class CanalJsonDecoder(Decoder):
         )
 
 
-def _image(row: dict[str, Any], convs: dict[str, Any]) -> dict[str, Any]:
-    """Typed row image; a column without a declared type keeps its JSON value."""
+def _image(
+    row: dict[str, Any], convs: dict[str, Any], columns: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Typed row image (the careful path) and the event's declared types.
+
+    A column without a declared type keeps its JSON scalar; an object or array there
+    becomes JSON text, declared ``json`` in a copy of ``columns`` (``columns`` itself is
+    returned when there is none).
+    """
     out = {}
     for c, v in row.items():
         if v is not None:
@@ -719,8 +761,12 @@ def _image(row: dict[str, Any], convs: dict[str, Any]) -> dict[str, Any]:
                 v = f(v, c)
             elif type(v) is not str and c in convs:
                 v = _text(v, c)
+            elif type(v) is dict or type(v) is list:
+                v = json_text(v, c)
+                if columns.get(c) != "json":
+                    columns = {**columns, c: "json"}
         out[c] = v
-    return out
+    return out, columns
 
 
 def _field_error(msg: dict[str, Any], name: str, want: str) -> DecodeError:

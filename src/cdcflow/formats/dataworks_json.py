@@ -52,7 +52,16 @@ from cdcflow.formats.base import (
     SourceChange,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable
-from cdcflow.types import to_bool, to_bytes_base64, to_float, to_int
+from cdcflow.types import (
+    INT64_MAX,
+    INT64_MIN,
+    field_range_error,
+    int_range_error,
+    to_bool,
+    to_bytes_base64,
+    to_float,
+    to_int,
+)
 
 __all__ = ["DataWorksJsonDecoder", "DataWorksJsonEncoder", "DataWorksJsonOptions"]
 
@@ -161,6 +170,26 @@ def _to_long(value: Any, column: str) -> int:
     return result
 
 
+def _check_longs(image: dict[str, Any], longs: tuple[str, ...]) -> None:
+    """``BAD_VALUE`` for a ``LONG`` value outside int64 (orjson reads integers up to
+    2**64 - 1 exactly; integer text has any size)."""
+    for name in longs:
+        value = image.get(name)
+        if value is not None and not INT64_MIN <= value <= INT64_MAX:
+            raise int_range_error(name, value, "int64")
+
+
+def _event_time_error(ms: int) -> DecodeError:
+    return field_range_error(
+        "payload.timestamp.eventTime",
+        ms,
+        0,
+        INT64_MAX,
+        "epoch milliseconds, a negative one (-1 on full-load rows) meaning no time; ts_ms "
+        "is a 64-bit integer",
+    )
+
+
 def _to_date(value: Any, column: str) -> dt.datetime:
     ms = value if value.__class__ is int else _to_long(value, column)
     try:
@@ -214,7 +243,7 @@ class DataWorksJsonOptions(DecoderOptions):
 class _Schema:
     """What one ``schema`` object means (cached by content; never mutated once built)."""
 
-    __slots__ = ("columns", "kinds", "expect", "dates", "pk", "pk1", "source")
+    __slots__ = ("columns", "kinds", "expect", "dates", "longs", "pk", "pk1", "source")
 
     def __init__(self, columns: dict[str, str], kinds: dict[str, int], pk: tuple[str, ...]) -> None:
         self.columns = columns  # name -> logical type (copied into each event)
@@ -222,6 +251,7 @@ class _Schema:
         # name -> the JSON value class that needs no conversion (None: always convert)
         self.expect: dict[str, type | None] = {n: _NATIVE[k] for n, k in kinds.items()}
         self.dates = tuple(n for n, k in kinds.items() if k == _K_DATE)  # epoch-ms columns
+        self.longs = tuple(n for n, k in kinds.items() if k == _K_LONG)  # int64 range checked
         self.pk = pk  # declared key columns, () when primaryKey is null or empty
         self.pk1 = pk[0] if len(pk) == 1 else None
         self.source: SourceTable | None = None  # set for the byte-prefix fast path
@@ -345,6 +375,10 @@ class DataWorksJsonDecoder(Decoder):
                     image[name] = _fix(parsed, name, value)
         except KeyError as exc:  # only expect[name] raises KeyError
             raise _undeclared(exc.args[0]) from None
+        for name in parsed.longs:  # _check_longs, inlined (the hot path)
+            value = image.get(name)
+            if value is not None and not INT64_MIN <= value <= INT64_MAX:
+                raise int_range_error(name, value, "int64")
         if parsed.dates:
             _dates(image, parsed.dates)
         if kind == _INSERT:
@@ -372,6 +406,8 @@ class DataWorksJsonDecoder(Decoder):
         if ts.__class__ is dict and (ts_ms := ts.get("eventTime")).__class__ is int:
             if ts_ms < 0:  # -1 marks rows of the full load: not a time
                 ts_ms = None
+            elif ts_ms > INT64_MAX:
+                raise _event_time_error(ts_ms)
         else:
             ts_ms = _ts_ms(ts)
         scn = payload.get("scn")
@@ -722,6 +758,7 @@ def _image(holder: Any, field: str, parsed: _Schema, op: str) -> dict[str, Any]:
     for name, value in image.items():
         if value.__class__ is not expect.get(name):
             image[name] = _fix(parsed, name, value)
+    _check_longs(image, parsed.longs)
     if parsed.dates:
         _dates(image, parsed.dates)
     return image
@@ -812,6 +849,8 @@ def _ts_ms(ts: Any) -> int | None:
             f"payload.timestamp.eventTime must be epoch milliseconds, got {raw!r}",
             Code.BAD_FIELD,
         )
+    if ms > INT64_MAX:
+        raise _event_time_error(ms)
     return ms if ms >= 0 else None
 
 

@@ -59,7 +59,19 @@ from cdcflow.formats.base import (
     is_full_row,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable
-from cdcflow.types import to_decimal, to_float, to_int
+from cdcflow.types import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    INT_RANGES,
+    field_range_error,
+    int_range_error,
+    json_text,
+    to_decimal,
+    to_float,
+    to_int,
+)
 
 __all__ = [
     "DrsJsonCDecoder",
@@ -119,6 +131,20 @@ def _int(value: Any, column: str) -> int:
     result = to_int(value, column)
     assert result is not None
     return result
+
+
+def _int32(value: Any, column: str) -> int:
+    n = _int(value, column)
+    if INT32_MIN <= n <= INT32_MAX:
+        return n
+    raise int_range_error(column, n, "int32")
+
+
+def _int64(value: Any, column: str) -> int:
+    n = _int(value, column)
+    if INT64_MIN <= n <= INT64_MAX:
+        return n
+    raise int_range_error(column, n, "int64")
 
 
 def _float(value: Any, column: str) -> float:
@@ -262,14 +288,14 @@ Converter = Callable[[Any, str], Any]
 _TZ = object()  # placeholder for the zone-dependent timestamp converter
 
 _MYSQL_TYPES: dict[str, tuple[str | None, Any]] = {
-    "tinyint": ("int32", _int),
-    "smallint": ("int32", _int),
-    "mediumint": ("int32", _int),
-    "int": ("int32", _int),
-    "integer": ("int32", _int),
-    "bigint": ("int64", _int),
-    "year": ("int32", _int),
-    "bit": ("int64", _int),
+    "tinyint": ("int32", _int32),
+    "smallint": ("int32", _int32),
+    "mediumint": ("int32", _int32),
+    "int": ("int32", _int32),
+    "integer": ("int32", _int32),
+    "bigint": ("int64", _int64),
+    "year": ("int32", _int32),
+    "bit": ("int64", _int64),
     "bool": ("boolean", _bool),
     "boolean": ("boolean", _bool),
     "float": ("float32", _float),
@@ -362,7 +388,7 @@ def mysql_column(
                 scale = int(parts[1]) if len(parts) == 2 else 0
                 logical = f"decimal({max(int(parts[0]), scale, 1)},{scale})"
     elif unsigned and base in ("int", "integer"):
-        logical = "int64"
+        logical, conv = "int64", _int64
     elif unsigned and base == "bigint":
         logical, conv = "decimal(20,0)", _decimal
     elif base == "tinyint" and args == "1" and jdbc_type in (-7, 16):
@@ -437,6 +463,7 @@ class _Table:
         "source",
         "sql_type",
         "strings",
+        "typed",
         "typed_by_mysql",
     )
 
@@ -445,11 +472,14 @@ class _Table:
         self.mysql_type: Any = _MISSING
         self.sql_type: Any = _MISSING
         self.columns: dict[str, str] = {}
-        #: integer columns, string columns (both converted inline: the common cases),
-        #: and (column, converter) for every other typed column
-        self.ints: tuple[str, ...] = ()
+        #: integer columns as (column, min, max), string columns (both converted inline:
+        #: the common cases), and (column, converter) for every other typed column
+        self.ints: tuple[tuple[str, int, int], ...] = ()
         self.strings: tuple[str, ...] = ()
         self.convs: tuple[tuple[str, Converter], ...] = ()
+        #: the columns above: a value of any other column is kept as it is, but for an
+        #: object or array, which becomes JSON text (``_json_values``)
+        self.typed: frozenset[str] = frozenset()
         self.pk: Any = _MISSING
         #: every column of sqlType is also in mysqlType, so sqlType changes nothing
         self.typed_by_mysql = False
@@ -457,16 +487,19 @@ class _Table:
 
 def _typed(row: dict[str, Any], entry: _Table) -> None:
     """Replace the text values of ``row`` by typed values, in place (the hot path)."""
-    for col in entry.ints:
+    for col, lo, hi in entry.ints:
         value = row.get(col)
         if value is not None:
             if value.__class__ is str:
                 try:
-                    row[col] = int(value)
-                    continue
+                    n = int(value)
                 except ValueError:
-                    pass
-            row[col] = _int(value, col)
+                    n = _int(value, col)
+            else:
+                n = _int(value, col)
+            if not lo <= n <= hi:
+                raise int_range_error(col, n, entry.columns[col])
+            row[col] = n
     for col in entry.strings:
         value = row.get(col)
         if value is not None and value.__class__ is not str:
@@ -475,6 +508,19 @@ def _typed(row: dict[str, Any], entry: _Table) -> None:
         value = row.get(col)
         if value is not None:
             row[col] = conv(value, col)
+
+
+def _json_values(
+    row: dict[str, Any], typed: frozenset[str], columns: dict[str, str]
+) -> dict[str, str]:
+    """Turn objects and arrays of columns without a declared type into JSON text, in
+    place; return ``columns``, or a copy that declares those columns ``json``."""
+    for col, value in row.items():
+        if (value.__class__ is dict or value.__class__ is list) and col not in typed:
+            row[col] = json_text(value, col)
+            if columns.get(col) != "json":
+                columns = {**columns, col: "json"}
+    return columns
 
 
 class _DrsJsonDecoderBase(Decoder):
@@ -521,14 +567,15 @@ class _DrsJsonDecoderBase(Decoder):
             logical, conv = mysql_column(mt.get(name), st.get(name), self._zone)
             if logical is not None:
                 columns[name] = logical
-            if conv is _int:
-                ints.append(name)
+            if conv is _int32 or conv is _int64:
+                ints.append((name, *INT_RANGES[logical]))  # type: ignore[index]
             elif conv is not None:
                 convs.append((name, conv))
             elif logical in _STRING_TYPES:
                 strings.append(name)
         entry.columns, entry.ints, entry.strings = columns, tuple(ints), tuple(strings)
         entry.convs = tuple(convs)
+        entry.typed = frozenset([*(c for c, _, _ in ints), *strings, *(c for c, _ in convs)])
         entry.mysql_type, entry.sql_type = mysql_type, sql_type
         entry.typed_by_mysql = bool(mt) and all(name in mt for name in st)
 
@@ -563,7 +610,7 @@ class _DrsJsonDecoderBase(Decoder):
         if (
             kind is None
             or seq_id.__class__ is not int
-            or (ts_ms is not None and ts_ms.__class__ is not int)
+            or (ts_ms is not None and (ts_ms.__class__ is not int or ts_ms > INT64_MAX))
             or "table" not in msg
         ):
             return [self._other(msg, record)]
@@ -612,6 +659,7 @@ class _DrsJsonDecoderBase(Decoder):
         if pk != entry.pk:
             self._check_pk(entry, pk)
         columns = entry.columns
+        typed = entry.typed
         op = _ROW_OP_ENUM[kind]
         origin = record.origin
         events = []
@@ -619,6 +667,7 @@ class _DrsJsonDecoderBase(Decoder):
             if row.__class__ is not dict:
                 raise _error(f"row {i} of {field!r} is not a JSON object", Code.BAD_FIELD)
             _typed(row, entry)
+            cols = columns if typed.issuperset(row) else _json_values(row, typed, columns)
             if kind == _DELETE:
                 before, after = row, None
             else:
@@ -629,6 +678,8 @@ class _DrsJsonDecoderBase(Decoder):
                         if before.__class__ is not dict:
                             raise _error(f"row {i} of 'old' is not a JSON object", Code.BAD_FIELD)
                         _typed(before, entry)
+                        if not typed.issuperset(before):
+                            cols = _json_values(before, typed, cols)
             # positional arguments (hot path); ``columns`` is shared by the table's events
             event = ChangeEvent(
                 op,
@@ -636,7 +687,7 @@ class _DrsJsonDecoderBase(Decoder):
                 None,
                 before,
                 after,
-                columns,
+                cols,
                 (seq_id, i),
                 ts_ms,
                 None,
@@ -690,6 +741,10 @@ class _DrsJsonDecoderBase(Decoder):
         ts_ms = msg.get("es")
         if ts_ms is not None and ts_ms.__class__ is not int:
             raise _error(f"'es' must be epoch milliseconds, got {ts_ms!r}", Code.BAD_FIELD)
+        if ts_ms is not None and not INT64_MIN <= ts_ms <= INT64_MAX:
+            raise field_range_error(
+                "es", ts_ms, INT64_MIN, INT64_MAX, "epoch milliseconds; ts_ms is a 64-bit integer"
+            )
         if "table" not in msg:
             raise _error("no 'table' field", Code.MISSING_FIELD)
         if typ in _ROW_OPS:  # pragma: no cover - a row message never gets here

@@ -53,7 +53,7 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, SourceTable, Txn
-from cdcflow.types import EPOCH, decimal_type, infer_type, parse_type
+from cdcflow.types import EPOCH, decimal_type, field_range_error, infer_type, parse_type
 
 __all__ = ["DtsAvroDecoder", "DtsAvroEncoder", "DtsAvroOptions", "OPERATIONS", "record_schema"]
 
@@ -152,6 +152,10 @@ def _bad_value(column: str, value: Any, want: str) -> DecodeError:
 
 def _bad_field(message: str) -> DecodeError:
     return DecodeError(message, Code.BAD_FIELD)
+
+
+#: ``sourceTimestamp`` is epoch seconds (an Avro long): ``ts_ms`` (x 1000) must fit 64 bits
+_TS_S_MIN, _TS_S_MAX = -(2**63 // 1000), (2**63 - 1) // 1000
 
 
 #: MySQL / Oracle charset names -> Python codec names (from the SDK's JDKCharsetMapper
@@ -530,11 +534,20 @@ class DtsAvroDecoder(Decoder):
             meta["tags"] = tags
         if rec["bornTimestamp"]:
             meta["born_ts_ms"] = rec["bornTimestamp"]
+        seconds = rec["sourceTimestamp"]
+        if not _TS_S_MIN <= seconds <= _TS_S_MAX:
+            raise field_range_error(
+                "sourceTimestamp",
+                seconds,
+                _TS_S_MIN,
+                _TS_S_MAX,
+                "epoch seconds; ts_ms = sourceTimestamp * 1000 is a 64-bit integer",
+            )
         event = ChangeEvent(
             op=op,
             source=source,
             seq=(rec["id"],),
-            ts_ms=rec["sourceTimestamp"] * 1000,
+            ts_ms=seconds * 1000,
             txn=Txn(rec["sourceTxid"]) if rec["sourceTxid"] else None,
             origin=record.origin,
             meta=meta,

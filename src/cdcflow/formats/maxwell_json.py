@@ -54,6 +54,7 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
+from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error, json_text
 
 __all__ = ["MaxwellJsonDecoder", "MaxwellJsonEncoder", "MaxwellJsonOptions"]
 
@@ -88,9 +89,12 @@ DDL_TYPES = frozenset(
 _META_FIELDS = ("server_id", "thread_id", "schema_id", "gtid", "query")
 _META_SET = frozenset(_META_FIELDS)
 
-#: ``seq`` third part of the transaction's commit row (printed without ``xoffset``).
+#: ``seq`` third part of the transaction's commit row (printed without ``xoffset``); an
+#: ``xoffset`` is below it (``0..COMMIT_ROW_XOFFSET - 1``), so the commit row sorts last.
 COMMIT_ROW_XOFFSET = 2**32
 _FLOAT_EXACT_LIMIT = float(2**63)
+#: ``ts`` of a row message is epoch seconds: ``ts * 1000`` (``ts_ms``) must fit 64 bits
+_TS_S_MIN, _TS_S_MAX = -(2**63 // 1000), (2**63 - 1) // 1000
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,8 @@ def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
 
     Strings, booleans, integers, floats and ``Decimal`` stay as they are (integers of
     any size are exact ``int``); objects and arrays (JSON columns, MySQL SETs) become
-    compact JSON text.
+    compact JSON text (:func:`cdcflow.types.json_text`: ``BAD_VALUE`` when nested
+    deeper than 254 levels).
 
     Args:
         image: column -> JSON value.
@@ -157,9 +162,7 @@ def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
                 raise InexactNumber(v)
     if types <= _PLAIN_FLOAT:
         return image
-    fix = {
-        k: orjson.dumps(v).decode() for k, v in image.items() if type(v) is dict or type(v) is list
-    }
+    fix = {k: json_text(v, k) for k, v in image.items() if type(v) is dict or type(v) is list}
     if fix:
         image.update(fix)
     return image
@@ -303,14 +306,34 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         if ts is not None:
             if type(ts) is not int:
                 raise field_error("ts", ts, "an integer (epoch seconds)")
+            if not _TS_S_MIN <= ts <= _TS_S_MAX:
+                raise field_range_error(
+                    "ts",
+                    ts,
+                    _TS_S_MIN,
+                    _TS_S_MAX,
+                    "epoch seconds; ts_ms = ts * 1000 is a 64-bit integer",
+                )
             ts *= 1000
         xid = get("xid")
         xoffset = get("xoffset")
         commit = get("commit") is True
+        if xoffset is not None and (
+            type(xoffset) is not int or not 0 <= xoffset < COMMIT_ROW_XOFFSET
+        ):
+            if type(xoffset) is not int:
+                raise field_error("xoffset", xoffset, "an integer")
+            raise field_range_error(
+                "xoffset",
+                xoffset,
+                0,
+                COMMIT_ROW_XOFFSET - 1,
+                "the row's position in its transaction, below the commit row's place in seq",
+            )
         txn = None
         if xid is not None:
-            if type(xid) is not int or (xoffset is not None and type(xoffset) is not int):
-                raise DecodeError("'xid' and 'xoffset' must be integers", Code.BAD_FIELD)
+            if type(xid) is not int:
+                raise field_error("xid", xid, "an integer")
             txn = Txn(str(xid), None if xoffset is None else xoffset + 1, commit)
         seq = None
         pos = get("position")
@@ -417,6 +440,10 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         ts = msg.get("ts")
         if ts is not None and type(ts) is not int:
             raise field_error("ts", ts, "an integer (epoch milliseconds)")
+        if ts is not None and not INT64_MIN <= ts <= INT64_MAX:
+            raise field_range_error(
+                "ts", ts, INT64_MIN, INT64_MAX, "epoch milliseconds; ts_ms is a 64-bit integer"
+            )
         pos = msg.get("position")
         seq = None if pos is None else (*_position(pos), 0)
         meta: dict[str, Any] = {"type": typ}

@@ -54,7 +54,22 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
-from cdcflow.types import decimal_type, parse_date_text, parse_type, to_bool, to_float, to_int
+from cdcflow.types import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    INT_RANGES,
+    decimal_type,
+    field_range_error,
+    int_range_error,
+    json_text,
+    parse_date_text,
+    parse_type,
+    to_bool,
+    to_float,
+    to_int,
+)
 
 __all__ = [
     "QlikJsonDecoder",
@@ -127,6 +142,22 @@ def _bad(column: str, value: Any, want: str) -> DecodeError:
     return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
 
 
+def _conv_int32(value: Any, column: str) -> int:
+    n = to_int(value, column)
+    assert n is not None
+    if INT32_MIN <= n <= INT32_MAX:
+        return n
+    raise int_range_error(column, n, "int32")
+
+
+def _conv_int64(value: Any, column: str) -> int:
+    n = to_int(value, column)
+    assert n is not None
+    if INT64_MIN <= n <= INT64_MAX:
+        return n
+    raise int_range_error(column, n, "int64")
+
+
 def _conv_str(value: Any, column: str) -> str:
     if type(value) is str:
         return value
@@ -188,9 +219,9 @@ def _plan(qtype: str, precision: int, scale: int) -> tuple[str | None, Any]:
     """(logical type, converter) for a Replicate data type; ``(None, None)`` if unknown."""
     base = qtype.split("(", 1)[0].strip().upper()
     if base in ("INT1", "INT2", "INT4", "UINT1", "UINT2"):
-        return "int32", to_int
+        return "int32", _conv_int32
     if base in ("INT8", "UINT4"):
-        return "int64", to_int
+        return "int64", _conv_int64
     if base == "UINT8":  # JSON string, Avro DECIMAL(20,0)
         return "decimal(20,0)", partial(_conv_numeric, quantum=decimal.Decimal(1))
     if base == "NUMERIC":  # JSON string
@@ -285,9 +316,11 @@ def _normalize_metadata(obj: Any) -> dict[str, Any]:
         qtype = col.get("type")
         if ordinal is None or not isinstance(qtype, str):
             raise DecodeError(f"{where} needs an integer ordinal and a type", Code.MISSING_FIELD)
-        if ordinal < 1 or ordinal in seen:
+        if ordinal < 1 or ordinal > len(cols) or ordinal in seen:
             raise DecodeError(
-                f"{where}.ordinal {ordinal} is not a new ordinal >= 1", Code.BAD_FIELD
+                f"{where}.ordinal {ordinal} is not a new ordinal in 1..{len(cols)} (the "
+                "table's column count): each column has its own position",
+                Code.BAD_FIELD,
             )
         seen.add(ordinal)
         nullable = col.get("nullable")
@@ -345,6 +378,7 @@ class _Table:
         "columns",
         "convs",
         "fast",
+        "ints",
         "key",
         "names",
         "all_bits",
@@ -372,6 +406,9 @@ class _Table:
             self.names[c["ordinal"] - 1] = name
             if c["primaryKeyPosition"] > 0:
                 pk.append((c["primaryKeyPosition"], name))
+        #: (column, min, max) of the int32/int64 columns, whose JSON integers skip the
+        #: converter: their range is checked after the image
+        self.ints = tuple((n, *INT_RANGES[t]) for n, t in self.columns.items() if t in INT_RANGES)
         self.key = tuple(n for _, n in sorted(pk))
         self.all_bits = sum(1 << b for b in self.names)
         self._absent: dict[int, frozenset[str]] = {}
@@ -667,12 +704,19 @@ class QlikJsonDecoder(Decoder):
         else:
             source = table.source
             key_cols = table.key or self._config_key(source)
-            after_img = None if data is None else _typed_image(table, data, column_mask, "data")
+            nested: list[str] = []
+            after_img = (
+                None if data is None else _typed_image(table, data, column_mask, "data", nested)
+            )
             before_img = (
-                None if before is None else _typed_image(table, before, column_mask, "beforeData")
+                None
+                if before is None
+                else _typed_image(table, before, column_mask, "beforeData", nested)
             )
             meta = {} if table.version is None else {"tableVersion": table.version}
             columns = table.columns
+            if nested:  # objects/arrays of columns the metadata does not type: JSON text
+                columns = {**columns, **dict.fromkeys(nested, "json")}
             changed = (
                 table.changed(change_mask) if op is _UPDATE and change_mask is not None else None
             )
@@ -693,6 +737,14 @@ class QlikJsonDecoder(Decoder):
                     "transactionId must be a string, transactionEventCounter an integer and "
                     "transactionLastEvent a boolean",
                     Code.BAD_FIELD,
+                )
+            if order is not None and not INT64_MIN <= order <= INT64_MAX:
+                raise field_range_error(
+                    "transactionEventCounter",
+                    order,
+                    INT64_MIN,
+                    INT64_MAX,
+                    "the event's position in its transaction; txn.order is a 64-bit integer",
                 )
             txn = Txn(tid, order, last)
         ts = headers.get("timestamp")
@@ -745,9 +797,15 @@ class QlikJsonDecoder(Decoder):
             return cols
 
 
-def _typed_image(table: _Table, raw: Any, mask: int | None, field: str) -> dict[str, Any] | None:
+def _typed_image(
+    table: _Table, raw: Any, mask: int | None, field: str, nested: list[str]
+) -> dict[str, Any] | None:
     """Convert ``raw`` (fresh from JSON, so changed in place) to typed values; drop the
-    columns that ``mask`` says were not replicated."""
+    columns that ``mask`` says were not replicated.
+
+    An object or array in a column the metadata does not type becomes JSON text and its
+    name is appended to ``nested`` (the event declares it ``json``).
+    """
     if raw is None:
         return None
     if type(raw) is not dict:
@@ -759,6 +817,13 @@ def _typed_image(table: _Table, raw: Any, mask: int | None, field: str) -> dict[
             conv = convs.get(name)
             if conv is not None:
                 raw[name] = conv(value, name)
+            elif type(value) is dict or type(value) is list:  # no declared type: JSON text
+                raw[name] = json_text(value, name)
+                nested.append(name)
+    for name, lo, hi in table.ints:  # JSON integers skipped their converter
+        value = raw.get(name)
+        if value is not None and not lo <= value <= hi:
+            raise int_range_error(name, value, table.columns[name])
     if mask is not None and mask & table.all_bits != table.all_bits:
         for name in table.absent(mask):
             raw.pop(name, None)
@@ -780,7 +845,7 @@ def _untyped_image(raw: Any, mask: int | None, field: str) -> dict[str, Any] | N
         )
     for name, value in raw.items():
         if type(value) is dict or type(value) is list:
-            raw[name] = orjson.dumps(value).decode()
+            raw[name] = json_text(value, name)
     return raw
 
 

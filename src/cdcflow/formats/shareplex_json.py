@@ -53,6 +53,11 @@ from cdcflow.formats.base import (
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
     EPOCH_NAIVE,
+    INT64_MAX,
+    INT64_MIN,
+    INT_RANGES,
+    int_range_error,
+    json_text,
     parse_date_text,
     parse_timestamp_text,
     parse_type,
@@ -166,12 +171,13 @@ def _column_types_for(
 # --------------------------------------------------------------------------- values
 
 
-def _plain(value: Any) -> Any:
-    """A published value without declared type: JSON numbers never become floats."""
+def _plain(value: Any, column: str) -> Any:
+    """A published value without declared type: JSON numbers never become floats,
+    objects and arrays become JSON text."""
     if isinstance(value, float):
         return decimal.Decimal(repr(value))  # through the shortest repr, e.g. 0.1 -> 0.1
     if isinstance(value, dict | list):
-        return orjson.dumps(value).decode()
+        return json_text(value, column)
     return value
 
 
@@ -179,7 +185,7 @@ def _image(data: dict[str, Any]) -> dict[str, Any]:
     """The published object as a row image, in place (it is a fresh dict from orjson)."""
     for col, value in data.items():
         if value is not None and type(value) is not str and type(value) is not int:
-            data[col] = _plain(value)
+            data[col] = _plain(value, col)
     return data
 
 
@@ -189,7 +195,12 @@ def _typed(value: Any, column: str, logical: str) -> Any:
         return None
     base, _, scale = parse_type(logical)
     if base in ("int32", "int64"):
-        return to_int(value, column)
+        n = to_int(value, column)
+        assert n is not None
+        lo, hi = INT_RANGES[base]
+        if lo <= n <= hi:
+            return n
+        raise int_range_error(column, n, base)
     if base == "decimal":
         d = to_decimal(value, column)
         assert d is not None and scale is not None
@@ -220,7 +231,7 @@ def _typed(value: Any, column: str, logical: str) -> Any:
             ) from None
     if isinstance(value, str):  # string, json
         return value
-    return orjson.dumps(value).decode() if base == "json" else str(_plain(value))
+    return json_text(value, column) if base == "json" else str(_plain(value, column))
 
 
 @lru_cache(maxsize=4096)
@@ -326,6 +337,13 @@ class SharePlexJsonDecoder(Decoder):
                 seq = (scn_n, pos)
             else:
                 raise _wrong("meta.seq", "an integer", pos)
+        if type(pos) is int and not INT64_MIN <= pos <= INT64_MAX:
+            raise _wrong(
+                "meta.seq",
+                f"an integer in {INT64_MIN}..{INT64_MAX} (the change's position in its "
+                "transaction; txn.order is a 64-bit integer)",
+                pos,
+            )
         ts_ms = None
         time = meta.get("time")
         if time is not None:
