@@ -334,7 +334,9 @@ class BatchApplier:
         key_columns = list(orjson.loads(keys[0].as_py())) if len(keys) else []
         table = self.warehouse.open(self.warehouse.table_path(target))
         if not key_columns and table is None:
-            # only a truncate was seen for a table that does not exist yet: nothing to do
+            # only a truncate (or DDL) for a table that does not exist yet: nothing to store,
+            # but a truncate's watermark must block its older rows arriving later
+            self.warehouse.append_tombstones(target, net_change(part), batch_id)
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
         types, renames = self._evolve_schema(target, part, batch_id, options, key_columns)
         if options.mode == "history":

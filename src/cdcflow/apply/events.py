@@ -12,6 +12,8 @@ column, from which :mod:`cdcflow.apply.typing` rebuilds typed Arrow columns.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -91,6 +93,14 @@ def _json(obj: Any) -> str | None:
         return dumps(obj).decode()  # integers beyond 64 bits
 
 
+def _json_with_times(obj: Any) -> str | None:
+    """:func:`_json` for images holding ``datetime.time`` values (see
+    :data:`cdcflow.model.EXACT_TIME_OPTS`); slower, so only used for those."""
+    if obj is None:
+        return None
+    return dumps(obj).decode()
+
+
 #: Python type -> logical type, for images whose format declares no types.
 _INFERRED = {bool: "boolean", float: "float64", str: "string", bytes: "binary"}
 
@@ -105,30 +115,40 @@ def _inferred(value: Any) -> str | None:
 
 
 class _ColumnsCache:
-    """Canonical ``columns`` JSON, computed once per distinct (declared, image shape)."""
+    """Canonical ``columns`` JSON, computed once per distinct (declared, image shape), and
+    whether the table has ``time`` columns (their images need :func:`_json_with_times`)."""
 
     def __init__(self) -> None:
-        self._shapes: dict[tuple, str | None] = {}
+        self._shapes: dict[tuple, tuple[str | None, bool]] = {}
 
-    def get(self, declared: dict[str, str] | None, image: dict[str, Any] | None) -> str | None:
+    def get(
+        self, declared: dict[str, str] | None, image: dict[str, Any] | None
+    ) -> tuple[str | None, bool]:
         shape = (
             tuple(declared.items()) if declared else (),
             tuple(image) if image else (),
             tuple(map(type, image.values())) if image else (),
         )
-        cached = self._shapes.get(shape, False)
-        if cached is not False:
-            return cached  # type: ignore[return-value]
+        cached = self._shapes.get(shape)
+        if cached is not None:
+            return cached
         columns = dict(declared) if declared else {}
+        per_value = False
         for c, v in (image or {}).items():
             if c not in columns:
                 t = _inferred(v)
                 if t is not None:
                     columns[c] = t
-        text = _json(columns) if columns else None
-        if len(self._shapes) < 10_000:
-            self._shapes[shape] = text
-        return text
+                    # an undeclared decimal's precision/scale is this value's own: another
+                    # row of the same shape may need more, so it is never cached
+                    per_value = per_value or type(v) is decimal.Decimal
+        has_time = "time" in columns.values() or any(
+            type(v) is dt.time for v in (image or {}).values()
+        )
+        out = (_json(columns) if columns else None, has_time)
+        if not per_value and len(self._shapes) < 10_000:
+            self._shapes[shape] = out
+        return out
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -157,16 +177,20 @@ def _event_row(
     declared = e.columns
     if e.op in ROW_OPS:
         image = ea if ea is not None else eb
-        decl = cache.get(declared, image)
+        decl, has_time = cache.get(declared, image)
         partial = (
             e.op is Op.UPDATE
             and ea is not None
-            and bool(declared)
-            and any(c not in ea for c in declared)
+            and (
+                e.partial
+                if e.partial is not None
+                else bool(declared) and any(c not in ea for c in declared)
+            )
         )
     else:
-        decl = cache.get(declared, None)
+        decl, has_time = cache.get(declared, None)
         partial = False
+    image_json = _json_with_times if has_time else _json
     moved = None
     if ek is not None and eb is not None and ea is not None:
         try:
@@ -187,10 +211,10 @@ def _event_row(
         src.database,
         src.schema,
         src.table,
-        _json(ek),
-        _json(moved),
-        _json(eb),
-        _json(ea),
+        image_json(ek),
+        image_json(moved),
+        image_json(eb),
+        image_json(ea),
         partial,
         decl,
         seq_key(e.seq),

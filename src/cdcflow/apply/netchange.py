@@ -44,7 +44,9 @@ class NetChange:
 
     Attributes:
         rows: one row per key: ``key`` (JSON), ``is_delete``, ``seq``, ``ts_ms``, ``after``
-            (JSON or null), ``partial`` -- sorted by key.
+            (JSON or null), ``partial``, ``moved_from`` (the old key's JSON when the key's
+            last change moved it there with a partial image, else null: the sink fills the
+            absent columns from the old key's stored row) -- sorted by key.
         truncate_seq: the sequence of the batch's last truncate (``""`` if it had none),
             ``None`` when there was no truncate.
         events_in: row events considered (after the truncate cut).
@@ -148,6 +150,7 @@ def net_change(events: pa.Table) -> NetChange:
                 "ts_ms": pa.array([], pa.int64()),
                 "after": pa.array([], pa.string()),
                 "partial": pa.array([], pa.bool_()),
+                "moved_from": pa.array([], pa.string()),
             }
         )
         return NetChange(empty, truncate_seq, 0, 0)
@@ -164,8 +167,11 @@ def net_change(events: pa.Table) -> NetChange:
 
     after = last["after"]
     partial = pc.fill_null(last["partial"], False)
+    moved_from = pa.nulls(last.num_rows, pa.string())
     if pc.any(partial).as_py():
         after, partial = _fold_partials(t, last, last_mask)
+        if pc.any(pc.and_(partial, pc.is_valid(last["old_key"]))).as_py():
+            after, partial, moved_from = _fold_moves(t, last, after, partial)
 
     rows = pa.table(
         {
@@ -175,6 +181,7 @@ def net_change(events: pa.Table) -> NetChange:
             "ts_ms": last["ts_ms"],
             "after": after,
             "partial": partial,
+            "moved_from": moved_from,
         }
     )
     return NetChange(rows, truncate_seq, events_in, events_in - rows.num_rows)
@@ -217,3 +224,51 @@ def _fold_partials(t: pa.Table, last: pa.Table, last_mask: pa.Array) -> tuple[pa
         if partial[g] and end > start:
             after[g], partial[g] = _fold(t, start, end)
     return pa.array(after, pa.string()), pa.array(partial, pa.bool_())
+
+
+def _fold_moves(
+    t: pa.Table, last: pa.Table, after: pa.Array, partial: pa.Array
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Keys whose last change moved a row there with a partial image (SharePlex ``upd``
+    of a key column carries only the changed columns): the old key's images earlier in the
+    batch fill the absent columns; what is still absent comes from the old key's stored
+    row in the sink (``moved_from``)."""
+    after_l = after.to_pylist()
+    partial_l = partial.to_pylist()
+    moved_from: list[str | None] = [None] * last.num_rows
+    keys = t["key"].to_pylist()
+    for g, (old_key, seq) in enumerate(
+        zip(last["old_key"].to_pylist(), last["_seq"].to_pylist(), strict=True)
+    ):
+        if not (partial_l[g] and old_key):
+            continue
+        # the old key's images before the move (the synthetic delete rows have _sub 0)
+        rows = [
+            i
+            for i, k in enumerate(keys)
+            if k == old_key and t["_sub"][i].as_py() == 1 and t["_seq"][i].as_py() <= seq
+        ]
+        base: dict | None = None
+        full = False
+        for i in rows:
+            if t["is_delete"][i].as_py() and t["old_key"][i].as_py() is None:
+                base, full = None, True
+                continue
+            image = t["after"][i].as_py()
+            if image is None:
+                continue
+            row = orjson.loads(image)
+            base = row if base is None or not t["partial"][i].as_py() else {**base, **row}
+            full = full or not t["partial"][i].as_py()
+        if base is not None:
+            merged = {**base, **orjson.loads(after_l[g])}
+            after_l[g] = orjson.dumps(merged).decode()
+        if full:
+            partial_l[g] = False
+        else:
+            moved_from[g] = old_key
+    return (
+        pa.array(after_l, pa.string()),
+        pa.array(partial_l, pa.bool_()),
+        pa.array(moved_from, pa.string()),
+    )

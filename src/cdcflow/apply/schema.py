@@ -150,7 +150,8 @@ def plan_schema(
         old = stored.get(column)
         if old is None:
             plan.added[column] = t
-        elif old != t:
+        elif old != t and arrow_type(old) != arrow_type(t):
+            # (a logical type Delta stores as another, e.g. time and json as string, is no change)
             wider = widen(old, t)
             if wider == old:
                 continue  # the stored type already holds the declared one

@@ -392,6 +392,7 @@ class SharePlexJsonDecoder(Decoder):
                 event.before = before
                 event.after = {**before, **_image(data)}
             event.changed = tuple(data)
+            event.partial = True  # (key and) changed columns only (document)
         if types is not None:
             self._apply_types(event, types)
         return [self._keyed(event, meta)]
@@ -494,6 +495,7 @@ class SharePlexJsonDecoder(Decoder):
                 txn=event.txn,
                 origin=event.origin,
                 meta=event.meta,
+                partial=event.partial,
             )
         return [e for e in out if e is not None]
 

@@ -364,7 +364,7 @@ class DeltaWarehouse:
         if net.truncate_seq is not None:
             watermark = max(watermark or "", net.truncate_seq)
         guard_seq = pc.fill_null(rows["seq"], "")
-        keep = pa.array([True] * rows.num_rows)
+        keep = pa.array([True] * rows.num_rows, pa.bool_())
         if tombs or watermark:
             stored = pa.array([tombs.get(k) for k in rows["key"].to_pylist()], pa.string())
             blocked_by_tomb = pc.fill_null(pc.less_equal(guard_seq, stored), False)
@@ -386,6 +386,8 @@ class DeltaWarehouse:
         table = self.open(path)
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
         source = None
+        if "moved_from" in upserts.column_names and upserts["moved_from"].null_count < len(upserts):
+            upserts = self._fill_from_moved_rows(table, upserts, key_columns)
         if rows.num_rows:
             source, result.rejected = self._checked_merge_source(
                 upserts, deletes, stored_types, columns, key_columns
@@ -425,6 +427,37 @@ class DeltaWarehouse:
             self._mark(table, batch_id)
         self._tables.pop(path, None)
         return result
+
+    @staticmethod
+    def _fill_from_moved_rows(
+        table: DeltaTable, upserts: pa.Table, key_columns: Sequence[str]
+    ) -> pa.Table:
+        """Partial images of rows moved to a new key take their absent columns from the old
+        key's stored row (a rare path: SharePlex updates of key columns)."""
+        from cdcflow.model import dumps
+
+        moved = upserts["moved_from"].to_pylist()
+        wanted = {m for m in moved if m}
+        stored: dict[str, dict] = {}
+        data = table.to_pyarrow_table()
+        bookkeeping = {SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN}
+        for row in data.to_pylist():
+            canon = orjson.loads(dumps({k: v for k, v in row.items() if k not in bookkeeping}))
+            key = orjson.dumps({k: canon.get(k) for k in key_columns}).decode()
+            if key in wanted:
+                stored[key] = canon
+        afters = upserts["after"].to_pylist()
+        partial = upserts["partial"].to_pylist()
+        for i, old in enumerate(moved):
+            if old and old in stored:
+                afters[i] = orjson.dumps({**stored[old], **orjson.loads(afters[i])}).decode()
+                partial[i] = False
+        upserts = upserts.set_column(
+            upserts.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
+        )
+        return upserts.set_column(
+            upserts.schema.get_field_index("partial"), "partial", pa.array(partial, pa.bool_())
+        )
 
     def _mark(self, table: DeltaTable, batch_id: int) -> None:
         """An empty commit that only records the batch's application transaction."""
