@@ -644,7 +644,9 @@ class DeltaWarehouse:
                 ]
             ),
         )
-        data = data.append_column(_DELETE_FLAG, pa.array([False] * n_up + [True] * n_del))
+        data = data.append_column(
+            _DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
+        )
         partial = upserts["partial"].to_pylist()
         if any(partial):
             for c in columns:

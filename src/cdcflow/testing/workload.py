@@ -1,28 +1,43 @@
 """A workload generator that keeps an in-memory source database.
 
-It emits random inserts, updates and deletes (and optionally truncates) as
-:class:`~cdcflow.formats.base.SourceChange`, applies each to its own copy of the tables,
-and so knows every table's true final state: the oracle the demo and the end-to-end tests
-compare the Delta mirrors with. Each format's encoder turns the changes into the Kafka
-messages its replication tool would publish.
+It emits random inserts, updates and deletes (optionally truncates, primary-key changes
+and columns added mid-stream) as :class:`~cdcflow.formats.base.SourceChange`, applies
+each to its own copy of the tables, and so knows every table's true final state: the
+oracle the demo, the end-to-end tests and ``tests/oracle`` compare the Delta mirrors
+with. Each format's encoder turns the changes into the Kafka messages its replication
+tool would publish; :func:`capabilities` says which kinds of change it can publish.
+
+Tables without a primary key are not generated (every :class:`TableSpec` has key columns).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import decimal
 import random
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
-from cdcflow.formats.base import SourceChange
+from cdcflow.formats.base import Encoder, SourceChange
 from cdcflow.model import Op, SourceTable
 from cdcflow.types import parse_type
 
-__all__ = ["TableSpec", "Workload", "DEMO_TABLES", "compare_with_mirror", "tables_for"]
+__all__ = [
+    "ALL_TYPES_TABLES",
+    "Capabilities",
+    "DEMO_TABLES",
+    "TableSpec",
+    "Workload",
+    "capabilities",
+    "compare_with_mirror",
+    "tables_for",
+]
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,26 @@ DEMO_TABLES = (
             "unit_price": "decimal(10,2)",
         },
         ("order_id", "line_no"),
+    ),
+)
+
+#: The demo tables plus one with the logical types they lack (``int32``, ``float32``,
+#: ``json``, ``time``, ``timestamp``), keyed by an ``int32``/``int64`` pair.
+ALL_TYPES_TABLES = (
+    *DEMO_TABLES,
+    TableSpec(
+        "readings",
+        {
+            "site_id": "int32",
+            "reading_no": "int64",
+            "level": "int32",
+            "temperature": "float32",
+            "attributes": "json",
+            "taken_at": "timestamp",
+            "taken_time": "time",
+            "price": "decimal(38,10)",
+        },
+        ("site_id", "reading_no"),
     ),
 )
 
@@ -123,10 +158,15 @@ class Workload:
     """Random changes over in-memory tables, with the resulting final state.
 
     Args:
-        tables: the tables to change.
+        tables: the tables to change (each with key columns).
         database, schema: source identity of every table.
         seed: random seed; the same seed gives the same changes.
         start_seq: first source sequence number.
+
+    Attributes:
+        state: table name -> key tuple -> current row (column -> typed value).
+        added_columns: ``(seq, table, column, logical type)`` of every column added by
+            :meth:`changes`; the first change with that column has sequence ``seq + 1``.
     """
 
     tables: Sequence[TableSpec]
@@ -135,15 +175,22 @@ class Workload:
     seed: int = 7
     start_seq: int = 1_000
     state: dict[str, dict[tuple, dict[str, Any]]] = field(default_factory=dict)
+    added_columns: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
         self._seq = self.start_seq
         self._ts_ms = 1_700_000_000_000
         self._next_id: dict[str, int] = {}
+        self._columns: dict[str, dict[str, str]] = {}
         for t in self.tables:
             self.state.setdefault(t.name, {})
             self._next_id[t.name] = 1
+            self._columns[t.name] = dict(t.columns)
+
+    def columns(self, table: str) -> dict[str, str]:
+        """The table's current columns (column -> logical type), added ones last."""
+        return dict(self._columns[table])
 
     def source_table(self, spec: TableSpec) -> SourceTable:
         return SourceTable(format="", database=self.database, schema=self.schema, table=spec.name)
@@ -163,7 +210,9 @@ class Workload:
                 if base == "int32"
                 else rng.randint(-(2**40), 2**40)
             )
-        if base in ("float32", "float64"):
+        if base == "float32":  # a value float32 holds exactly
+            return struct.unpack("f", struct.pack("f", rng.uniform(-1e6, 1e6)))[0]
+        if base == "float64":
             return round(rng.uniform(-1e6, 1e6), 3)
         if base == "decimal":
             assert p is not None and s is not None
@@ -181,11 +230,17 @@ class Workload:
             return dt.datetime(2020, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 10**14))
         if base == "binary":
             return bytes(rng.randint(0, 255) for _ in range(rng.randint(0, 12)))
+        if base == "time":
+            return (
+                dt.datetime(2000, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 86_399_999_999))
+            ).time()
+        if base == "json":  # compact JSON text, as databases return it
+            return orjson.dumps({"tag": rng.choice(_WORDS), "n": rng.randint(-99, 99)}).decode()
         return f"{rng.choice(_WORDS)} {rng.randint(0, 9999)}"
 
     def _row(self, spec: TableSpec, key: tuple) -> dict[str, Any]:
         row = {}
-        for c, t in spec.columns.items():
+        for c, t in self._columns[spec.name].items():
             if c in spec.key_columns:
                 row[c] = key[spec.key_columns.index(c)]
             else:
@@ -209,7 +264,7 @@ class Workload:
         return SourceChange(
             op=op,
             table=self.source_table(spec),
-            columns=dict(spec.columns),
+            columns=dict(self._columns[spec.name]),
             key_columns=spec.key_columns,
             before=before,
             after=after,
@@ -218,12 +273,50 @@ class Workload:
             txn_id=str(self._seq // 5),
         )
 
-    def changes(
-        self, n: int, p_insert: float = 0.5, p_update: float = 0.35, truncate_every: int = 0
-    ) -> Iterator[SourceChange]:
-        """``n`` random changes (inserts, updates, deletes; a truncate every ``truncate_every``).
+    def _add_column(self, spec: TableSpec) -> None:
+        """Add a nullable column (ALTER TABLE ... ADD COLUMN): stored rows hold NULL there.
 
-        The in-memory state is updated as each change is yielded.
+        Its type is one the table already has, so every format that carries the table
+        carries the new column too.
+        """
+        columns = self._columns[spec.name]
+        kinds = [t for c, t in columns.items() if c not in spec.key_columns] or list(
+            columns.values()
+        )
+        name = f"added_{len(self.added_columns) + 1}"
+        logical = self._rng.choice(kinds)
+        columns[name] = logical
+        rows = self.state[spec.name]
+        for key, row in rows.items():  # new dicts: emitted images must not change
+            rows[key] = {**row, name: None}
+        self.added_columns.append((self._seq, spec.name, name, logical))
+
+    def changes(
+        self,
+        n: int,
+        p_insert: float = 0.5,
+        p_update: float = 0.35,
+        truncate_every: int = 0,
+        p_key_change: float = 0.0,
+        p_add_column: float = 0.0,
+    ) -> Iterator[SourceChange]:
+        """``n`` random changes: inserts, updates, deletes, and optionally more.
+
+        Args:
+            n: number of changes yielded.
+            p_insert, p_update: probabilities of an insert and of an update; the rest
+                are deletes (a table without rows always gets an insert).
+            truncate_every: a truncate of a random table every ``truncate_every``
+                changes (0: never).
+            p_key_change: probability that an update moves its row to a new primary key
+                (the after image's key differs from the before image's; half of them
+                change other columns too).
+            p_add_column: probability, before each change, that its table first gains a
+                column (see :attr:`added_columns`); that change and all later ones of
+                the table carry it in ``columns`` and in their images.
+
+        The in-memory state is updated as each change is yielded. With the defaults of
+        the last two arguments the changes are those of earlier versions for a seed.
         """
         rng = self._rng
         for i in range(n):
@@ -233,6 +326,8 @@ class Workload:
                 rows.clear()
                 yield self._emit(Op.TRUNCATE, spec, None, None)
                 continue
+            if p_add_column and rng.random() < p_add_column:
+                self._add_column(spec)
             r = rng.random()
             if not rows or r < p_insert:
                 key = self._new_key(spec)
@@ -244,7 +339,18 @@ class Workload:
             elif r < p_insert + p_update:
                 key = rng.choice(list(rows))
                 before = rows[key]
-                after = self._row(spec, key)
+                if p_key_change and rng.random() < p_key_change:
+                    new_key = self._new_key(spec)
+                    while new_key in rows:
+                        new_key = self._new_key(spec)
+                    if rng.random() < 0.5:
+                        after = self._row(spec, new_key)
+                    else:  # UPDATE ... SET <key> = ...: only the key columns change
+                        after = {**before, **dict(zip(spec.key_columns, new_key, strict=True))}
+                    del rows[key]
+                    key = new_key
+                else:
+                    after = self._row(spec, key)
                 rows[key] = after
                 yield self._emit(Op.UPDATE, spec, before, after)
             else:
@@ -257,9 +363,58 @@ class Workload:
         return [self.state[table][k] for k in sorted(self.state[table])]
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """Which kinds of change an encoder publishes (see :func:`capabilities`).
+
+    Attributes:
+        truncate: ``TRUNCATE TABLE`` reaches Kafka (AWS DMS, Maxwell and Qlik Replicate
+            publish nothing for it).
+        key_change: an update whose after image has another primary key than its
+            before image.
+        add_column: a change whose ``columns`` has a column earlier changes of the
+            table did not have.
+    """
+
+    truncate: bool
+    key_change: bool
+    add_column: bool
+
+
+def capabilities(encoder: Encoder) -> Capabilities:
+    """What ``encoder`` can publish, found by encoding one sample change of each kind.
+
+    A kind is supported when encoding it gives at least one message; an encoder that
+    returns nothing (the tool publishes nothing) or raises ``ValueError`` (it has no
+    message for it) does not support it. The probes run on a copy, so the encoder's own
+    state (Qlik metadata, DMS table starts) is untouched.
+    """
+    probe = copy.deepcopy(encoder)
+    table = SourceTable(format="", database="probe", schema="public", table="probe")
+    cols = {"id": "int64", "name": "string"}
+    row1, row2 = {"id": 1, "name": "a"}, {"id": 2, "name": "b"}
+
+    def publishes(op: Op, columns: Mapping[str, str], before, after) -> bool:
+        change = SourceChange(op, table, columns, ("id",), before, after, seq=2, ts_ms=2)
+        try:
+            return bool(probe.encode(change))
+        except ValueError:
+            return False
+
+    first = SourceChange(Op.INSERT, table, cols, ("id",), None, row1, seq=1, ts_ms=1)
+    probe.encode(first)
+    return Capabilities(
+        truncate=publishes(Op.TRUNCATE, cols, None, None),
+        key_change=publishes(Op.UPDATE, cols, row1, row2),
+        add_column=publishes(Op.INSERT, {**cols, "more": "int64"}, None, {**row2, "more": 3}),
+    )
+
+
 def _normalize(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC)
+    if isinstance(value, dt.time):  # Delta has no time type: stored as ISO-8601 text
+        return value.isoformat()
     return value
 
 
@@ -269,7 +424,8 @@ def compare_with_mirror(
     """Differences between the source rows and a Delta mirror (``[]`` when equal).
 
     ``_cdc_*`` bookkeeping columns are ignored; values compare after normalizing aware
-    datetimes to UTC.
+    datetimes to UTC and times to ISO-8601 text (their stored form). A column the mirror
+    lacks compares as NULL (a column added at the source that no change carried yet).
     """
     got = {}
     for row in mirror.to_pylist():
