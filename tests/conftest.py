@@ -6,6 +6,13 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# Property tests run the same cases on every run (deterministic CI); set
+# HYPOTHESIS_PROFILE=search to explore new random cases instead.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("search", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Spark's Python workers must run this interpreter (the virtual environment's).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

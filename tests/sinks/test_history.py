@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 
@@ -302,12 +303,40 @@ def reference(workload, track):
     )
 
 
+_PARTIAL_AFTER_A_LATE_DELETE = (
+    # found by CI's random run: the partial image at 5 was first filled from the version
+    # before it; the late delete at 4 must leave its absent columns NULL
+    [
+        ("insert", 1, 1, "a", 1, 2),
+        ("insert", 1, 2, "a", 1, 2),
+        ("insert", 1, 3, "a", 1, 2),
+        ("delete", 1, 4, "a", 1, 2),
+        ("partial", 1, 5, "a", 2, 2),
+        ("insert", 1, 1, "a", 1, 2),
+        ("insert", 1, 1, "a", 1, 2),
+    ],
+    [
+        ("insert", 1, 1, "a", 1, 2),
+        ("insert", 1, 2, "a", 1, 2),
+        ("partial", 1, 5, "a", 2, 2),
+        ("delete", 1, 4, "a", 1, 2),
+        ("insert", 1, 3, "a", 1, 2),
+        ("insert", 1, 1, "a", 1, 2),
+        ("insert", 1, 1, "a", 1, 2),
+    ],
+    [3],
+    None,
+)
+
+
 @settings(
-    max_examples=30,
+    max_examples=int(os.environ.get("CDCFLOW_HISTORY_EXAMPLES", "30")),
     deadline=None,
+    derandomize=True,  # the same cases on every run (CI); raise the count to search more
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(workloads())
+@example(_PARTIAL_AFTER_A_LATE_DELETE)
 def test_the_history_is_the_same_whatever_the_batches_and_their_order(case):
     workload, order, cuts, track = case
     bounds = [0, *cuts, len(order)]

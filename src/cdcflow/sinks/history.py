@@ -197,7 +197,10 @@ class _Version:
     ts_ms: int | None
     end: str | None = None
     end_ts: int | None = None
-    filled: bool = False  # the last change applied was a partial image completed from before
+    # the last change applied was a partial image: its values depend on what came before
+    # it, which a late event may have changed (a delete before it empties them), so the
+    # version is rewritten whenever it is recomputed
+    filled: bool = False
 
     def meta(self) -> tuple[Any, ...]:
         return self.start_ts, self.end, self.end_ts, self.seq, self.ts_ms
@@ -269,7 +272,7 @@ def fold(
                 current.end, current.end_ts = c.seq, c.ts_ms
             current = _Version(c.seq, c.ts_ms, new, c.seq, c.ts_ms)
             versions.append(current)
-        current.filled = filled
+        current.filled = c.partial
         image = new
     return versions
 
@@ -696,7 +699,8 @@ def _plan(
     """Versions of ``keys`` to write (new or changed) and stored rows to delete.
 
     A version whose start, end, last change and their times are as stored holds the same
-    values unless its last change was a partial image (filled from what came before).
+    values unless its last change was a partial image (whose values depend on what came
+    before it).
     Sets the version counts of ``result``.
     """
     write = []
