@@ -113,6 +113,10 @@ def test_table_rules_and_apply_settings():
         ({"tables": [{"match": "*", "soft_delet": True}]}, "tables.0.soft_delet: unknown key"),
         ({"tables": [{"match": "*", "schema_changes": "evolv"}]}, "'evolve', 'ignore', 'fail'"),
         ({"tables": [{"match": "*", "mode": "mirror", "track_history": ["a"]}]}, "history only"),
+        (
+            {"tables": [{"match": "*", "mode": "history", "soft_delete": True}]},
+            "remove soft_delete",
+        ),
         ({"tables": [{"mode": "history"}]}, "tables.0.match: required"),
         ({"apply": {"transactions": {"consisten": True}}}, "valid keys here: ['consistent'"),
         ({"apply": {"tombstone_retention_hours": -1}}, "apply.tombstone_retention_hours"),

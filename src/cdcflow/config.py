@@ -187,6 +187,11 @@ class _TableRule(_Strict):
     def _history_only(self) -> _TableRule:
         if self.track_history is not None and self.mode == "mirror":
             raise ValueError("track_history applies to mode: history only; remove one of them")
+        if self.soft_delete and self.mode == "history":
+            raise ValueError(
+                "soft_delete applies to mirrors; a history table closes the version on delete "
+                "(__end_at); remove soft_delete"
+            )
         return self
 
     def overrides(self) -> dict[str, Any]:
