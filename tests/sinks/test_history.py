@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 
+from cdcflow.errors import Code
 from cdcflow.model import Op, seq_key
 from cdcflow.sinks import history
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.sinks.history import MISSING_SEQ, apply_history, log_path
+from cdcflow.sinks.history import apply_history, log_path
 
 TARGET = "db.items"
 
@@ -218,7 +219,7 @@ def test_values_that_do_not_fit_and_events_without_sequence_are_rejected(tmp_pat
     result = _apply(wh, 1, bad, ins(2, "fine", seq=3), ins(3, "no sequence"))
     assert sorted((k, code) for k, code, _ in result.rejected) == [
         ('{"id":1}', "TYPE_CONFLICT"),
-        ('{"id":3}', MISSING_SEQ),
+        ('{"id":3}', Code.MISSING_SEQ),
     ]
     assert _history(wh) == [_v(1, "a", 1, 1), _v(2, "fine", 1, 3)]
     assert (result.versions_opened, result.versions_closed) == (1, 0)

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from cdcflow.apply.ddl import column_renames
 from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
@@ -44,20 +45,18 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
     BATCHES_SCHEMA,
+    BOOKKEEPING_COLUMNS,
     CHANGELOG_COLUMNS,
     DEAD_LETTER_SCHEMA,
     DECODER_STATE_SCHEMA,
     PROGRESS_SCHEMA,
     SCHEMA_CHANGES_SCHEMA,
-    SEQ_COLUMN,
-    SOFT_DELETE_COLUMN,
-    TS_COLUMN,
     DeltaWarehouse,
     MirrorResult,
     arrow_schema,
 )
-from cdcflow.sinks.history import MISSING_SEQ, apply_history
 from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
+from cdcflow.sinks.history import apply_history
 
 __all__ = ["BatchApplier", "BatchReport", "Router"]
 
@@ -69,7 +68,7 @@ _TABLE_OPS = pa.array(
 _IMAGE_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value])
 #: what a target table's part of a batch holds: its row changes, truncates and DDL
 _ROUTED_OPS = pa.array([*_TABLE_OPS.to_pylist(), Op.DDL.value])
-_BOOKKEEPING = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN, *HISTORY_SYSTEM_COLUMNS)
+_BOOKKEEPING = (*BOOKKEEPING_COLUMNS, *HISTORY_SYSTEM_COLUMNS)
 #: at most one tombstone purge per this many seconds of a running applier
 _PURGE_EVERY_S = 3600.0
 
@@ -308,9 +307,7 @@ class BatchApplier:
             rows = rows.filter(is_table_op)
         if rows.num_rows == 0:
             return
-        source = pc.binary_join_element_wise(
-            rows["format"], rows["database"], rows["schema"], rows["table"], "\x1f"
-        )
+        source = _source_ids(rows)
         by_target: dict[str, list[str]] = {}
         for combo in pc.unique(source).to_pylist():
             target = self.router.target(*combo.split("\x1f"))
@@ -338,7 +335,7 @@ class BatchApplier:
             # but a truncate's watermark must block its older rows arriving later
             self.warehouse.append_tombstones(target, net_change(part), batch_id)
             return MirrorResult(target=target, path=self.warehouse.table_path(target))
-        types, renames = self._evolve_schema(target, part, batch_id, options, key_columns)
+        types, renames = self._evolve_schema(target, table, part, batch_id, options, key_columns)
         if options.mode == "history":
             return self._apply_history(target, part, types, key_columns, batch_id, options)
         full_row = _full_row_identity(part)
@@ -396,6 +393,7 @@ class BatchApplier:
     def _evolve_schema(
         self,
         target: str,
+        table: DeltaTable | None,
         part: pa.Table,
         batch_id: int,
         options: TableOptions,
@@ -410,7 +408,6 @@ class BatchApplier:
         """
         declared_json = [c for c in pc.unique(part["columns"]).to_pylist() if c]
         declared = [orjson.loads(c) for c in declared_json]
-        table = self.warehouse.open(self.warehouse.table_path(target))
         stored: dict[str, str] = {}
         if table is not None:
             stored = {
@@ -653,15 +650,12 @@ class BatchApplier:
     def _rejected_dead_letters(
         self, part: pa.Table, target: str, mirror: MirrorResult, batch_id: int
     ) -> pa.Table:
-        """Dead letters for the events of keys the table refused: ``(key, reason)`` entries
-        (``TYPE_CONFLICT``) or ``(key, code, reason)``; a ``None`` key with ``MISSING_SEQ``
-        stands for the events without a sequence."""
+        """Dead letters for the events of the ``(key, code, reason)`` the table refused; a
+        ``MISSING_SEQ`` entry stands for the key's (or, key ``None``, all) events without a
+        sequence."""
         out = []
-        for entry in mirror.rejected:
-            key, code, reason = (
-                entry if len(entry) == 3 else (entry[0], Code.TYPE_CONFLICT, entry[1])
-            )
-            if code == MISSING_SEQ:
+        for key, code, reason in mirror.rejected:
+            if code == Code.MISSING_SEQ:
                 mask = pc.is_null(part["seq"])
                 if key is not None:
                     mask = pc.and_(mask, pc.equal(pc.fill_null(part["key"], ""), key))
@@ -811,6 +805,13 @@ class BatchApplier:
         )
 
 
+def _source_ids(rows: pa.Table) -> pa.ChunkedArray:
+    """One string per row naming its source table (format, database, schema, table)."""
+    return pc.binary_join_element_wise(
+        rows["format"], rows["database"], rows["schema"], rows["table"], "\x1f"
+    )
+
+
 def _origin(part: pa.Table, i: int) -> dict[str, Any]:
     """Where event ``i`` of ``part`` came from (for the schema-change record)."""
     i = max(0, i)
@@ -838,9 +839,7 @@ def _declarations_on_every_row(rows: pa.Table) -> pa.Table:
     columns = rows["columns"].combine_chunks()
     if columns.null_count == 0 or rows.num_rows == 0:
         return rows
-    source = pc.binary_join_element_wise(
-        rows["format"], rows["database"], rows["schema"], rows["table"], "\x1f"
-    ).combine_chunks()
+    source = _source_ids(rows).combine_chunks()
     filled = columns.to_pylist()
     last: dict[str, str] = {}
     for i, (src, cols) in enumerate(zip(source.to_pylist(), filled, strict=True)):

@@ -41,6 +41,7 @@ from deltalake.exceptions import TableNotFoundError
 from cdcflow.apply.netchange import NetChange
 from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
 from cdcflow.errors import ApplyError, Code
+from cdcflow.model import dumps
 from cdcflow.types import arrow_type
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "CHANGELOG_COLUMNS",
     "DEAD_LETTER_SCHEMA",
     "BATCHES_SCHEMA",
+    "BOOKKEEPING_COLUMNS",
     "SCHEMA_CHANGES_SCHEMA",
     "SEQ_COLUMN",
     "SOFT_DELETE_COLUMN",
@@ -158,7 +160,7 @@ SCHEMA_CHANGES_SCHEMA = pa.schema(
     [
         ("target_table", pa.string()),
         ("batch_id", pa.int64()),
-        ("change", pa.string()),  # create | add | widen | drop | restore | stop
+        ("change", pa.string()),  # add | widen | drop | restore | rename | stop | resume
         ("column", pa.string()),
         ("old_type", pa.string()),
         ("new_type", pa.string()),
@@ -175,6 +177,8 @@ SCHEMA_CHANGES_SCHEMA = pa.schema(
 
 #: Column a soft-deleting mirror keeps: true once the row's key was deleted at the source.
 SOFT_DELETE_COLUMN = "_deleted"
+#: Mirror columns that are not source data.
+BOOKKEEPING_COLUMNS = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 
@@ -201,8 +205,10 @@ class MirrorResult:
     truncated: bool = False
     skipped_replay: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
-    #: (key JSON, reason) of net changes whose values do not fit the table; not applied
-    rejected: list[tuple[str, str]] = field(default_factory=list)
+    #: (key JSON, code, reason) of changes the table refused; not applied. ``TYPE_CONFLICT``:
+    #: values that do not fit; ``MISSING_SEQ`` (history tables; key may be ``None``): no
+    #: source sequence
+    rejected: list[tuple[str | None, str, str]] = field(default_factory=list)
 
 
 class DeltaWarehouse:
@@ -265,7 +271,7 @@ class DeltaWarehouse:
         """Append ``data`` once per batch. Returns ``False`` if the batch was already there."""
         if data.num_rows == 0 or self.committed(path, batch_id):
             return False
-        self._add_missing_columns(self.open(path), data.schema)
+        self._add_missing_columns(self._tables.get(path), data.schema)  # refreshed just now
         write_deltalake(
             path,
             data,
@@ -380,8 +386,11 @@ class DeltaWarehouse:
         result.upserts, result.deletes = upserts.num_rows, deletes.num_rows
 
         table = self.open(path)
-        columns = self._ensure_table(
-            path, table, types, () if full_row_identity else key_columns, soft_delete
+        system = [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
+        if soft_delete:
+            system.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
+        columns = self.ensure_table(
+            path, table, types, () if full_row_identity else key_columns, system
         )
         table = self.open(path)
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
@@ -434,15 +443,14 @@ class DeltaWarehouse:
     ) -> pa.Table:
         """Partial images of rows moved to a new key take their absent columns from the old
         key's stored row (a rare path: SharePlex updates of key columns)."""
-        from cdcflow.model import dumps
-
         moved = upserts["moved_from"].to_pylist()
         wanted = {m for m in moved if m}
         stored: dict[str, dict] = {}
         data = table.to_pyarrow_table()
-        bookkeeping = {SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN}
         for row in data.to_pylist():
-            canon = orjson.loads(dumps({k: v for k, v in row.items() if k not in bookkeeping}))
+            canon = orjson.loads(
+                dumps({k: v for k, v in row.items() if k not in BOOKKEEPING_COLUMNS})
+            )
             key = orjson.dumps({k: canon.get(k) for k in key_columns}).decode()
             if key in wanted:
                 stored[key] = canon
@@ -470,45 +478,45 @@ class DeltaWarehouse:
             storage_options=self.storage_options or None,
         )
 
-    def _ensure_table(
+    def ensure_table(
         self,
         path: str,
         table: DeltaTable | None,
         types: Mapping[str, str],
         key_columns: Sequence[str],
-        soft_delete: bool = False,
+        system_fields: Sequence[pa.Field],
     ) -> list[str]:
-        """Create the mirror or add new columns; returns the data columns in order.
+        """Create a table (data columns, then ``system_fields``) or add what it lacks.
 
-        ``key_columns`` are created NOT NULL; a soft-deleting mirror gets ``_deleted``.
+        ``key_columns`` are created NOT NULL. A missing data or system column is added as
+        nullable, *before* any merge, never via ``merge_schema=True``: delta-rs 1.6.6 copies
+        the source's new-column values into rows a guarded merge rewrote but did not update
+        (docs/decisions.md 4, tests/sinks/test_delta.py).
+
+        Returns:
+            The data columns in table order (bookkeeping and system columns left out).
         """
         if table is None:
             fields = [
                 pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
             ]
-            fields += [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
-            if soft_delete:
-                fields.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
             DeltaTable.create(
                 path,
-                pa.schema(fields),
+                pa.schema([*fields, *system_fields]),
                 mode="ignore",
                 storage_options=self.storage_options or None,
             )
             return list(types)
         existing = [f.name for f in arrow_schema(table)]
         new = [c for c in types if c not in existing]
-        if soft_delete and SOFT_DELETE_COLUMN not in existing:
-            table.alter.add_columns([Field(SOFT_DELETE_COLUMN, "boolean", nullable=True)])
-        if new:
-            # Added *before* the merge, never via merge_schema=True: delta-rs 1.6.6 copies the
-            # source's new-column values into rows a guarded merge rewrote but did not update
-            # (see docs/decisions.md and tests/sinks/test_delta.py).
+        missing = [pa.field(c, arrow_type(types[c])) for c in new]
+        missing += [f for f in system_fields if f.name not in existing]
+        if missing:
             table.alter.add_columns(
-                [Field.from_arrow(pa.field(c, arrow_type(types[c]), nullable=True)) for c in new]
+                [Field.from_arrow(pa.field(f.name, f.type, nullable=True)) for f in missing]
             )
-        bookkeeping = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
-        return [c for c in existing if c not in bookkeeping] + new
+        skip = {*BOOKKEEPING_COLUMNS, *(f.name for f in system_fields)}
+        return [c for c in existing if c not in skip] + new
 
     def copy_renamed_columns(self, target: str, renames: Sequence[tuple[str, str]]) -> None:
         """After a rename ``old -> new``: rows that still hold their value under ``old``
@@ -570,7 +578,7 @@ class DeltaWarehouse:
         types: Mapping[str, str],
         columns: Sequence[str],
         key_columns: Sequence[str],
-    ) -> tuple[pa.Table, list[tuple[str, str]]]:
+    ) -> tuple[pa.Table, list[tuple[str | None, str, str]]]:
         """The merge source; net changes whose values do not fit are set aside, not applied.
 
         The fast path converts the whole batch at once; only when that fails is each net
@@ -582,7 +590,7 @@ class DeltaWarehouse:
         except ApplyError as exc:
             if exc.code != Code.TYPE_CONFLICT:
                 raise
-        rejected: list[tuple[str, str]] = []
+        rejected: list[tuple[str | None, str, str]] = []
         keep_up, keep_del = [], []
         empty = upserts.slice(0, 0)
         for table, keep, is_upsert in ((upserts, keep_up, True), (deletes, keep_del, False)):
@@ -597,7 +605,7 @@ class DeltaWarehouse:
                         key_columns,
                     )
                 except ApplyError as exc:
-                    rejected.append((one["key"][0].as_py(), exc.message))
+                    rejected.append((one["key"][0].as_py(), exc.code, exc.message))
                     keep.append(False)
                 else:
                     keep.append(True)

@@ -79,19 +79,17 @@ from typing import Any, NamedTuple
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Field, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction
 
 from cdcflow.apply.events import KIND_EVENT
 from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
 from cdcflow.errors import ApplyError, Code
 from cdcflow.model import Op, json_default
 from cdcflow.sinks.delta import SEQ_COLUMN, TS_COLUMN, DeltaWarehouse, arrow_schema
-from cdcflow.types import arrow_type
 
 __all__ = [
     "HISTORY_COLUMNS",
     "LOG_SCHEMA",
-    "MISSING_SEQ",
     "SYSTEM_COLUMNS",
     "HistoryResult",
     "apply_history",
@@ -113,9 +111,6 @@ _SYSTEM_FIELDS = [
     pa.field(TS_COLUMN, pa.int64()),
 ]
 _DELETE_FLAG = "_cdc_delete"
-
-#: Error code for events that carry no source sequence (suggested for errors.Code).
-MISSING_SEQ = Code.MISSING_SEQ
 
 _UPSERT, _DELETE, _TRUNCATE = "upsert", "delete", "truncate"
 _UPSERT_OPS = {Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value}
@@ -325,7 +320,7 @@ def _batch_changes(
     ):
         if seq is None:
             result.rejected.append(
-                (key, MISSING_SEQ, f"a {op} without a source sequence cannot enter a history")
+                (key, Code.MISSING_SEQ, f"a {op} without a source sequence cannot enter a history")
             )
             continue
         pos = (seq, -1 if part is None else part, -1 if off is None else off, idx or 0)
@@ -492,26 +487,8 @@ def _ensure_table(
     types: Mapping[str, str],
     key_columns: Sequence[str],
 ) -> DeltaTable:
-    """Create the history table or add new data columns (never via merge_schema)."""
-    if table is None:
-        fields = [
-            pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
-        ]
-        DeltaTable.create(
-            path,
-            pa.schema(fields + _SYSTEM_FIELDS),
-            mode="ignore",
-            storage_options=warehouse.storage_options or None,
-        )
-    else:
-        existing = set(arrow_schema(table).names)
-        new = [c for c in types if c not in existing]
-        if new:
-            # added before the merge: delta-rs 1.6.6 merge_schema=True leaks new-column values
-            # into rows a conditional merge rewrote (docs/decisions.md 4)
-            table.alter.add_columns(
-                [Field.from_arrow(pa.field(c, arrow_type(types[c]), nullable=True)) for c in new]
-            )
+    """Create the history table or add new data columns (:meth:`DeltaWarehouse.ensure_table`)."""
+    warehouse.ensure_table(path, table, types, key_columns, _SYSTEM_FIELDS)
     opened = warehouse.open(path)
     assert opened is not None
     return opened
