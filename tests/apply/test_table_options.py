@@ -538,3 +538,12 @@ def test_history_mode_dead_letters_events_without_a_sequence(tmp_path):
     assert [r["id"] for r in wh.read(TARGET).to_pylist()] == [1]
     dead = _system(wh, "dead_letters").to_pylist()
     assert dead[0]["code"] == Code.MISSING_SEQ and dead[0]["target_table"] == TARGET
+
+
+def test_history_mode_dead_letters_a_row_change_without_a_key(tmp_path):
+    wh, ap = _setup(tmp_path, mode="history")
+    keyless = ev(Op.INSERT, None, after={"id": 2, "name": "b", "qty": 1}, seq=2)
+    report = ap.apply(table_of(ins(1, "a", seq=1), keyless), 0)
+    assert dict(report.dead_letters) == {Code.MISSING_KEY: 1}
+    dead = _system(wh, "dead_letters").to_pylist()
+    assert dead[0]["code"] == Code.MISSING_KEY and dead[0]["offset"] is not None

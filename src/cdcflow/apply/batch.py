@@ -66,6 +66,7 @@ _TABLE_OPS = pa.array(
     [Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value, Op.TRUNCATE.value]
 )
 _IMAGE_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value])
+_ROW_CHANGE_OPS = pa.array([*_IMAGE_OPS.to_pylist(), Op.DELETE.value])
 #: what a target table's part of a batch holds: its row changes, truncates and DDL
 _ROUTED_OPS = pa.array([*_TABLE_OPS.to_pylist(), Op.DDL.value])
 _BOOKKEEPING = (*BOOKKEEPING_COLUMNS, *HISTORY_SYSTEM_COLUMNS)
@@ -650,18 +651,24 @@ class BatchApplier:
     def _rejected_dead_letters(
         self, part: pa.Table, target: str, mirror: MirrorResult, batch_id: int
     ) -> pa.Table:
-        """Dead letters for the events of the ``(key, code, reason)`` the table refused; a
-        ``MISSING_SEQ`` entry stands for the key's (or, key ``None``, all) events without a
-        sequence."""
+        """Dead letters for the events of the ``(key, code, reason)`` the table refused.
+
+        Key ``None`` stands for the row changes without a key; a ``MISSING_SEQ`` entry for
+        the key's (key ``None``: all) events without a sequence, truncates included.
+        """
         out = []
         for key, code, reason in mirror.rejected:
-            if code == Code.MISSING_SEQ:
-                mask = pc.is_null(part["seq"])
-                if key is not None:
-                    mask = pc.and_(mask, pc.equal(pc.fill_null(part["key"], ""), key))
+            if key is None:  # the row changes that carry no key
+                mask = pc.and_(pc.is_null(part["key"]), pc.is_in(part["op"], _ROW_CHANGE_OPS))
             else:
                 mask = pc.or_(
                     pc.equal(part["key"], key), pc.fill_null(pc.equal(part["old_key"], key), False)
+                )
+            if code == Code.MISSING_SEQ:
+                mask = (
+                    pc.is_null(part["seq"])
+                    if key is None
+                    else pc.and_(mask, pc.is_null(part["seq"]))
                 )
             events = part.filter(pc.fill_null(mask, False))
             out.append(self._apply_dead_letters(events, target, ApplyError(reason, code), batch_id))
