@@ -83,6 +83,10 @@ def test_apply_primary_key_option(tmp_path, capsys):
     )
     main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"), str(f)])
     assert "dead letters {'MISSING_KEY': 1}" in capsys.readouterr().out
+    # the same file again: its line was applied (as a dead letter) once, and stays so
+    main(["apply", "--format", "debezium-json", "--warehouse", str(tmp_path / "wh"), str(f)])
+    assert "1 records were applied before and were skipped" in capsys.readouterr().out
+    f = f.rename(tmp_path / "again.jsonl")
     main(
         [
             "apply",

@@ -112,13 +112,17 @@ def cmd_apply(args: argparse.Namespace) -> int:
     )
     records = list(_records(args.format, args.files))
     result = decoder.decode_batch(records)
-    batch_id = _next_batch_id(warehouse)
     events = pa.Table.from_batches([flatten(result, decoder.state_items, records)])
-    report = BatchApplier(warehouse, Router(args.target_template)).apply(events, batch_id)
+    report = BatchApplier(warehouse, Router(args.target_template)).apply(events)
     print(
-        f"batch {batch_id}: {report.records} records, {report.events} events, "
+        f"batch {report.batch_id}: {report.records} records, {report.events} events, "
         f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}"
     )
+    if report.replayed:
+        print(
+            f"{report.replayed} records were applied before and were skipped (a file's lines "
+            "are its offsets: a line is applied once per warehouse)"
+        )
     print(f"{'source table':40} {'rows':>8}  delta path")
     for m in report.mirrors:
         rows = warehouse.open(m.path)
@@ -135,14 +139,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
         warehouse.resume_table(target, by="cdcflow resume")
         print(f"{target}: resumed; the next micro-batch applies its changes again")
     return 0
-
-
-def _next_batch_id(warehouse) -> int:
-    table = warehouse.open(warehouse.system_path("batches"))
-    if table is None:
-        return 0
-    ids = table.to_pyarrow_table(columns=["batch_id"])["batch_id"].to_pylist()
-    return (max(ids) + 1) if ids else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

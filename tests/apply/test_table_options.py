@@ -71,11 +71,12 @@ def _v(op, k, name, version, seq, **kw):
 def test_sequence_by_breaks_ties_between_equal_source_sequences(tmp_path, order):
     wh, ap = _setup(tmp_path, sequence_by=("version",))
     events = [
-        _v(Op.INSERT, 1, "v1", 1, seq=5),
-        _v(Op.UPDATE, 1, "v3", 3, seq=5),
-        _v(Op.UPDATE, 1, "v2", 2, seq=5),
+        _v(Op.INSERT, 1, "v1", 1, seq=5, partition=0),
+        _v(Op.UPDATE, 1, "v3", 3, seq=5, partition=1),
+        _v(Op.UPDATE, 1, "v2", 2, seq=5, partition=2),
     ]
-    # every event in a batch of its own, in the given arrival order
+    # every event in a batch of its own, in the given arrival order (from three partitions:
+    # one partition's records arrive in offset order)
     for batch_id, i in enumerate(order):
         ap.apply(table_of(events[i]), batch_id)
     assert _rows(wh)[1]["name"] == "v3"
@@ -265,6 +266,7 @@ def test_fail_policy_stops_only_that_table_with_the_offending_event(tmp_path):
         after={"id": 2, "name": "b", "qty": 1, "color": "red"},
         seq=2,
         columns=new_cols,
+        partition=7,
         offset=77,
     )
     report = ap.apply(table_of(ins(3, "c", seq=2), bad, ins(2, "y", seq=2, table=other)), 1)
@@ -458,7 +460,8 @@ def test_consistent_transactions_apply_only_whole_transactions(tmp_path):
     assert set(_rows(wh)) == {9}  # transaction 77 is open: none of it is applied
     assert r0.transactions["held"] == 1 and r0.transactions["held_events"] == 2
     assert r0.events == 3  # the held events are still this batch's records
-    r1 = ap.apply(table_of(_in_txn(upd(1, "a2", seq=4), "77", 3, True)), 1)
+    second = table_of(_in_txn(upd(1, "a2", seq=4), "77", 3, True))
+    r1 = ap.apply(second, 1)
     assert _rows(wh) == {
         1: {"id": 1, "name": "a2", "qty": 1},
         2: {"id": 2, "name": "b", "qty": 1},
@@ -481,7 +484,7 @@ def test_consistent_transactions_apply_only_whole_transactions(tmp_path):
     batches = _system(wh, "batches").to_pylist()
     assert sum(b["records"] for b in batches) == 4 and sum(b["events"] for b in batches) == 4
     # a replay of batch 1 after a crash changes nothing
-    ap.apply(table_of(_in_txn(upd(1, "a2", seq=4), "77", 3, True)), 1)
+    ap.apply(second, 1)
     assert _system(wh, "changelog").num_rows == 4
 
 

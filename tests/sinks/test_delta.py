@@ -43,8 +43,10 @@ def test_replayed_batch_changes_nothing(tmp_path):
         p: DeltaTable(p).version() for p in (wh.table_path(TARGET), wh.system_path("changelog"))
     }
     report = ap.apply(batch, 0)  # the crash-replay of batch 0 after batch 1 committed
-    assert report.mirrors[0].skipped_replay
+    assert report.replayed == 1 and report.records == 0 and not report.mirrors
     assert {p: DeltaTable(p).version() for p in versions} == versions
+    again = ap.apply(batch, 7)  # the same records under another micro-batch id (a lost checkpoint)
+    assert again.replayed == 1 and again.records == 0
     assert _state(wh)[1]["name"] == "b"
     assert wh.read("changelog", system=True).num_rows == 2
 

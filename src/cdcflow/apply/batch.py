@@ -1,14 +1,19 @@
 """Apply one micro-batch of decoded events to the warehouse.
 
-The same code serves the streaming job (``foreachBatch``) and ``cdcflow apply``. Order of
-writes, each idempotent per ``(pipeline, batch_id)``:
+The same code serves the streaming job (``foreachBatch``) and ``cdcflow apply``. A
+delivery's records that the warehouse already applied are skipped (idempotence on Kafka
+offsets, :mod:`cdcflow.apply.offsets`); the rest is one *apply* with the warehouse's own
+id. Order of writes, each idempotent per ``(pipeline, apply id)``:
 
-1. dead letters (decode failures, with raw bytes);
-2. the changelog (every decoded event, with its origin);
-3. one merge per mirror table (apply failures become dead letters, other tables go on);
-4. tombstones of deleted keys and truncates;
-5. the batch's accounting row per Kafka partition (records, events, skipped, dead);
-6. a progress row: last source sequence and time (heartbeats count), rows changed, lag.
+1. the intent: the apply's offset ranges (``_cdcflow/offsets``);
+2. decoder state, then (transaction-consistent mode) the open transactions held back;
+3. the changelog (every decoded event, with its origin);
+4. per target table: schema changes, one merge per mirror, its tombstones (apply failures
+   become dead letters, other tables go on);
+5. dead letters (decode and apply failures, with raw bytes or event JSON);
+6. a progress row: last source sequence and time (heartbeats count), rows changed, lag;
+7. the completion: the apply's accounting row per Kafka partition (records, events,
+   skipped, dead), committed with the partitions' next offsets.
 
 Every record of the batch is accounted for: ``records = records with events + joined +
 skipped + dead`` (``joined``: an update half whose change its partner's event carries).
@@ -31,6 +36,7 @@ from deltalake import DeltaTable
 from cdcflow.apply.ddl import column_renames
 from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
+from cdcflow.apply.offsets import IncompleteApply, OffsetLedger, TopicPartition, offset_ranges
 from cdcflow.apply.options import TableOptions
 from cdcflow.apply.prepare import drop_null_updates, with_sequence_by
 from cdcflow.apply.schema import logical_from_arrow, plan_schema
@@ -108,7 +114,9 @@ class Router:
 class BatchReport:
     """Counts for one applied batch."""
 
-    batch_id: int
+    batch_id: int  # the warehouse's apply id (the last one, when a delivery finished two)
+    delivery_id: int | None = None  # Spark's micro-batch id
+    replayed: int = 0  # records of the delivery that were applied before (skipped)
     records: int = 0
     events: int = 0
     skipped: Counter = field(default_factory=Counter)
@@ -122,6 +130,8 @@ class BatchReport:
     def as_dict(self) -> dict[str, Any]:
         return {
             "batch_id": self.batch_id,
+            "delivery_id": self.delivery_id,
+            "replayed": self.replayed,
             "records": self.records,
             "events": self.events,
             "skipped": dict(self.skipped),
@@ -178,19 +188,68 @@ class BatchApplier:
         self.tables = tables or (lambda _target: TableOptions())
         self.tombstone_retention_hours = tombstone_retention_hours
         self.transactions = transactions
+        self.ledger = OffsetLedger(warehouse)
         self._last_purge: float | None = None
         self._schema_rows: list[dict[str, Any]] = []
         self._schema_log: pa.Table | None = None
 
-    def apply(self, events: pa.Table, batch_id: int) -> BatchReport:
-        """Apply one batch. Replaying the same ``batch_id`` with the same rows is a no-op.
+    def apply(self, events: pa.Table, delivery_id: int | None = None) -> BatchReport:
+        """Apply the records of one delivery (a micro-batch) that the warehouse lacks.
+
+        Idempotent on Kafka offsets, not on the delivery: records below their partition's
+        next offset in the warehouse (:class:`~cdcflow.apply.offsets.OffsetLedger`) are
+        skipped, whatever ``delivery_id`` carries them, so a replayed, re-cut or re-numbered
+        micro-batch (a deleted checkpoint) applies each record once. An apply that a crash
+        interrupted is finished first, under its own id, with exactly its records.
+
+        Args:
+            events: :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows of the delivery.
+            delivery_id: Spark's micro-batch id (recorded, never trusted).
+
+        Returns:
+            The report of what was applied (``batch_id`` is the warehouse's apply id;
+            ``replayed``: records of the delivery applied before).
 
         Raises:
+            IncompleteApply: the delivery holds part, not all, of an interrupted apply.
             deltalake exceptions / OSError: storage failures; the batch should be retried.
         """
+        ledger = self.ledger
+        reports: list[BatchReport] = []
+        pending = ledger.pending()
+        if pending is not None:
+            part = pending.select(events)
+            if part.num_rows:
+                if not pending.covered_by(part):
+                    raise IncompleteApply(pending)
+                reports.append(self._apply(part, pending.apply_id, delivery_id, pending.ranges))
+        fresh = ledger.unapplied(events)
+        if fresh.num_rows:
+            ranges = offset_ranges(fresh)
+            apply_id = ledger.completed_id() + 1
+            ledger.begin(apply_id, ranges, delivery_id)
+            reports.append(self._apply(fresh, apply_id, delivery_id, ranges))
+        report = _combined(reports, delivery_id, ledger.completed_id())
+        report.replayed = len(_records_of(events)) - report.records
+        return report
+
+    def _apply(
+        self,
+        events: pa.Table,
+        batch_id: int,
+        delivery_id: int | None,
+        ranges: dict[TopicPartition, tuple[int, int]],
+    ) -> BatchReport:
+        """Apply ``events`` as apply ``batch_id`` (its intent already recorded)."""
         started = time.perf_counter()
-        report = BatchReport(batch_id=batch_id)
+        report = BatchReport(batch_id=batch_id, delivery_id=delivery_id)
         wh = self.warehouse
+        wh.commit_metadata = {
+            "cdcflow.apply_id": str(batch_id),
+            "cdcflow.offsets": ",".join(
+                f"{t}#{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items())
+            ),
+        }
         kind = events["kind"]
         is_event = pc.equal(kind, KIND_EVENT)
         n_events = pc.sum(pc.cast(is_event, pa.int64())).as_py() or 0
@@ -255,8 +314,17 @@ class BatchApplier:
         # dead letters are written after the mirrors so apply failures land in the same commit
         wh.append(wh.system_path("dead_letters"), all_dead, batch_id)
         per_record = self._per_record(events)
-        wh.append(wh.system_path("batches"), self._accounting(per_record, rows, batch_id), batch_id)
         wh.append(wh.system_path("progress"), self._progress(rows, report, batch_id), batch_id)
+        # the completion: last, with the next offset of every partition the apply covered
+        accounting = self._accounting(per_record, rows, batch_id, delivery_id)
+        wh.append(
+            self.ledger.batches_path,
+            accounting,
+            batch_id,
+            transactions=self.ledger.completion(ranges),
+        )
+        self.ledger.completed(batch_id, ranges)
+        wh.commit_metadata = {}
         report.records = per_record.num_rows
         report.seconds = time.perf_counter() - started
         return report
@@ -756,8 +824,9 @@ class BatchApplier:
         )
         return slim.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
 
-    @staticmethod
-    def _accounting(per_record: pa.Table, rows: pa.Table, batch_id: int) -> pa.Table:
+    def _accounting(
+        self, per_record: pa.Table, rows: pa.Table, batch_id: int, delivery_id: int | None
+    ) -> pa.Table:
         if per_record.num_rows == 0:
             return pa.Table.from_batches([], schema=BATCHES_SCHEMA)
         ranges = per_record.group_by(["topic", "partition"]).aggregate(
@@ -807,9 +876,38 @@ class BatchApplier:
                 "skipped": count(KIND_SKIP),
                 "dead_letters": count(KIND_DEAD),
                 "committed_at_ms": pa.array([now] * len(keys), pa.int64()),
+                "source": [self.warehouse.pipeline_id] * len(keys),
+                "delivery_id": pa.array([delivery_id] * len(keys), pa.int64()),
             },
             schema=BATCHES_SCHEMA,
         )
+
+
+def _combined(reports: list[BatchReport], delivery_id: int | None, last_id: int) -> BatchReport:
+    """One report for the applies of a delivery (none, one, or a finished one and a new one)."""
+    if len(reports) == 1:
+        return reports[0]
+    out = BatchReport(
+        batch_id=reports[-1].batch_id if reports else last_id, delivery_id=delivery_id
+    )
+    for r in reports:
+        out.records += r.records
+        out.events += r.events
+        out.skipped.update(r.skipped)
+        out.dead_letters.update(r.dead_letters)
+        out.mirrors.extend(r.mirrors)
+        out.seconds += r.seconds
+        out.transactions = r.transactions or out.transactions
+    return out
+
+
+def _records_of(events: pa.Table) -> pa.Table:
+    """One row per record of ``events``: distinct ``(topic, partition, offset)``."""
+    return (
+        events.select(["topic", "partition", "offset"])
+        .group_by(["topic", "partition", "offset"])
+        .aggregate([])
+    )
 
 
 def _source_ids(rows: pa.Table) -> pa.ChunkedArray:

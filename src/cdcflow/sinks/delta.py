@@ -12,9 +12,11 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
     <warehouse>/_cdcflow/pending_transactions/ events of open transactions (consistent mode)
 
-Exactly once: every commit carries the application transaction
-``(cdcflow-<pipeline>, batch_id)``; a table whose ``transaction_version`` is already at
-the batch is skipped, so a micro-batch replayed after a crash changes nothing.
+Exactly once: every commit of an apply carries the application transaction
+``(cdcflow-<pipeline>, apply_id)`` and, in its commit metadata, the Kafka offset ranges the
+apply covers; a table whose ``transaction_version`` is already at the apply is skipped, so
+an apply finished after a crash changes nothing twice. The apply ids and the offsets they
+cover are the warehouse's own (:mod:`cdcflow.apply.offsets`), not Spark's batch ids.
 
 Mirror rows carry ``_cdc_seq`` (the source sequence, :func:`cdcflow.model.seq_key`) and
 ``_cdc_ts_ms``. The merge only overwrites or deletes a stored row when the incoming
@@ -50,6 +52,7 @@ __all__ = [
     "CHANGELOG_COLUMNS",
     "DEAD_LETTER_SCHEMA",
     "BATCHES_SCHEMA",
+    "OFFSETS_SCHEMA",
     "BOOKKEEPING_COLUMNS",
     "SCHEMA_CHANGES_SCHEMA",
     "SEQ_COLUMN",
@@ -116,6 +119,22 @@ BATCHES_SCHEMA = pa.schema(
         ("skipped", pa.int64()),
         ("dead_letters", pa.int64()),
         ("committed_at_ms", pa.int64()),
+        ("source", pa.string()),  # <pipeline>.<source> (null in warehouses before 0.3)
+        ("delivery_id", pa.int64()),  # Spark's micro-batch id that delivered the records
+    ]
+)
+
+#: The apply ledger ``_cdcflow/offsets``: what each apply is about to write, first.
+OFFSETS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("apply_id", pa.int64()),  # the warehouse's own batch number (batch_id elsewhere)
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),  # first record of the apply in this partition
+        ("last_offset", pa.int64()),  # last record of the apply in this partition
+        ("delivery_id", pa.int64()),  # Spark's micro-batch id (null: not from Spark)
+        ("started_at_ms", pa.int64()),
     ]
 )
 
@@ -230,6 +249,8 @@ class DeltaWarehouse:
         self.pipeline_id = pipeline_id
         self.app_id = f"cdcflow-{pipeline_id}"
         self.storage_options = dict(storage_options or {})
+        #: custom metadata every commit of the current apply carries (its offset ranges)
+        self.commit_metadata: dict[str, str] = {}
         self._tables: dict[str, DeltaTable] = {}
 
     # ------------------------------------------------------------------ paths
@@ -264,11 +285,31 @@ class DeltaWarehouse:
         version = table.transaction_version(self.app_id)
         return version is not None and version >= batch_id
 
-    def _commit(self, batch_id: int) -> CommitProperties:
-        return CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+    def commit_properties(
+        self, batch_id: int, app_id: str | None = None, extra: Sequence[Transaction] = ()
+    ) -> CommitProperties:
+        """Commit properties of the current apply: its application transaction
+        ``(app_id or self.app_id, batch_id)``, ``extra`` transactions, and the apply's
+        :attr:`commit_metadata` (the Kafka offset ranges it covers)."""
+        return CommitProperties(
+            custom_metadata=dict(self.commit_metadata) or None,
+            app_transactions=[Transaction(app_id or self.app_id, batch_id), *extra],
+        )
 
-    def append(self, path: str, data: pa.Table, batch_id: int) -> bool:
-        """Append ``data`` once per batch. Returns ``False`` if the batch was already there."""
+    def _commit(self, batch_id: int) -> CommitProperties:
+        return self.commit_properties(batch_id)
+
+    def append(
+        self,
+        path: str,
+        data: pa.Table,
+        batch_id: int,
+        transactions: Sequence[Transaction] = (),
+    ) -> bool:
+        """Append ``data`` once per batch, with ``transactions`` besides the batch's own.
+
+        Returns ``False`` if the batch was already there.
+        """
         if data.num_rows == 0 or self.committed(path, batch_id):
             return False
         self._add_missing_columns(self._tables.get(path), data.schema)  # refreshed just now
@@ -276,7 +317,7 @@ class DeltaWarehouse:
             path,
             data,
             mode="append",
-            commit_properties=self._commit(batch_id),
+            commit_properties=self.commit_properties(batch_id, extra=transactions),
             storage_options=self.storage_options or None,
         )
         self._tables.pop(path, None)
@@ -761,7 +802,7 @@ class DeltaWarehouse:
             path,
             data,
             mode="append",
-            commit_properties=CommitProperties(app_transactions=[Transaction(app, batch_id)]),
+            commit_properties=self.commit_properties(batch_id, app_id=app),
             storage_options=self.storage_options or None,
         )
         self._tables.pop(path, None)

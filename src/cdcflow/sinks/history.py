@@ -79,7 +79,7 @@ from typing import Any, NamedTuple
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable
 
 from cdcflow.apply.events import KIND_EVENT
 from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
@@ -770,9 +770,7 @@ def _merge(
             predicate=on,
             source_alias="s",
             target_alias="t",
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(warehouse.app_id, batch_id)]
-            ),
+            commit_properties=warehouse.commit_properties(batch_id),
         )
         .when_matched_delete(predicate=f"s.{_q(_DELETE_FLAG)}")
         .when_matched_update(updates=columns, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
