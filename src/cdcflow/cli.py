@@ -141,12 +141,56 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Start sources over: delete their checkpoints (and, with --warehouse, the tables)."""
+    import shutil
+
+    from cdcflow.config import load_config
+
+    config = load_config(args.config)
+    names = [s.name for s in config.sources]
+    chosen = args.source or names
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        raise ConfigError(f"--source {unknown[0]!r} is not a source of {args.config}: {names}")
+    folders = [Path(config.checkpoint) / name for name in chosen]
+    plan = [f"delete checkpoint {f}" for f in folders if f.exists()]
+    if args.warehouse:
+        if "://" in config.warehouse:
+            raise ConfigError(
+                f"--warehouse: {config.warehouse} is not a local folder; delete it with the "
+                "object store's own tools"
+            )
+        if set(chosen) != set(names):
+            raise ConfigError("--warehouse deletes the tables of every source: leave out --source")
+        if Path(config.warehouse).exists():
+            plan.append(f"delete warehouse {config.warehouse} (every table)")
+    if not plan:
+        print("nothing to reset")
+        return 0
+    after = (
+        "the next run applies the topics again from kafka.starting_offsets"
+        if args.warehouse
+        else "the next run starts from the offsets the warehouse applied (nothing is lost "
+        "or applied twice)"
+    )
+    if not args.yes:
+        print("cdcflow reset would:\n  " + "\n  ".join(plan) + f"\n{after}. Add --yes to do it.")
+        return 1
+    for f in folders:
+        shutil.rmtree(f, ignore_errors=True)
+    if args.warehouse:
+        shutil.rmtree(config.warehouse, ignore_errors=True)
+    print("done: " + "; ".join(plan) + f". {after[0].upper()}{after[1:]}.")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cdcflow.config import load_config
     from cdcflow.pipeline import Pipeline
 
     config = load_config(args.config)
-    pipeline = Pipeline(config)
+    pipeline = Pipeline(config, config_path=args.config)
     summary = pipeline.run(once=args.once)
     totals = summary.totals()
     print(
@@ -277,6 +321,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder of the Delta tables")
     p.add_argument("tables", nargs="+", metavar="TABLE", help="target table name")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser(
+        "reset",
+        help="start sources over: delete their Spark checkpoints (the warehouse keeps its offsets)",
+        description=(
+            "Deletes the checkpoint of each source (or of --source ones). The warehouse "
+            "records the Kafka offsets it applied, so the next run starts there: nothing is "
+            "lost or applied twice. With --warehouse, also deletes the warehouse so the next "
+            "run applies the topics again from kafka.starting_offsets. Prints what it would "
+            "do unless --yes is given."
+        ),
+    )
+    p.add_argument("config", help="pipeline YAML file")
+    p.add_argument("--source", action="append", help="only this source (repeatable)")
+    p.add_argument("--warehouse", action="store_true", help="also delete the warehouse")
+    p.add_argument("--yes", action="store_true", help="do it (without: only print the plan)")
+    p.set_defaults(func=cmd_reset)
     return parser
 
 

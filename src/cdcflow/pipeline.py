@@ -5,14 +5,17 @@ One Structured Streaming query per configured source::
     kafka source ──► mapInArrow(decode) ──► foreachBatch: toArrow ──► BatchApplier.apply
     (Spark)           (executors)            (driver)                (delta-rs commits)
 
-Exactly once: Spark's checkpoint fixes each micro-batch's offsets before it runs; a
-batch re-run after a crash gets the same ``batch_id`` and the same records, and every
-Delta commit of that batch is skipped where its application transaction is already
-recorded (see :mod:`cdcflow.sinks.delta`).
+Exactly once: the warehouse records the Kafka offsets it applied (:mod:`cdcflow.apply.offsets`)
+and skips records below them whatever micro-batch carries them. Before a query starts,
+the pipeline checks that the checkpoint belongs to this source (:mod:`cdcflow.checkpoint`),
+finishes an apply a crash interrupted by re-reading its exact offset ranges from Kafka, and
+starts a new (or deleted) checkpoint at the warehouse's offsets, so losing the checkpoint
+loses and duplicates nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,7 +24,10 @@ from dataclasses import dataclass, field
 
 from cdcflow.apply.batch import BatchApplier, BatchReport, Router
 from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
+from cdcflow.apply.offsets import OffsetLedger, PendingApply
+from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
+from cdcflow.errors import ConfigError
 from cdcflow.sinks.delta import DeltaWarehouse
 
 __all__ = ["Pipeline", "RunSummary", "spark_event_schema"]
@@ -67,6 +73,7 @@ class Pipeline:
         staging: on local Spark with the Python source, decode tasks hand their events to
             the driver as memory-mapped Arrow files instead of through the JVM (see
             :mod:`cdcflow.source.changes`).
+        config_path: the configuration file, named in error messages' fixes.
     """
 
     def __init__(
@@ -76,8 +83,10 @@ class Pipeline:
         on_batch: Callable[[str, BatchReport], None] | None = None,
         kafka_engine: str = "auto",
         staging: bool = True,
+        config_path: str = "CONFIG",
     ) -> None:
         self.config = config
+        self.config_path = config_path
         self.kafka_engine = kafka_engine
         self.staging = staging
         if spark is None:
@@ -158,10 +167,6 @@ class Pipeline:
         else:
             assert source.topic_pattern is not None
             options["subscribePattern"] = source.topic_pattern
-        staging = self._staging_path(source)
-        decoded = self._decoded_stream(source, options, staging)
-        if staging is not None and os.path.isdir(staging):
-            shutil.rmtree(staging)  # no batch is in flight before the query starts
         applier = BatchApplier(
             self.warehouse_for(source),
             Router(self.config.target_template),
@@ -169,6 +174,11 @@ class Pipeline:
             tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
             transactions=self.config.apply.transaction_policy(),
         )
+        self._prepare(source, applier, options)
+        staging = self._staging_path(source)
+        decoded = self._decoded_stream(source, options, staging)
+        if staging is not None and os.path.isdir(staging):
+            shutil.rmtree(staging)  # no batch is in flight before the query starts
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch
 
@@ -180,13 +190,13 @@ class Pipeline:
                 events = read_staged(manifest)
             else:
                 events = df.toArrow()
-            report = applier.apply(events, batch_id)
+            report = applier.apply(events, delivery_id=batch_id)
             if staging is not None:
                 del events
                 for path in manifest["staged_path"].to_pylist():
                     os.remove(path)
             reports.append(report)
-            log.info("source %s batch %s: %s", source.name, batch_id, report.as_dict())
+            log.info("source %s micro-batch %s: %s", source.name, batch_id, report.as_dict())
             if on_batch is not None:
                 on_batch(source.name, report)
 
@@ -200,6 +210,100 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=self.config.trigger_interval)
         return writer.start()
+
+    # ------------------------------------------------------------------ start-up
+
+    def fingerprint(self, source: SourceConfig) -> Fingerprint:
+        """What the source's checkpoint must belong to."""
+        return Fingerprint(
+            pipeline_id=self.config.pipeline_id,
+            source=source.name,
+            format=source.format,
+            topics=tuple(source.topics),
+            topic_pattern=source.topic_pattern,
+            warehouse=self.config.warehouse,
+        )
+
+    def checkpoint_for(self, source: SourceConfig) -> Checkpoint:
+        return Checkpoint(os.path.join(self.config.checkpoint, source.name))
+
+    def _prepare(self, source: SourceConfig, applier: BatchApplier, options: dict) -> None:
+        """Before the query starts: the checkpoint is this source's, an interrupted apply
+        is finished, and a new checkpoint starts at the warehouse's offsets.
+
+        Raises:
+            ConfigError: the checkpoint belongs to another stream, or it is ahead of a
+                warehouse that has applied nothing of this source.
+            SourceError: Kafka cannot be reached, or an interrupted apply's records are
+                gone (DATA_LOSS).
+        """
+        checkpoint = self.checkpoint_for(source)
+        checkpoint.claim(self.fingerprint(source), self.config_path)
+        ledger = applier.ledger
+        committed = checkpoint.committed_batches()
+        if committed and ledger.completed_id() < 0:
+            raise ConfigError(
+                f"checkpoint {checkpoint.path} has {len(committed)} finished micro-batches, "
+                f"but warehouse {self.config.warehouse} has applied nothing of source "
+                f"{source.name!r}: the warehouse was deleted or is another one, and the "
+                f"checkpoint would skip what it never applied. Fix: `cdcflow reset "
+                f"{self.config_path} --source {source.name}` to apply the topics again from "
+                "kafka.starting_offsets"
+            )
+        pending = ledger.pending()
+        if pending is not None:
+            self._finish_pending(source, applier, pending, options)
+        if checkpoint.is_new():
+            start = self._warehouse_start(ledger, options)
+            if start is not None:
+                options["startingOffsets"] = start
+
+    def _finish_pending(
+        self, source: SourceConfig, applier: BatchApplier, pending: PendingApply, options: dict
+    ) -> None:
+        """Re-read an interrupted apply's exact offset ranges from Kafka and finish it."""
+        import pyarrow as pa
+
+        from cdcflow.source.kafka import read_range
+
+        log.warning(
+            "source %s: finishing apply %d that a crash interrupted (%s)",
+            source.name,
+            pending.apply_id,
+            pending.describe(),
+        )
+        decode = self._decode_function(source)
+        batches = []
+        for (topic, partition), (first, last) in sorted(pending.ranges.items()):
+            batches.extend(decode(read_range(options, topic, partition, first, last)))
+        events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
+        report = applier.apply(events)
+        self.summary.reports.setdefault(source.name, []).append(report)
+
+    @staticmethod
+    def _warehouse_start(ledger: OffsetLedger, options: dict) -> str | None:
+        """``startingOffsets`` JSON for a new checkpoint: each partition at the warehouse's
+        next offset; partitions it never applied start as configured. ``None``: the
+        warehouse has applied nothing of these partitions."""
+        from cdcflow.source.kafka import EARLIEST, LATEST, list_partitions
+
+        tps = list_partitions(options)
+        known = ledger.next_offsets(tps)
+        if not known:
+            return None
+        configured = options.get("startingOffsets", "earliest")
+        given: dict = {}
+        if configured.strip().startswith("{"):
+            given = json.loads(configured)
+        fallback = LATEST if configured.strip().lower() == "latest" else EARLIEST
+        start: dict[str, dict[str, int]] = {}
+        for topic, partition in tps:
+            at = known.get((topic, partition))
+            if at is None:
+                at = int(given.get(topic, {}).get(str(partition), fallback))
+            start.setdefault(topic, {})[str(partition)] = at
+        log.info("new checkpoint: starting at the warehouse's offsets %s", start)
+        return json.dumps(start)
 
     def run(self, once: bool = False) -> RunSummary:
         """Start every source; with ``once``, drain what is there and return.

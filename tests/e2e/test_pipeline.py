@@ -271,3 +271,93 @@ def test_every_decode_path_gives_the_same_tables(spark, broker, tmp_path, engine
     _accounting(wh, s.produced)
     staged = tmp_path / "ck" / fmt / "staging"
     assert not staged.exists() or not any(staged.iterdir()), "staged files are removed after commit"
+
+
+def _changelog_once(wh):
+    changelog = wh.read("changelog", system=True)
+    coords = list(
+        zip(
+            changelog["partition"].to_pylist(),
+            changelog["offset"].to_pylist(),
+            changelog["event_index"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
+
+
+def test_a_deleted_checkpoint_loses_and_duplicates_nothing(spark, broker, tmp_path):
+    """The probe of issue 8: with the warehouse kept, a rerun after `rm -rf checkpoint`
+    restarted Spark's batch ids at 0 and skipped or re-applied records."""
+    import shutil
+
+    fmt = "debezium-json"
+    s = Scenario(broker, fmt, seed=8)
+    s.produce(400)  # inserts, updates and deletes
+    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=150)
+    assert Pipeline(config, spark=spark).run(once=True).totals()["batches"] >= 2
+    s.produce(400)
+    shutil.rmtree(tmp_path / "ck")
+    summary = Pipeline(config, spark=spark).run(once=True)
+    applied = sum(r.records for r in summary.reports[fmt])
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    _accounting(wh, s.produced)
+    _changelog_once(wh)
+    assert 0 < applied < s.produced  # it started at the warehouse's offsets, not at 0
+
+
+def test_a_crash_then_a_deleted_checkpoint_finishes_the_interrupted_apply(
+    spark, broker, tmp_path, monkeypatch
+):
+    """Crash mid-apply (some tables written), then the checkpoint is deleted: the restart
+    re-reads the interrupted apply's exact ranges from Kafka and finishes it first."""
+    import shutil
+
+    fmt = "debezium-json"
+    s = Scenario(broker, fmt, seed=9)
+    s.produce(600)
+    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
+    real = DeltaWarehouse.apply_mirror
+    calls = {"n": 0}
+
+    def crashing(self, target, net, types, key_columns, batch_id, **options):
+        result = real(self, target, net, types, key_columns, batch_id, **options)
+        calls["n"] += 1
+        if batch_id == 1 and calls["n"] == 5:
+            raise Crash("killed mid-batch")
+        return result
+
+    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", crashing)
+    with pytest.raises(Exception, match="killed mid-batch"):
+        Pipeline(config, spark=spark).run(once=True)
+    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+    shutil.rmtree(tmp_path / "ck")
+    s.produce(200)
+    summary = Pipeline(config, spark=spark).run(once=True)
+    finished = summary.reports[fmt][0]
+    assert finished.batch_id == 1 and finished.delivery_id is None  # re-read from Kafka
+    assert any(m.skipped_replay for m in finished.mirrors)  # tables it had reached skip it
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    _accounting(wh, s.produced)
+    _changelog_once(wh)
+
+
+def test_a_checkpoint_of_another_stream_is_refused(spark, broker, tmp_path):
+    from cdcflow.errors import ConfigError
+
+    fmt = "debezium-json"
+    s = Scenario(broker, fmt, seed=2)
+    s.produce(50)
+    config = _config(tmp_path, broker, fmt, s.topic, s.options)
+    Pipeline(config, spark=spark).run(once=True)
+    other = Scenario(broker, fmt, seed=2)  # another topic, same checkpoint folder
+    with pytest.raises(ConfigError, match=r"belongs to another stream: topics .*cdcflow reset"):
+        Pipeline(_config(tmp_path, broker, fmt, other.topic), spark=spark).run(once=True)
+    # the warehouse deleted, the checkpoint kept: it would skip what was never applied
+    import shutil
+
+    shutil.rmtree(tmp_path / "wh")
+    with pytest.raises(ConfigError, match="has applied nothing of source"):
+        Pipeline(config, spark=spark).run(once=True)

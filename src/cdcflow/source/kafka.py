@@ -70,6 +70,8 @@ __all__ = [
     "KafkaSourceOptions",
     "KafkaStreamReader",
     "jvm_kafka_available",
+    "list_partitions",
+    "read_range",
     "parse_options",
     "read_partition",
     "read_stream",
@@ -1038,6 +1040,37 @@ class KafkaDataSource(DataSource):
     def streamReader(self, schema: Any) -> KafkaStreamReader:
         """A stream reader for these options."""
         return KafkaStreamReader(parse_options(self.options))
+
+
+def list_partitions(options: Mapping[str, Any]) -> list[TopicPartitionKey]:
+    """The topic-partitions the source options select, as the brokers' metadata says now.
+
+    Args:
+        options: Kafka source options (Spark's names, as :func:`parse_options` takes).
+
+    Raises:
+        ConfigError: the options are not valid.
+        SourceError: the brokers cannot be reached.
+    """
+    reader = KafkaStreamReader(parse_options(options))
+    try:
+        return reader._discover()
+    finally:
+        reader.stop()
+
+
+def read_range(
+    options: Mapping[str, Any], topic: str, partition: int, first: int, last: int
+) -> Iterator[Any]:
+    """The records ``first..last`` (inclusive) of one partition as Arrow batches of
+    :data:`ARROW_SCHEMA`, read in this process (no Spark).
+
+    Raises:
+        SourceError: ``DATA_LOSS`` when records of the range were deleted meanwhile (and
+            failOnDataLoss is true), or the brokers cannot be reached.
+    """
+    opts = parse_options(options)
+    return read_partition(opts, KafkaInputPartition(topic, partition, first, last + 1))
 
 
 def register(spark: Any) -> None:

@@ -1,0 +1,112 @@
+"""A source's Spark checkpoint, as far as cdcflow must know it.
+
+Spark's checkpoint folder of a streaming query holds ``offsets/<batch>`` (the planned
+offsets of each micro-batch) and ``commits/<batch>`` (the batches that finished). cdcflow
+adds ``cdcflow.json``, the checkpoint's *fingerprint*: which pipeline, source, format,
+topics and warehouse it belongs to. A checkpoint whose fingerprint differs from the
+configuration would make Spark resume another stream's positions; it is refused with one
+line naming the difference and the fix (``cdcflow reset``).
+
+The warehouse, not the checkpoint, knows what was applied (:mod:`cdcflow.apply.offsets`),
+so a deleted checkpoint loses nothing: the next run starts from the warehouse's offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from cdcflow.errors import ConfigError
+
+__all__ = ["Checkpoint", "Fingerprint"]
+
+FINGERPRINT_FILE = "cdcflow.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What a checkpoint belongs to."""
+
+    pipeline_id: str
+    source: str
+    format: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    warehouse: str
+
+    def differences(self, other: Fingerprint) -> list[str]:
+        """``"field: checkpoint value != configured value"`` for each field that differs."""
+        mine, theirs = asdict(self), asdict(other)
+        return [
+            f"{k} {theirs[k]!r} (configured: {mine[k]!r})" for k in mine if mine[k] != theirs[k]
+        ]
+
+
+class Checkpoint:
+    """The checkpoint folder of one source's streaming query (local paths only).
+
+    Args:
+        path: the folder (``<checkpoint>/<source name>``).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _batches(self, sub: str) -> list[int]:
+        folder = os.path.join(self.path, sub)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
+
+    def committed_batches(self) -> list[int]:
+        """Spark's micro-batch ids that finished (``commits/``)."""
+        return self._batches("commits")
+
+    def planned_batches(self) -> list[int]:
+        """Spark's micro-batch ids that were planned (``offsets/``)."""
+        return self._batches("offsets")
+
+    def is_new(self) -> bool:
+        """No micro-batch was ever planned: the query starts from ``startingOffsets``."""
+        return not self.planned_batches()
+
+    def fingerprint(self) -> Fingerprint | None:
+        """The recorded fingerprint (``None``: none written, e.g. by cdcflow before 0.3)."""
+        try:
+            with open(os.path.join(self.path, FINGERPRINT_FILE), encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"checkpoint {self.path}: {FINGERPRINT_FILE} cannot be read ({exc}); fix: "
+                "`cdcflow reset CONFIG` (the warehouse keeps what was applied)"
+            ) from exc
+        data["topics"] = tuple(data.get("topics") or ())
+        return Fingerprint(**{k: data.get(k) for k in Fingerprint.__slots__})
+
+    def claim(self, expected: Fingerprint, config_path: str = "CONFIG") -> None:
+        """Check that the checkpoint belongs to ``expected`` and record it.
+
+        A new checkpoint, or one written before fingerprints existed, is claimed.
+
+        Raises:
+            ConfigError: the checkpoint belongs to another pipeline, source, format,
+                topic selection or warehouse (one line: the differences and the fix).
+        """
+        found = self.fingerprint()
+        if found is not None and found != expected:
+            raise ConfigError(
+                f"checkpoint {self.path} belongs to another stream: "
+                f"{'; '.join(expected.differences(found))}. Resuming it would skip or re-read "
+                f"records. Fix: `cdcflow reset {config_path} --source {expected.source}` "
+                "(the warehouse keeps what was applied; the next run starts from its "
+                "offsets) or set `checkpoint` to another folder"
+            )
+        if found is None:
+            os.makedirs(self.path, exist_ok=True)
+            tmp = os.path.join(self.path, FINGERPRINT_FILE + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({**asdict(expected), "topics": list(expected.topics)}, f, indent=1)
+            os.replace(tmp, os.path.join(self.path, FINGERPRINT_FILE))
