@@ -112,6 +112,12 @@ class Scenario:
     max_per_partition: int = 6
     malformed: int = 0
     delivery_seed: int = 0
+    #: the checkpoint is lost once: delivery restarts at a random earlier position of every
+    #: partition, cut anew, with micro-batch ids from 0 again (decision 20)
+    checkpoint_lost: bool = False
+    #: and just before, an apply is interrupted after a random number of its writes; the
+    #: restart finishes it from its recorded ranges, as the pipeline does
+    interrupted: bool = False
 
 
 @dataclass
@@ -242,12 +248,19 @@ def run(s: Scenario) -> Outcome:
     crash_after = rng.randrange(len(batches))
     crash_batch = rng.randint(0, crash_after)
 
+    lost_at = rng.randrange(len(batches)) if s.checkpoint_lost else None
+
     with tempfile.TemporaryDirectory(prefix="cdcflow-oracle-") as root:
         wh = DeltaWarehouse(root, pipeline_id="oracle")
         applier = BatchApplier(wh, Router())
         batch_id = 0
         try:
             for batch_id, records in enumerate(batches):
+                if batch_id == lost_at:
+                    applier = _lose_checkpoint(
+                        applier, s, options, logs, batches[: batch_id + 1], rng, out
+                    )
+                    break
                 _apply(applier, s.fmt, options, batch_id, records)
                 if batch_id == crash_after:
                     before = _versions(root)
@@ -276,6 +289,61 @@ def run(s: Scenario) -> Outcome:
         _check_accounting(_read(wh, "batches"), changelog, logs, out.problems)
         _check_dead_letters(dead, logs, bad_values, out.problems)
     return out
+
+
+class _Interrupted(Exception):
+    """A crash in the middle of an apply."""
+
+
+def _interrupted_apply(applier, fmt, options, batch_id, records, after_writes: int) -> None:
+    """Apply a micro-batch but crash after ``after_writes`` appends (the intent first)."""
+    wh = applier.warehouse
+    real = wh.append
+    count = {"n": 0}
+
+    def append(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] > after_writes:
+            raise _Interrupted(f"crash after {after_writes} writes")
+        return real(*args, **kwargs)
+
+    wh.append = append
+    try:
+        _apply(applier, fmt, options, batch_id, records)
+    except _Interrupted:
+        pass
+    finally:
+        del wh.append
+
+
+def _lose_checkpoint(applier, s, options, logs, consumed, rng, out) -> BatchApplier:
+    """The last consumed micro-batch (maybe interrupted), then a restart without the
+    checkpoint: the pending apply is finished from its ranges, and delivery restarts at a
+    random position at or before what was consumed, with new cuts and ids from 0."""
+    last = consumed[-1]
+    if s.interrupted:
+        _interrupted_apply(applier, s.fmt, options, len(consumed) - 1, last, rng.randint(1, 6))
+    else:
+        _apply(applier, s.fmt, options, len(consumed) - 1, last)
+    applier = BatchApplier(applier.warehouse, Router())  # a new process
+    pending = applier.ledger.pending()
+    if pending is not None:
+        records = [
+            r
+            for (topic, p), (first, last_offset) in pending.ranges.items()
+            for r in logs[p][first : last_offset + 1]
+        ]
+        _apply(applier, s.fmt, options, -1, records)
+    position = [0] * len(logs)
+    for batch in consumed:
+        for r in batch:
+            position[r.partition] = max(position[r.partition], r.offset + 1)
+    restart = [rng.randint(0, pos) for pos in position]
+    again = micro_batches([log[at:] for log, at in zip(logs, restart, strict=True)], rng, 6)
+    out.batches += len(again)
+    for delivery_id, records in enumerate(again):
+        _apply(applier, s.fmt, options, delivery_id, records)
+    return applier
 
 
 # --------------------------------------------------------------------------- the property
@@ -494,6 +562,23 @@ FIXED: list[tuple[str, Scenario]] = [
     # DRS "decimal" without precision was typed by the batch's first row: a wider value
     # later in the batch was a TYPE_CONFLICT dead letter
     ("undeclared-decimal-typed-by-the-first-row", Scenario("drs-json", seed=29, changes=3)),
+    # issue 8: a deleted checkpoint restarted Spark's batch ids at 0; batches at or below
+    # the warehouse's last transaction version were skipped though they held other offsets
+    (
+        "deleted-checkpoint-skipped-and-reapplied-records",
+        Scenario(
+            "dataworks-json",
+            5,
+            30,
+            partitions=2,
+            duplicates=True,
+            replays=True,
+            max_per_partition=5,
+            delivery_seed=5,
+            checkpoint_lost=True,
+            interrupted=True,
+        ),
+    ),
 ]
 
 
@@ -518,6 +603,8 @@ def scenarios(draw, fmt: str, malformed: int = 0) -> Scenario:
         max_per_partition=draw(st.integers(3, 12)),
         malformed=malformed,
         delivery_seed=draw(st.integers(0, 10_000)),
+        checkpoint_lost=draw(st.booleans()),
+        interrupted=draw(st.booleans()),
     )
 
 
