@@ -14,6 +14,10 @@ record by record with what was produced, and ``_cdcflow/batches`` must cover eve
 offset exactly once (``cdcflow.testing.faults``). Prints the counts; exits 1 if any
 check fails (the work folder is then kept).
 
+Before the middle restart the checkpoint is deleted (``--lose-checkpoint CYCLE``; -1:
+never): the restart must finish the apply the kill interrupted from Kafka and go on from
+the warehouse's offsets.
+
 ``--broker-restart`` puts the broker on durable storage (tansu's s3 engine on a local
 moto server) and SIGKILLs and restarts it between two pipeline processes.
 """
@@ -53,6 +57,13 @@ def main() -> int:
     )
     parser.add_argument("--events", type=int, default=1_000_000, help="source changes")
     parser.add_argument("--kills", type=int, default=5, help="SIGKILL/restart cycles")
+    parser.add_argument(
+        "--lose-checkpoint",
+        type=int,
+        default=None,
+        metavar="CYCLE",
+        help="delete the checkpoint before this restart (default: the middle one; -1: never)",
+    )
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--batch", type=int, default=50_000, help="max_offsets_per_trigger")
     parser.add_argument("--duplicate-rate", type=float, default=0.005)
@@ -115,9 +126,16 @@ def main() -> int:
                 pipeline_id="soak",
             )
             broker_restarts = 0
+            lose_at = args.lose_checkpoint
+            if lose_at is None:
+                lose_at = max(1, (args.kills + 1) // 2) if args.kills else -1
 
             def before_start(i: int) -> None:
                 nonlocal broker_restarts
+                if i == lose_at:
+                    # after a SIGKILL mid-apply: the warehouse alone says what was applied
+                    shutil.rmtree(root / "checkpoint", ignore_errors=True)
+                    print("  checkpoint deleted before this restart", flush=True)
                 if args.broker_restart and i == max(1, args.kills // 2):
                     broker.restart(hard=True)
                     broker_restarts += 1
