@@ -154,11 +154,20 @@ def test_a_dead_pid_on_this_host_is_taken_over_at_once(tmp_path):
         proc.wait()
 
 
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_a_zombie_holder_counts_as_dead(tmp_path):
     proc = _holder_process(tmp_path)
     try:
         proc.send_signal(signal.SIGKILL)
-        time.sleep(0.2)  # killed, not yet reaped: a zombie still answers kill(pid, 0)
+        deadline = time.monotonic() + 10
+        while not _zombie(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _zombie(proc.pid)  # killed, not reaped: it still answers kill(pid, 0)
+        os.kill(proc.pid, 0)
         _lease(tmp_path).acquire()
     finally:
         proc.kill()
