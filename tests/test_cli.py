@@ -161,3 +161,69 @@ def test_decode_keyless_full_row(tmp_path, capsys):
     assert main(["decode", "--format", "canal-json", "--keyless", "full_row", str(path)]) == 0
     event = json.loads(capsys.readouterr().out)
     assert event["key"] == {"v0": "five", "v1": 50}
+
+
+def test_run_refuses_while_another_run_holds_the_pipeline(tmp_path):
+    """A second ``cdcflow run`` of a held pipeline: exit 75 and one line, before any Spark.
+
+    The test process holds the lease in place of a running pipeline. JAVA_HOME points
+    nowhere, so a run that got as far as starting Spark would fail another way.
+    """
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from cdcflow.cli import EXIT_PIPELINE_RUNNING
+    from cdcflow.sinks.lease import PipelineLease
+
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        "pipeline_id: orders\nwarehouse: wh\ncheckpoint: ck\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+        "sources: [{format: debezium-json, topics: [t]}]\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "JAVA_HOME": str(tmp_path / "no-java")}
+    with PipelineLease(str(tmp_path / "wh"), "orders", ttl_s=30) as holder:
+        before = holder.read()
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "cdcflow.cli", "run", str(cfg)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        elapsed = time.monotonic() - started
+        assert holder.read().version == before.version  # the running one was not touched
+        assert holder.held
+    assert done.returncode == EXIT_PIPELINE_RUNNING == 75, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("cdcflow: [PIPELINE_RUNNING] pipeline 'orders' is already running")
+    assert f"(pid {os.getpid()}) since " in lines[0]
+    assert f"stop that process (kill {os.getpid()})" in lines[0]
+    assert re.search(r"if it died without releasing its lease, run again in [123]\d s$", lines[0])
+    assert done.stdout == ""
+    assert elapsed < 10, f"refusal took {elapsed:.1f} s"  # ~0.5 s here: Python start + config
+
+
+def test_reset_prints_its_plan_then_deletes_only_the_checkpoint(tmp_path, capsys):
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        "pipeline_id: r\nwarehouse: wh\ncheckpoint: ck\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+        "sources: [{format: debezium-json, topics: [t]}]\n"
+    )
+    (tmp_path / "ck" / "debezium-json" / "offsets").mkdir(parents=True)
+    (tmp_path / "wh" / "t").mkdir(parents=True)
+    assert main(["reset", str(config)]) == 1  # only the plan
+    out = capsys.readouterr().out
+    assert "delete checkpoint" in out and "--yes" in out
+    assert (tmp_path / "ck" / "debezium-json").exists()
+    assert main(["reset", str(config), "--yes"]) == 0
+    assert not (tmp_path / "ck" / "debezium-json").exists() and (tmp_path / "wh" / "t").exists()
+    assert main(["reset", str(config), "--warehouse", "--yes"]) == 0
+    assert not (tmp_path / "wh").exists()

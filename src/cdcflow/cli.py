@@ -1,7 +1,11 @@
 """The ``cdcflow`` command: run, demo, decode, apply.
 
 Exit codes: 0 success; 1 the command ran but found a problem (dead letters in ``decode``,
-a table that does not match in ``demo``); 2 bad usage or configuration.
+a table that does not match in ``demo``); 2 bad usage or configuration; 75 (``run`` only;
+sysexits' ``EX_TEMPFAIL``, "try again later") another run of the same pipeline holds the
+warehouse: refused at start (``PIPELINE_RUNNING``, before Spark starts), or this run's lease
+was taken over and it stopped (``LEASE_LOST``). The one line on stderr names the holder
+and how long to wait if it died without releasing its lease.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.errors import CdcflowError, ConfigError, LeaseHeld
 
-__all__ = ["main"]
+__all__ = ["EXIT_PIPELINE_RUNNING", "main"]
+
+#: ``cdcflow run``: another run of the pipeline holds (or took over) its lease
+EXIT_PIPELINE_RUNNING = 75
+
+log = logging.getLogger("cdcflow.cli")
 
 
 def _primary_keys(values: Sequence[str] | None) -> dict[str, list[str]]:
@@ -177,21 +186,58 @@ def cmd_reset(args: argparse.Namespace) -> int:
     if not args.yes:
         print("cdcflow reset would:\n  " + "\n  ".join(plan) + f"\n{after}. Add --yes to do it.")
         return 1
+    from cdcflow.sinks.lease import PipelineLease
+
+    # a running pipeline holds the lease: reset refuses (exit 75) instead of pulling its
+    # checkpoint or tables away
+    lease = PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0)
+    lease.acquire()
     for f in folders:
         shutil.rmtree(f, ignore_errors=True)
     if args.warehouse:
-        shutil.rmtree(config.warehouse, ignore_errors=True)
+        shutil.rmtree(config.warehouse, ignore_errors=True)  # the lease goes with it
+    else:
+        lease.release()
     print("done: " + "; ".join(plan) + f". {after[0].upper()}{after[1:]}.")
     return 0
 
 
+def _stop_streams(spark) -> None:
+    """Stop every streaming query of the session (the lease was lost: stop writing)."""
+    for query in spark.streams.active:
+        try:
+            query.stop()
+        except Exception:  # stopping the others matters more
+            log.exception("could not stop streaming query %s", query.name)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cdcflow.config import load_config
-    from cdcflow.pipeline import Pipeline
+    from cdcflow.errors import LeaseLost
+    from cdcflow.sinks.lease import PipelineLease
 
     config = load_config(args.config)
-    pipeline = Pipeline(config, config_path=args.config)
-    summary = pipeline.run(once=args.once)
+    # Taken before Spark starts, so a second run of the pipeline is refused in well under a
+    # second; released on every way out (Ctrl-C included). See docs/decisions.md (21).
+    with PipelineLease(config.warehouse, config.pipeline_id) as lease:
+        from cdcflow.pipeline import Pipeline
+
+        def fence(source: str, report) -> None:
+            if lease.lost:  # fail the query: no further batch of this run
+                raise LeaseLost(lease.lost_reason or "")
+
+        pipeline = Pipeline(config, on_batch=fence, config_path=args.config)
+        lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
+        if lease.lost:  # lost while Spark started
+            raise LeaseLost(lease.lost_reason or "")
+        try:
+            summary = pipeline.run(once=args.once)
+        except Exception as exc:
+            if lease.lost:
+                raise LeaseLost(lease.lost_reason or "") from exc
+            raise
+        if lease.lost:
+            raise LeaseLost(lease.lost_reason or "")
     totals = summary.totals()
     print(
         f"{totals['batches']} batches: {totals['records']} records, {totals['events']} events, "
@@ -225,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "run",
         help="run the streaming pipeline of a YAML configuration",
-        description="Run the pipeline described by CONFIG (see docs/configuration.md).",
+        description="Run the pipeline described by CONFIG (see docs/configuration.md). "
+        "One run per pipeline_id and warehouse: while another run holds the pipeline's "
+        "lease, this one exits at once with code 75.",
     )
     p.add_argument("config", metavar="CONFIG.yaml")
     p.add_argument(
@@ -350,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except LeaseHeld as exc:  # and LeaseLost
+        print(f"cdcflow: {exc}", file=sys.stderr)
+        return EXIT_PIPELINE_RUNNING
     except ConfigError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ __all__ = [
     "CdcflowError",
     "ConfigError",
     "DecodeError",
+    "LeaseHeld",
+    "LeaseLost",
     "SourceError",
     "Code",
 ]
@@ -42,6 +44,8 @@ class Code:
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
     MISSING_SEQ = "MISSING_SEQ"  # a history (SCD type 2) table needs a source sequence
+    PIPELINE_RUNNING = "PIPELINE_RUNNING"  # another run of the pipeline holds its lease
+    LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
 
 
 class CdcflowError(Exception):
@@ -86,3 +90,17 @@ class ApplyError(CdcflowError):
     """A change cannot be applied to its Delta table."""
 
     code = "APPLY_ERROR"
+
+
+class LeaseHeld(CdcflowError):
+    """Another run of the same pipeline holds its lease on the warehouse (one-line message
+    naming the holder: host, pid, since when, and what to do)."""
+
+    code = Code.PIPELINE_RUNNING
+
+
+class LeaseLost(LeaseHeld):
+    """The lease of a running pipeline was taken over (or could not be renewed within its
+    TTL); the run must stop writing."""
+
+    code = Code.LEASE_LOST
