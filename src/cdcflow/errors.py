@@ -40,6 +40,7 @@ class Code:
     DATA_LOSS = "DATA_LOSS"  # Kafka records were deleted before they were read
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
+    TOO_MANY_COLUMNS = "TOO_MANY_COLUMNS"  # an image or table declaration over max_columns
     UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change

@@ -396,12 +396,8 @@ class AutoDecoder(Decoder):
     options: AutoOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
-        if options is not None and not isinstance(options, AutoOptions):
-            options = AutoOptions(
-                primary_keys=options.primary_keys,
-                max_record_bytes=options.max_record_bytes,
-                keyless=options.keyless,
-            )
+        if options is not None:
+            options = AutoOptions.from_options(options)
         super().__init__(options)
         opts = self.options
         self._formats = opts.formats

@@ -28,6 +28,7 @@ from cdcflow.errors import Code, DecodeError
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
 
 __all__ = [
+    "DEFAULT_MAX_COLUMNS",
     "FULL_ROW",
     "KEYLESS_MODES",
     "ROW_IDENTITY",
@@ -123,11 +124,27 @@ ROW_IDENTITY = "row_identity"
 FULL_ROW = "full_row"
 
 
+#: ``DecoderOptions.max_columns`` default: MySQL's 4,096 columns per table, the highest
+#: hard limit of the usual source databases (docs/decisions.md, decision 23).
+DEFAULT_MAX_COLUMNS = 4096
+
+
 def _check_keyless(value: Any) -> None:
     from cdcflow.errors import ConfigError
 
     if value not in KEYLESS_MODES:
         raise ConfigError(f"keyless must be one of {list(KEYLESS_MODES)}, not {value!r}")
+
+
+def _check_max_columns(value: Any) -> None:
+    from cdcflow.errors import ConfigError
+
+    if value.__class__ is not int or value < 1:
+        raise ConfigError(
+            f"max_columns must be a positive integer (columns per row image and per table "
+            f"declaration; YAML: sources[].options.max_columns, default "
+            f"{DEFAULT_MAX_COLUMNS}), not {value!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,12 @@ class DecoderOptions:
             message cannot exhaust an executor's memory. Default 16 MiB (Kafka's
             default ``max.message.bytes`` is 1 MiB); raise it for larger messages
             (YAML: ``sources[].options.max_record_bytes``).
+        max_columns: the most columns an event may carry in its before image, its after
+            image and its declared column types (each counted alone); a record with an
+            event over it becomes a ``TOO_MANY_COLUMNS`` dead letter, so one hostile or
+            broken record cannot create a table of 100,000 columns. Default 4,096
+            (MySQL's limit, the highest of the usual sources); YAML:
+            ``sources[].options.max_columns``.
         keyless: what a row change of a table without key columns becomes -- no key in
             the message, none in ``primary_keys``, no row id that the format adds.
             ``"dead_letter"`` (default): a ``MISSING_KEY`` dead letter. ``"full_row"``: the
@@ -154,6 +177,7 @@ class DecoderOptions:
 
     primary_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     max_record_bytes: int = 16 * 1024 * 1024
+    max_columns: int = DEFAULT_MAX_COLUMNS
     keyless: str = "dead_letter"
 
     @classmethod
@@ -174,7 +198,17 @@ class DecoderOptions:
             }
         if "keyless" in values:
             _check_keyless(values["keyless"])
+        if "max_columns" in values:
+            _check_max_columns(values["max_columns"])
         return cls(**values)
+
+    @classmethod
+    def from_options(cls, options: DecoderOptions) -> DecoderOptions:
+        """``options`` as this class: the options every decoder takes (the fields of
+        :class:`DecoderOptions`) carried over, the format's own at their defaults."""
+        if isinstance(options, cls):
+            return options
+        return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(DecoderOptions)})
 
 
 def key_columns_for(
@@ -206,6 +240,7 @@ class Decoder(ABC):
     def __init__(self, options: DecoderOptions | None = None) -> None:
         self.options = options if options is not None else self.options_class()
         _check_keyless(self.options.keyless)
+        _check_max_columns(self.options.max_columns)
 
     @abstractmethod
     def decode(self, record: Record) -> list[ChangeEvent]:
@@ -248,14 +283,17 @@ class Decoder(ABC):
 
         A Kafka tombstone (``value is None``) is skipped with reason ``TOMBSTONE``; a
         value longer than ``options.max_record_bytes`` is dead-lettered as ``TOO_LARGE``
-        before it is decoded; a record that decodes to no events is skipped with
-        ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a dead letter
+        before it is decoded; a record with an event whose before image, after image or
+        declared column types hold more than ``options.max_columns`` columns is
+        dead-lettered as ``TOO_MANY_COLUMNS``; a record that decodes to no events is
+        skipped with ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a dead letter
         (``DecodeError`` keeps its code, anything else is ``BAD_FIELD`` with the exception
         text), so one bad record never stops the stream.
         """
         result = DecodeResult()
         events = result.events
         limit = self.options.max_record_bytes
+        max_columns = self.options.max_columns
         for record in records:
             result.records += 1
             if record.value is None:
@@ -289,11 +327,53 @@ class Decoder(ABC):
             if not decoded:
                 result.skipped.append(Skipped("NO_EVENTS", record.origin))
                 continue
-            result.decoded_records += 1
-            result.decoded_origins.append(record.origin)
-            events.extend(decoded)
+            for event in decoded:  # three len() per event: the limit costs nothing measurable
+                before, after, columns = event.before, event.after, event.columns
+                if (
+                    (after is not None and len(after) > max_columns)
+                    or (before is not None and len(before) > max_columns)
+                    or (columns is not None and len(columns) > max_columns)
+                ):
+                    message = self._too_many_columns(event)
+                    result.dead_letters.append(self._dead(record, Code.TOO_MANY_COLUMNS, message))
+                    break
+            else:
+                result.decoded_records += 1
+                result.decoded_origins.append(record.origin)
+                events.extend(decoded)
         result.events = self.combine(events)
         return result
+
+    def _too_many_columns(self, event: ChangeEvent) -> str:
+        parts = [("after image", event.after), ("before image", event.before)]
+        counts = [(len(image), f"its {name} has") for name, image in parts if image is not None]
+        if event.columns is not None:
+            counts.append((len(event.columns), "it declares"))
+        count, what = max(counts)
+        return self.too_many_columns(event.source, f"{event.op.value} event", what, count).message
+
+    def too_many_columns(
+        self, table: SourceTable, subject: str, what: str, count: int
+    ) -> DecodeError:
+        """The ``TOO_MANY_COLUMNS`` error for ``count`` columns over ``options.max_columns``.
+
+        :meth:`decode_batch` checks every decoded event; a format that learns a table
+        declaration before any event carries it (Qlik metadata) checks it with this
+        first, so that a declaration over the limit is never learned.
+
+        Args:
+            table: the table the columns belong to.
+            subject: what is refused, e.g. ``"insert event"``, ``"metadata message"``.
+            what: the verb phrase before the count, e.g. ``"its after image has"``.
+            count: the number of columns.
+        """
+        name = table.qualified_name or "(no table name)"
+        return DecodeError(
+            f"{subject} of {name!r}: {what} {count} columns, over the limit of "
+            f"{self.options.max_columns} columns; raise max_columns in the {self.identifier} "
+            "options (YAML: sources[].options.max_columns) to decode it",
+            Code.TOO_MANY_COLUMNS,
+        )
 
     def _dead(self, record: Record, code: str, message: str) -> DeadLetter:
         return DeadLetter(

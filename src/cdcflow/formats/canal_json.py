@@ -434,8 +434,8 @@ class CanalJsonDecoder(Decoder):
     options: CanalJsonOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
-        if options is not None and not isinstance(options, CanalJsonOptions):
-            options = CanalJsonOptions(primary_keys=options.primary_keys)
+        if options is not None:
+            options = CanalJsonOptions.from_options(options)
         super().__init__(options)
         self._init_caches()
 

@@ -703,8 +703,8 @@ class DebeziumJsonDecoder(Decoder):
     options: DebeziumJsonOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
-        if options is not None and not isinstance(options, DebeziumJsonOptions):
-            options = DebeziumJsonOptions(primary_keys=options.primary_keys)
+        if options is not None:
+            options = DebeziumJsonOptions.from_options(options)
         super().__init__(options)
         self._setup()
 

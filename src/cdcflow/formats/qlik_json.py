@@ -638,6 +638,11 @@ class QlikJsonDecoder(Decoder):
 
     def _metadata(self, record: Record, message: dict[str, Any]) -> ChangeEvent:
         meta = _normalize_metadata(message)
+        count = len(meta["tableStructure"]["tableColumns"])
+        if count > self.options.max_columns:  # refused before it is learned (base.py)
+            lin = meta["lineage"]
+            table = SourceTable(IDENTIFIER, "", lin["schema"], lin["table"])
+            raise self.too_many_columns(table, "metadata message", "it declares", count)
         table = self._learn(meta)
         return ChangeEvent(
             op=Op.DDL,
@@ -699,6 +704,13 @@ class QlikJsonDecoder(Decoder):
             before_img = (
                 None if before is None else _untyped_image(before, column_mask, "beforeData")
             )
+            # before the key is looked for: the data of a table whose metadata message was
+            # refused as too wide is refused for its width, not for its unknown key
+            limit = self.options.max_columns
+            for name, img in (("data", after_img), ("beforeData", before_img)):
+                if img is not None and len(img) > limit:
+                    subject = f"{op.value} data message"
+                    raise self.too_many_columns(source, subject, f"its {name} has", len(img))
             meta: dict[str, Any] = {}
             changed = columns = None
         else:
