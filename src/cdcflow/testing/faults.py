@@ -592,9 +592,9 @@ def _stage(warehouse: Any, batch_id: int | None) -> str:
     """How far the apply of ``batch_id`` got (see :class:`Kill`)."""
     if batch_id is None:
         return "idle"
-    if warehouse.committed(warehouse.system_path("progress"), batch_id):
-        return "checkpoint"  # progress is the batch's last Delta commit
-    for name in ("changelog", "dead_letters", "decoder_state", "batches"):
+    if warehouse.committed(warehouse.system_path("batches"), batch_id):
+        return "checkpoint"  # the accounting is the apply's last Delta commit
+    for name in ("offsets", "changelog", "dead_letters", "decoder_state", "progress"):
         if warehouse.committed(warehouse.system_path(name), batch_id):
             return "apply"
     for target in warehouse.mirrors():
