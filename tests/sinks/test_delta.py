@@ -217,7 +217,7 @@ def test_progress_follows_the_source_and_heartbeats_advance_it(tmp_path):
     wh, ap = _wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
     beat = ChangeEvent(
-        op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=9_999, origin=Origin("t", 0, 50)
+        op=Op.HEARTBEAT, source=SourceTable("test"), ts_ms=9_999, origin=Origin("t", 9, 50)
     )
     ap.apply(table_of(beat), 1)
     rows = sorted(wh.read("progress", system=True).to_pylist(), key=lambda r: r["batch_id"])
