@@ -45,6 +45,7 @@ class Code:
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
     MISSING_SEQ = "MISSING_SEQ"  # a history (SCD type 2) table needs a source sequence
+    INCOMPLETE_APPLY = "INCOMPLETE_APPLY"  # a micro-batch holds part of an interrupted apply
     PIPELINE_RUNNING = "PIPELINE_RUNNING"  # another run of the pipeline holds its lease
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
 

@@ -104,6 +104,20 @@ def _accounting(wh, produced):
     return batches
 
 
+def _changelog_once(wh):
+    """No event (partition, offset, index) is in the changelog twice."""
+    changelog = wh.read("changelog", system=True)
+    coords = list(
+        zip(
+            changelog["partition"].to_pylist(),
+            changelog["offset"].to_pylist(),
+            changelog["event_index"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
+
+
 @pytest.mark.parametrize("fmt", format_names())
 def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt)
@@ -129,16 +143,7 @@ def test_restart_from_checkpoint_has_no_duplicate_and_no_loss(spark, broker, tmp
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
     _accounting(wh, s.produced)
-    changelog = wh.read("changelog", system=True)
-    coords = list(
-        zip(
-            changelog["partition"].to_pylist(),
-            changelog["offset"].to_pylist(),
-            changelog["event_index"].to_pylist(),
-            strict=True,
-        )
-    )
-    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
+    _changelog_once(wh)
 
 
 class Crash(RuntimeError):
@@ -271,19 +276,6 @@ def test_every_decode_path_gives_the_same_tables(spark, broker, tmp_path, engine
     _accounting(wh, s.produced)
     staged = tmp_path / "ck" / fmt / "staging"
     assert not staged.exists() or not any(staged.iterdir()), "staged files are removed after commit"
-
-
-def _changelog_once(wh):
-    changelog = wh.read("changelog", system=True)
-    coords = list(
-        zip(
-            changelog["partition"].to_pylist(),
-            changelog["offset"].to_pylist(),
-            changelog["event_index"].to_pylist(),
-            strict=True,
-        )
-    )
-    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
 
 
 def test_a_deleted_checkpoint_loses_and_duplicates_nothing(spark, broker, tmp_path):

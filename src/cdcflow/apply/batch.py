@@ -216,6 +216,8 @@ class BatchApplier:
         """
         ledger = self.ledger
         reports: list[BatchReport] = []
+        applied_rows = 0
+        ranges = offset_ranges(events)
         pending = ledger.pending()
         if pending is not None:
             part = pending.select(events)
@@ -223,14 +225,18 @@ class BatchApplier:
                 if not pending.covered_by(part):
                     raise IncompleteApply(pending)
                 reports.append(self._apply(part, pending.apply_id, delivery_id, pending.ranges))
-        fresh = ledger.unapplied(events)
+                applied_rows += part.num_rows
+        fresh = ledger.unapplied(events, ranges)
         if fresh.num_rows:
-            ranges = offset_ranges(fresh)
+            if fresh is not events:
+                ranges = offset_ranges(fresh)
             apply_id = ledger.completed_id() + 1
             ledger.begin(apply_id, ranges, delivery_id)
             reports.append(self._apply(fresh, apply_id, delivery_id, ranges))
+            applied_rows += fresh.num_rows
         report = _combined(reports, delivery_id, ledger.completed_id())
-        report.replayed = len(_records_of(events)) - report.records
+        if applied_rows < events.num_rows:  # some records were applied before
+            report.replayed = _records_of(events).num_rows - report.records
         return report
 
     def _apply(

@@ -32,16 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
-from cdcflow.errors import ApplyError
+from cdcflow.errors import ApplyError, Code
 from cdcflow.sinks.delta import OFFSETS_SCHEMA, DeltaWarehouse
 
 __all__ = ["IncompleteApply", "OffsetLedger", "PendingApply", "TopicPartition", "offset_ranges"]
 
 #: ``(topic, partition)``
 TopicPartition = tuple[str, int]
-
-#: code of the error raised when a delivery cannot finish the pending apply
-INCOMPLETE_APPLY = "INCOMPLETE_APPLY"
 
 
 def offset_ranges(events: pa.Table) -> dict[TopicPartition, tuple[int, int]]:
@@ -70,14 +67,15 @@ def _in_ranges(
     events: pa.Table, ranges: dict[TopicPartition, tuple[int, int]], below_only: bool = False
 ) -> pa.ChunkedArray:
     """Mask of the rows inside ``ranges`` (``below_only``: at or below each range's end)."""
-    mask = pa.chunked_array([pa.array([False] * events.num_rows, pa.bool_())])
+    mask = None
     for (topic, partition), (first, last) in ranges.items():
         here = pc.and_(pc.equal(events["topic"], topic), pc.equal(events["partition"], partition))
         within = pc.less_equal(events["offset"], last)
         if not below_only:
             within = pc.and_(within, pc.greater_equal(events["offset"], first))
-        mask = pc.or_(mask, pc.and_(here, within))
-    return mask
+        inside = pc.and_(here, within)
+        mask = inside if mask is None else pc.or_(mask, inside)
+    return mask if mask is not None else pc.is_null(events["offset"])  # none: all false
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +180,24 @@ class OffsetLedger:
         }
         return PendingApply(int(intent), ranges) if ranges else None
 
-    def unapplied(self, events: pa.Table) -> pa.Table:
-        """The rows of records not applied yet (at or above their partition's next offset)."""
+    def unapplied(
+        self, events: pa.Table, ranges: dict[TopicPartition, tuple[int, int]] | None = None
+    ) -> pa.Table:
+        """The rows of records not applied yet (at or above their partition's next offset).
+
+        Args:
+            events: EVENT_SCHEMA rows.
+            ranges: :func:`offset_ranges` of ``events``, when the caller has them.
+
+        Returns:
+            ``events`` itself when no record of it was applied (the usual case, no scan).
+        """
         if events.num_rows == 0:
             return events
-        tps = list(offset_ranges(events))
-        applied = {tp: (0, n - 1) for tp, n in self.next_offsets(tps).items()}
+        ranges = offset_ranges(events) if ranges is None else ranges
+        applied = {
+            tp: (0, n - 1) for tp, n in self.next_offsets(ranges).items() if n > ranges[tp][0]
+        }
         if not applied:
             return events
         return events.filter(pc.invert(_in_ranges(events, applied, below_only=True)))
@@ -240,6 +250,6 @@ class IncompleteApply(ApplyError):
             f"apply {pending.apply_id} was interrupted and this micro-batch holds only part of "
             f"its records ({pending.describe()}); restart the pipeline: it finishes the "
             "interrupted apply from Kafka before reading on",
-            INCOMPLETE_APPLY,
+            Code.INCOMPLETE_APPLY,
         )
         self.pending = pending
