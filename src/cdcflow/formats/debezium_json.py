@@ -107,7 +107,6 @@ UNDECLARED_MODES = (UNDECLARED_DEAD_LETTER, UNDECLARED_KEEP)
 # The fields of every Debezium change event value schema (``Envelope``): the row schema
 # twice, the connector's source block and the op code (ts_ms and transaction may follow).
 ENVELOPE_FIELDS = ("before", "after", "source", "op")
-_ENVELOPE_FIELD_SET = frozenset(ENVELOPE_FIELDS)
 
 # Record headers Debezium adds when an update changes the primary key (it then emits
 # a delete under the old key and a create under the new one).
@@ -720,10 +719,32 @@ def _envelope_row(schema: dict[str, Any]) -> dict[str, Any]:
         DecodeError: ``BAD_FIELD`` when ``schema`` is not such a struct.
     """
     fields = schema.get("fields")
-    structs = [f for f in fields if f.__class__ is dict] if fields.__class__ is list else []
-    names = [f.get("field") for f in structs]
-    if schema.get("type") == "struct" and _ENVELOPE_FIELD_SET.issubset(names):
-        return structs[names.index("after")]
+    if fields.__class__ is list and schema.get("type") == "struct":
+        # one pass, no allocation: this runs for every record with a schema
+        row = None
+        seen = 0
+        for f in fields:
+            if f.__class__ is dict:
+                name = f.get("field")
+                if name == "after":
+                    row = f
+                    seen |= 1
+                elif name == "before":
+                    seen |= 2
+                elif name == "source":
+                    seen |= 4
+                elif name == "op":
+                    seen |= 8
+        if seen == 15:
+            return row  # type: ignore[return-value]
+    raise _not_an_envelope(schema)
+
+
+def _not_an_envelope(schema: dict[str, Any]) -> DecodeError:
+    fields = schema.get("fields")
+    names = (
+        [f.get("field") for f in fields if f.__class__ is dict] if fields.__class__ is list else []
+    )
     if schema.get("type") != "struct":
         shape = f"its type is {schema.get('type')!r}"
     elif not names:
@@ -732,7 +753,7 @@ def _envelope_row(schema: dict[str, Any]) -> dict[str, Any]:
         shown = ", ".join(str(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
         missing = ", ".join(f for f in ENVELOPE_FIELDS if f not in names)
         shape = f"its fields are {shown} (no {missing})"
-    raise DecodeError(
+    return DecodeError(
         f"the value schema is not a Debezium change event Envelope (a struct with the "
         f"fields before, after, source and op): {shape}. A schema that describes the row "
         "itself comes from the ExtractNewRecordState transform, which debezium-json does "
