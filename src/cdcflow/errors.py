@@ -41,6 +41,7 @@ class Code:
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
     TOO_MANY_COLUMNS = "TOO_MANY_COLUMNS"  # an image or table declaration over max_columns
+    UNDECLARED_COLUMN = "UNDECLARED_COLUMN"  # a row image column its message's schema lacks
     UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change

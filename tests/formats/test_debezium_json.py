@@ -155,12 +155,18 @@ def test_decimal_precision_default_is_an_option():
 
 def test_decimal_as_json_number_is_exact():
     # decimal.format=NUMERIC: a float64 would lose the last digits of both values.
-    raw = (
-        b'{"schema": {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": ['
-        b'{"type": "int32", "field": "id"},'
+    row = (
+        b'"fields": [{"type": "int32", "field": "id"},'
         b'{"type": "bytes", "field": "d", "name": "org.apache.kafka.connect.data.Decimal",'
         b' "parameters": {"scale": "3", "connect.decimal.precision": "40"}},'
-        b'{"type": "double", "field": "f"}]}]},'
+        b'{"type": "double", "field": "f"}]'
+    )
+    raw = (
+        b'{"schema": {"type": "struct", "fields": ['
+        b'{"type": "struct", "field": "before", ' + row + b"},"
+        b'{"type": "struct", "field": "after", ' + row + b"},"
+        b'{"type": "struct", "field": "source", "fields": []},'
+        b'{"type": "string", "field": "op"}]},'
         b' "payload": {"op": "c", "before": null, "after": {"id": 1,'
         b' "d": 123456789876543212345678987654321.110, "f": 0.1},'
         b' "source": {"connector": "mysql", "db": "x", "table": "t", "file": "b.000001", "pos": 4, "row": 0}}}'
@@ -937,3 +943,178 @@ def test_any_field_value_decodes_or_dead_letters_and_both_paths_agree(base, data
     if isinstance(got, list):
         for event in got:
             dumps(event_to_json_dict(event))  # JSON-able, as the golden form needs
+
+
+# --------------------------------------------------------------------------- the schema part
+# Real messages: the seed document's create and update (corrected as SOURCES.md says) and
+# the Debezium MySQL documentation's update and delete, each altered in one place.
+
+
+def _case_values(name: str) -> list[dict]:
+    return [json.loads(line) for line in (CASES / f"{name}.input.jsonl").read_text().splitlines()]
+
+
+def _case_keys(name: str) -> list[bytes | None]:
+    path = CASES / f"{name}.keys.jsonl"
+    if not path.exists():
+        return []
+    return [None if k == "null" else k.encode() for k in path.read_text().splitlines()]
+
+
+_SEED_OPTIONS = {"primary_keys": {"public.customers": ("id",)}}
+
+
+def _batch(values: list, keys: list | None = None, **options) -> list:
+    """decode_batch of ``values`` (objects or bytes) with offsets 0, 1, ..."""
+    keys = keys or [None] * len(values)
+    records = [
+        Record(value=v if isinstance(v, bytes) else _dumps(v), key=k, origin=Origin("t", 0, i))
+        for i, (v, k) in enumerate(zip(values, keys, strict=True))
+    ]
+    return DebeziumJsonDecoder(DebeziumJsonOptions(**options)).decode_batch(records)
+
+
+def test_a_row_column_the_schema_does_not_declare_is_a_dead_letter():
+    (create,) = _case_values("seed-3-create-corrected")
+    altered = json.loads(json.dumps(create))
+    altered["payload"]["after"]["nickname"] = "annie"
+    result = _batch([create, altered, create], **_SEED_OPTIONS)
+    assert [e.after["id"] for e in result.events] == [1, 1]
+    (dead,) = result.dead_letters
+    assert dead.code == Code.UNDECLARED_COLUMN and dead.origin == Origin("t", 0, 1)
+    assert dead.value == _dumps(altered)
+    assert "'nickname' of the after image" in dead.message
+    assert "undeclared_columns: keep" in dead.message
+    assert "sources[].options.undeclared_columns" in dead.message
+
+
+def test_an_undeclared_null_column_and_one_in_the_before_image_are_dead_letters_too():
+    (update,) = _case_values("seed-4-update-corrected")
+    null_after = json.loads(json.dumps(update))
+    null_after["payload"]["after"]["nickname"] = None
+    in_before = json.loads(json.dumps(update))
+    in_before["payload"]["before"]["nickname"] = "annie"
+    result = _batch([null_after, in_before, update], **_SEED_OPTIONS)
+    assert [(d.code, d.origin.offset) for d in result.dead_letters] == [
+        (Code.UNDECLARED_COLUMN, 0),
+        (Code.UNDECLARED_COLUMN, 1),
+    ]
+    assert "of the before image" in result.dead_letters[1].message
+    assert [e.op for e in result.events] == [Op.UPDATE]
+
+
+def test_undeclared_columns_keep_infers_their_type_as_before():
+    (create,) = _case_values("seed-3-create-corrected")
+    create["payload"]["after"].update({"nickname": "annie", "visits": 3, "gone": None})
+    event = decode_one(create, undeclared_columns="keep", **_SEED_OPTIONS)
+    assert event.after["nickname"] == "annie" and event.after["visits"] == 3
+    assert event.after["gone"] is None
+    assert event.columns == {
+        "id": "int32",
+        "first_name": "string",
+        "last_name": "string",
+        "email": "string",
+        "nickname": "string",
+        "visits": "int64",
+    }
+
+
+def test_undeclared_columns_is_checked_at_configuration():
+    with pytest.raises(ConfigError, match=r"undeclared_columns must be one of \['dead_letter'"):
+        decoder_for("debezium-json", {"undeclared_columns": "drop"})
+    assert decoder_for("debezium-json").options.undeclared_columns == "dead_letter"
+
+
+def test_the_documentation_update_and_delete_with_their_schema_decode_unchanged():
+    """Every column of a real Debezium message is declared: nothing is refused."""
+    name = "docs-mysql-changes"
+    result = _batch(_case_values(name), _case_keys(name))
+    assert result.dead_letters == []
+    assert [e.op for e in result.events] == [Op.UPDATE, Op.DELETE, Op.TRUNCATE]
+
+
+def _row_schema(create: dict) -> dict:
+    return next(f for f in create["schema"]["fields"] if f["field"] == "after")
+
+
+@pytest.mark.parametrize(
+    ("make_schema", "shape"),
+    [
+        (lambda c: {}, "its type is None"),
+        (lambda c: {"type": "string"}, "its type is 'string'"),
+        (lambda c: {"type": "struct", "fields": []}, "it declares no fields"),
+        # ExtractNewRecordState: the schema describes the row itself
+        (
+            lambda c: {k: v for k, v in _row_schema(c).items() if k != "field"},
+            "its fields are id, first_name, last_name, email (no before, after, source, op)",
+        ),
+        # an Envelope without its source field
+        (
+            lambda c: {
+                **c["schema"],
+                "fields": [f for f in c["schema"]["fields"] if f["field"] != "source"],
+            },
+            "(no source)",
+        ),
+    ],
+    ids=["empty", "not-a-struct", "no-fields", "row-schema", "no-source"],
+)
+def test_a_schema_that_is_not_an_envelope_is_a_dead_letter(make_schema, shape):
+    (create,) = _case_values("seed-3-create-corrected")
+    altered = {"schema": make_schema(create), "payload": create["payload"]}
+    result = _batch([altered, create], **_SEED_OPTIONS)
+    (dead,) = result.dead_letters
+    assert dead.code == Code.BAD_FIELD and dead.origin == Origin("t", 0, 0)
+    assert "not a Debezium change event Envelope" in dead.message and shape in dead.message
+    assert "ExtractNewRecordState" in dead.message
+    assert len(result.events) == 1  # the real message beside it decodes
+
+
+def test_a_truncate_whose_schema_is_not_an_envelope_is_a_dead_letter():
+    (truncate,) = _case_values("seed-5-truncate-corrected")
+    altered = {"schema": {"type": "struct", "fields": []}, "payload": truncate["payload"]}
+    result = _batch([truncate, altered])
+    assert [e.op for e in result.events] == [Op.TRUNCATE]
+    assert [(d.code, d.origin.offset) for d in result.dead_letters] == [(Code.BAD_FIELD, 1)]
+
+
+def test_records_that_are_not_change_events_keep_their_own_schemas():
+    """Heartbeats, transaction metadata, schema changes and logical messages carry schemas
+    of their own (``Heartbeat``, ``TransactionMetadataValue``, ``SchemaChangeValue``,
+    ``MessageValue``): they are not Envelopes and decode as before."""
+
+    def struct(name, *names):
+        return {"type": "struct", "name": name, "fields": [{"field": n} for n in names]}
+
+    (message,) = _case_values("seed-7-message-nontransactional-corrected")
+    message["schema"] = struct(
+        "io.debezium.connector.postgresql.MessageValue", "op", "ts_ms", "source", "message"
+    )
+    values = [
+        {
+            "schema": struct("io.debezium.connector.common.Heartbeat", "ts_ms"),
+            "payload": {"ts_ms": 1700000000000},
+        },
+        {
+            "schema": struct(
+                "io.debezium.connector.common.TransactionMetadataValue", "status", "id"
+            ),
+            "payload": {"status": "BEGIN", "id": "571", "ts_ms": 1},
+        },
+        *_case_values("docs-mysql-schema-change"),  # "schema": {} as the docs print it
+        message,
+    ]
+    result = _batch(values)
+    assert result.dead_letters == []
+    assert [e.op for e in result.events] == [Op.HEARTBEAT, Op.BEGIN, Op.DDL, Op.MESSAGE]
+
+
+def test_an_unwrapped_record_is_still_missing_its_op():
+    """ExtractNewRecordState output (the row as the value) stays unsupported, as before."""
+    (create,) = _case_values("seed-3-create-corrected")
+    unwrapped = {
+        "schema": {k: v for k, v in _row_schema(create).items() if k != "field"},
+        "payload": create["payload"]["after"],
+    }
+    result = _batch([unwrapped])
+    assert [d.code for d in result.dead_letters] == [Code.MISSING_FIELD]

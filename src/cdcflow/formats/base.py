@@ -286,9 +286,9 @@ class Decoder(ABC):
         before it is decoded; a record with an event whose before image, after image or
         declared column types hold more than ``options.max_columns`` columns is
         dead-lettered as ``TOO_MANY_COLUMNS``; a record that decodes to no events is
-        skipped with ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a dead letter
-        (``DecodeError`` keeps its code, anything else is ``BAD_FIELD`` with the exception
-        text), so one bad record never stops the stream.
+        skipped with ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a
+        dead letter (``DecodeError`` keeps its code, anything else is ``BAD_FIELD`` with
+        the exception text), so one bad record never stops the stream.
         """
         result = DecodeResult()
         events = result.events

@@ -99,6 +99,15 @@ _OP_CODES: dict[Op, str] = {v: k for k, v in _ROW_OPS.items()} | {Op.TRUNCATE: O
 STATUS_BEGIN = "BEGIN"  # transaction start
 STATUS_END = "END"  # transaction end, with event_count and data_collections
 
+# ``DebeziumJsonOptions.undeclared_columns``: a row image column the schema does not declare
+UNDECLARED_DEAD_LETTER = "dead_letter"  # the record is an UNDECLARED_COLUMN dead letter
+UNDECLARED_KEEP = "keep"  # the column is kept, its type inferred from its value
+UNDECLARED_MODES = (UNDECLARED_DEAD_LETTER, UNDECLARED_KEEP)
+
+# The fields of every Debezium change event value schema (``Envelope``): the row schema
+# twice, the connector's source block and the op code (ts_ms and transaction may follow).
+ENVELOPE_FIELDS = ("before", "after", "source", "op")
+
 # Record headers Debezium adds when an update changes the primary key (it then emits
 # a delete under the old key and a create under the new one).
 HEADER_OLDKEY = "__debezium.oldkey"  # on the create: the row's previous key
@@ -228,6 +237,13 @@ class DebeziumJsonOptions(DecoderOptions):
         unavailable_value_placeholder: Debezium's ``unavailable.value.placeholder``; a
             column holding it (text, its base64 or hex bytes, or a one-element array of
             it) was not captured (unchanged TOASTed value) and is left out of the image.
+        undeclared_columns: what a row image column that the message's schema does not
+            declare makes of its record (messages with a schema only).
+            ``"dead_letter"`` (default): an ``UNDECLARED_COLUMN`` dead letter -- Kafka
+            Connect's ``JsonConverter`` writes exactly the fields of the schema, so such a
+            message was altered or made by another producer. ``"keep"``: the column is
+            kept with a type inferred from its value, as without a schema
+            (docs/decisions.md, 24).
     """
 
     schema_include: bool | None = None
@@ -235,8 +251,14 @@ class DebeziumJsonOptions(DecoderOptions):
     variable_scale_decimal_type: str = "decimal(38,18)"
     float_as_decimal: bool = False
     unavailable_value_placeholder: str = "__debezium_unavailable_value"
+    undeclared_columns: str = UNDECLARED_DEAD_LETTER
 
     def __post_init__(self) -> None:
+        if self.undeclared_columns not in UNDECLARED_MODES:
+            raise ConfigError(
+                f"undeclared_columns must be one of {list(UNDECLARED_MODES)} (YAML: "
+                f"sources[].options.undeclared_columns), not {self.undeclared_columns!r}"
+            )
         if self.schema_include not in (None, True, False):
             raise ConfigError("schema_include must be true, false or null (detect per message)")
         if not isinstance(self.decimal_precision, int) or self.decimal_precision < 1:
@@ -686,6 +708,72 @@ class _Struct:
         self.columns = {c: t for c, (t, _) in self.convs.items()}
 
 
+def _envelope_row(schema: dict[str, Any]) -> dict[str, Any]:
+    """The row struct schema (its ``after`` field) of a change event's value schema.
+
+    Debezium gives every change event of a table (c/u/d/r and t) the table's ``Envelope``
+    schema: a struct with the fields ``before`` and ``after`` (the row schema), ``source``
+    and ``op``. A schema of another shape does not describe the payload.
+
+    Raises:
+        DecodeError: ``BAD_FIELD`` when ``schema`` is not such a struct.
+    """
+    fields = schema.get("fields")
+    if fields.__class__ is list and schema.get("type") == "struct":
+        # one pass, no allocation: this runs for every record with a schema
+        row = None
+        seen = 0
+        for f in fields:
+            if f.__class__ is dict:
+                name = f.get("field")
+                if name == "after":
+                    row = f
+                    seen |= 1
+                elif name == "before":
+                    seen |= 2
+                elif name == "source":
+                    seen |= 4
+                elif name == "op":
+                    seen |= 8
+        if seen == 15:
+            return row  # type: ignore[return-value]
+    raise _not_an_envelope(schema)
+
+
+def _not_an_envelope(schema: dict[str, Any]) -> DecodeError:
+    fields = schema.get("fields")
+    names = (
+        [f.get("field") for f in fields if f.__class__ is dict] if fields.__class__ is list else []
+    )
+    if schema.get("type") != "struct":
+        shape = f"its type is {schema.get('type')!r}"
+    elif not names:
+        shape = "it declares no fields"
+    else:
+        shown = ", ".join(str(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+        missing = ", ".join(f for f in ENVELOPE_FIELDS if f not in names)
+        shape = f"its fields are {shown} (no {missing})"
+    return DecodeError(
+        f"the value schema is not a Debezium change event Envelope (a struct with the "
+        f"fields before, after, source and op): {shape}. A schema that describes the row "
+        "itself comes from the ExtractNewRecordState transform, which debezium-json does "
+        'not read: remove it from the connector, or publish "schema": null',
+        Code.BAD_FIELD,
+    )
+
+
+def _undeclared(column: str, which: str, struct: _Struct) -> DecodeError:
+    return DecodeError(
+        f"column {column!r} of the {which} image is not declared by the message's schema "
+        f"(its row struct declares {len(struct.columns)} columns); Kafka Connect's "
+        "JsonConverter writes exactly the fields of the schema, so the message was altered "
+        "or made by another producer. Fix the producer, or set undeclared_columns: keep in "
+        "the debezium-json options (YAML: sources[].options.undeclared_columns) to keep the "
+        "column with a type inferred from its value",
+        Code.UNDECLARED_COLUMN,
+    )
+
+
 # --------------------------------------------------------------------------- decoder
 
 _INT_TEXT = re.compile(r"(\d+)$")
@@ -713,6 +801,7 @@ class DebeziumJsonDecoder(Decoder):
         self._schema_include = o.schema_include
         self._always_exact = o.float_as_decimal
         self._fast_ok = o.schema_include is not True
+        self._keep_undeclared = o.undeclared_columns == UNDECLARED_KEEP
         ph = o.unavailable_value_placeholder
         ph_b64 = base64.b64encode(ph.encode()).decode()
         ph_hex = ph.encode().hex()
@@ -955,6 +1044,8 @@ class DebeziumJsonDecoder(Decoder):
             if row_op is not None:
                 return [self._row_event(row_op, payload, schema, record, exact)]
             if op == OP_TRUNCATE:
+                if schema is not None:
+                    _envelope_row(schema)  # a table's truncate carries its Envelope schema
                 return [self._truncate(payload, record, exact)]
             if op == OP_MESSAGE:
                 return [self._message(payload, record, exact)]
@@ -993,7 +1084,7 @@ class DebeziumJsonDecoder(Decoder):
             raise self._image_error("after", after)
 
         columns: dict[str, str] | None = None
-        struct = None if schema is None else self._value_struct(schema)
+        struct = None if schema is None else self._compile(_envelope_row(schema))
         if struct is None:
             if after is not None:
                 after, columns = self._infer(after, exact)
@@ -1004,9 +1095,9 @@ class DebeziumJsonDecoder(Decoder):
         else:
             columns = dict(struct.columns)
             if after is not None:
-                after = self._typed(struct, after, columns, exact)
+                after = self._typed(struct, after, columns, exact, "after")
             if before is not None:
-                before = self._typed(struct, before, columns, exact)
+                before = self._typed(struct, before, columns, exact, "before")
 
         ts_ms = source.get("ts_ms")
         if not ts_ms:  # missing, null or 0: the connector's processing time
@@ -1115,23 +1206,6 @@ class DebeziumJsonDecoder(Decoder):
             out[k] = v
         return out, columns
 
-    def _value_struct(self, schema: dict[str, Any]) -> _Struct | None:
-        """The compiled row struct of an Envelope schema (its ``after``/``before`` field)."""
-        fields = schema.get("fields")
-        if not fields:
-            return None
-        if fields.__class__ is not list:
-            raise _field_error("schema.fields", fields, "an array")
-        row = None
-        for f in fields:
-            if f.__class__ is dict and f.get("field") in ("after", "before"):
-                row = f
-                if f.get("field") == "after":
-                    break
-        if row is None:
-            return None
-        return self._compile(row)
-
     def _compile(self, struct_schema: dict[str, Any]) -> _Struct:
         try:
             cache_key = orjson.dumps(struct_schema, default=str)  # str: Decimal defaults
@@ -1148,23 +1222,37 @@ class DebeziumJsonDecoder(Decoder):
         return found
 
     def _typed(
-        self, struct: _Struct, image: dict[str, Any], columns: dict[str, str], exact: bool
+        self,
+        struct: _Struct,
+        image: dict[str, Any],
+        columns: dict[str, str],
+        exact: bool,
+        which: str,
     ) -> dict[str, Any]:
+        """The ``which`` (before/after) image typed by the row schema ``struct``.
+
+        Raises:
+            DecodeError: ``UNDECLARED_COLUMN`` for a column the schema does not declare
+                (unless ``undeclared_columns: keep``), ``BAD_VALUE`` for a value that does
+                not fit its declared type.
+        """
         convs = struct.convs
         out: dict[str, Any] = {}
         for k, v in image.items():
-            if v is None:
-                out[k] = None
-                continue
-            if self._unavailable(v):
-                continue
             conv = convs.get(k)
-            if conv is not None:
+            if conv is None:  # a column the schema does not declare
+                if not self._keep_undeclared:
+                    raise _undeclared(k, which, struct)
+                if v is None:
+                    out[k] = None
+                elif not self._unavailable(v):
+                    one, cols = self._infer({k: v}, exact)
+                    out[k] = one[k]
+                    columns.setdefault(k, cols.get(k, "string"))
+            elif v is None:
+                out[k] = None
+            elif not self._unavailable(v):
                 out[k] = conv[1](v, k, exact)
-            else:  # a column the schema does not declare: infer
-                one, cols = self._infer({k: v}, exact)
-                out[k] = one[k]
-                columns.setdefault(k, cols.get(k, "string"))
         return out
 
     # ------------------------------------------------------------------ metadata
