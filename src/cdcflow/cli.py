@@ -1,7 +1,10 @@
 """The ``cdcflow`` command: run, demo, decode, apply.
 
 Exit codes: 0 success; 1 the command ran but found a problem (dead letters in ``decode``,
-a table that does not match in ``demo``); 2 bad usage or configuration; 75 (``run`` only;
+a table that does not match in ``demo``); 2 bad usage or configuration; 74 (sysexits'
+``EX_IOERR``) the warehouse cannot be written: disk full, a read-only volume, a damaged
+``_cdcflow`` system table (``STORAGE_ERROR``; the unfinished micro-batch is applied again by
+the next run); 75 (``run`` only;
 sysexits' ``EX_TEMPFAIL``, "try again later") another run of the same pipeline holds the
 warehouse: refused at start (``PIPELINE_RUNNING``, before Spark starts), or this run's lease
 was taken over and it stopped (``LEASE_LOST``). The one line on stderr names the holder
@@ -17,9 +20,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdcflow.errors import CdcflowError, ConfigError, LeaseHeld
+from cdcflow.errors import CdcflowError, ConfigError, LeaseHeld, StorageError
 
-__all__ = ["EXIT_PIPELINE_RUNNING", "main"]
+__all__ = ["EXIT_PIPELINE_RUNNING", "EXIT_STORAGE_ERROR", "main"]
+
+#: the warehouse cannot be written (disk full, read-only, a damaged system table)
+EXIT_STORAGE_ERROR = 74
 
 #: ``cdcflow run``: another run of the pipeline holds (or took over) its lease
 EXIT_PIPELINE_RUNNING = 75
@@ -404,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
         return 2
+    except StorageError as exc:
+        print(f"cdcflow: {exc}", file=sys.stderr)
+        return EXIT_STORAGE_ERROR
     except CdcflowError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
         return 1

@@ -29,6 +29,7 @@ Example (every key with its default where it has one)::
         track_history: null        # history mode: columns that open a new version
     apply:
       tombstone_retention_hours: 168   # deleted keys remembered this long (0: forever)
+      table_budget_s: 600          # a table whose apply of one batch takes longer stops (0: off)
       transactions:                # transaction-consistent micro-batches (off by default)
         consistent: false
         max_wait_ms: 60000         # an open transaction is applied anyway after this
@@ -105,6 +106,8 @@ class ApplyConfig:
     consistent_transactions: bool = False
     transaction_max_wait_ms: int = 60_000
     transaction_max_events: int = 100_000
+    #: a table whose apply of one micro-batch takes longer is stopped after it; 0: no budget
+    table_budget_s: float = 600.0
 
     def transaction_policy(self) -> TransactionPolicy | None:
         """The policy for :class:`~cdcflow.apply.batch.BatchApplier` (``None``: off)."""
@@ -212,6 +215,7 @@ class _Transactions(_Strict):
 
 class _Apply(_Strict):
     tombstone_retention_hours: float = Field(default=168.0, ge=0)
+    table_budget_s: float = Field(default=600.0, ge=0)
     transactions: _Transactions = Field(default_factory=_Transactions)
 
 
@@ -326,6 +330,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
             consistent_transactions=model.apply.transactions.consistent,
             transaction_max_wait_ms=model.apply.transactions.max_wait_ms,
             transaction_max_events=model.apply.transactions.max_events,
+            table_budget_s=model.apply.table_budget_s,
         ),
     )
 

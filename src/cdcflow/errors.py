@@ -49,6 +49,8 @@ class Code:
     INCOMPLETE_APPLY = "INCOMPLETE_APPLY"  # a micro-batch holds part of an interrupted apply
     PIPELINE_RUNNING = "PIPELINE_RUNNING"  # another run of the pipeline holds its lease
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
+    TABLE_FAULT = "TABLE_FAULT"  # the target table could not be read or written; it stops
+    STORAGE_ERROR = "STORAGE_ERROR"  # the warehouse cannot be written (disk full); run stops
 
 
 class CdcflowError(Exception):
@@ -93,6 +95,28 @@ class ApplyError(CdcflowError):
     """A change cannot be applied to its Delta table."""
 
     code = "APPLY_ERROR"
+
+
+class StorageError(CdcflowError):
+    """A Delta table of the warehouse cannot be read or written: disk full, permission
+    denied, a damaged ``_delta_log``. One line naming the table, the path, the OS (or
+    Delta) error and the fix.
+
+    Attributes:
+        path: the table's folder or URI.
+        target: the mirror's name, or ``None`` for a ``_cdcflow`` system table.
+        kind: ``full`` | ``read_only`` | ``permission`` | ``damaged`` | ``other``.
+        cause: the first line of the underlying error.
+    """
+
+    code = Code.STORAGE_ERROR
+
+    def __init__(self, message: str, path: str, target: str | None, kind: str, cause: str) -> None:
+        super().__init__(message, Code.STORAGE_ERROR)
+        self.path = path
+        self.target = target
+        self.kind = kind
+        self.cause = cause
 
 
 class LeaseHeld(CdcflowError):

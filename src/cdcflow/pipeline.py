@@ -27,7 +27,7 @@ from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
 from cdcflow.apply.offsets import OffsetLedger, PendingApply
 from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
-from cdcflow.errors import ConfigError
+from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.sinks.delta import DeltaWarehouse
 
 __all__ = ["Pipeline", "RunSummary", "spark_event_schema"]
@@ -96,6 +96,8 @@ class Pipeline:
         self.spark = spark
         self.on_batch = on_batch
         self.summary = RunSummary()
+        #: source -> the cdcflow error that failed its query's micro-batch
+        self._failures: dict[str, CdcflowError] = {}
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id."""
@@ -173,6 +175,7 @@ class Pipeline:
             tables=self.config.tables,
             tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
             transactions=self.config.apply.transaction_policy(),
+            table_budget_s=self.config.apply.table_budget_s,
         )
         self._prepare(source, applier, options)
         staging = self._staging_path(source)
@@ -190,7 +193,11 @@ class Pipeline:
                 events = read_staged(manifest)
             else:
                 events = df.toArrow()
-            report = applier.apply(events, delivery_id=batch_id)
+            try:
+                report = applier.apply(events, delivery_id=batch_id)
+            except CdcflowError as exc:  # kept to be raised as itself, not as Spark's wrapper
+                self._failures.setdefault(source.name, exc)
+                raise
             if staging is not None:
                 del events
                 for path in manifest["staged_path"].to_pylist():
@@ -305,10 +312,18 @@ class Pipeline:
         log.info("new checkpoint: starting at the warehouse's offsets %s", start)
         return json.dumps(start)
 
+    def _raise_failure(self) -> None:
+        """Raise the cdcflow error that failed a query's micro-batch, if one did (instead
+        of Spark's ``StreamingQueryException`` wrapping its traceback)."""
+        for error in self._failures.values():
+            raise error
+
     def run(self, once: bool = False) -> RunSummary:
         """Start every source; with ``once``, drain what is there and return.
 
         Raises:
+            CdcflowError: a micro-batch's apply failed with one (e.g. ``StorageError``:
+                the warehouse cannot be written; ``LeaseLost``).
             pyspark StreamingQueryException: a query failed (its cause is logged); the
                 checkpoint keeps the last committed batch, so a restart resumes there.
         """
@@ -316,13 +331,21 @@ class Pipeline:
             # sources one after another: each drains, then the next starts
             for source in self.config.sources:
                 query = self._start(source, once=True)
-                query.awaitTermination()
+                try:
+                    query.awaitTermination()
+                except Exception:
+                    self._raise_failure()
+                    raise
                 if query.exception() is not None:
+                    self._raise_failure()
                     raise query.exception()
             return self.summary
         queries = [self._start(s, once=False) for s in self.config.sources]
         try:
             self.spark.streams.awaitAnyTermination()
+        except Exception:
+            self._raise_failure()
+            raise
         finally:
             for q in queries:
                 if q.isActive:

@@ -47,7 +47,7 @@ from cdcflow.apply.transactions import (
     save_pending,
     split_transactions,
 )
-from cdcflow.errors import ApplyError, Code
+from cdcflow.errors import ApplyError, Code, LeaseHeld
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
     BATCHES_SCHEMA,
@@ -61,10 +61,11 @@ from cdcflow.sinks.delta import (
     MirrorResult,
     arrow_schema,
 )
+from cdcflow.sinks.faults import GLOBAL_KINDS, storage_error
 from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
 from cdcflow.sinks.history import apply_history
 
-__all__ = ["BatchApplier", "BatchReport", "Router"]
+__all__ = ["BatchApplier", "BatchReport", "Router", "TableFault"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,17 @@ class SchemaStop(ApplyError):
 
     def __init__(self, message: str, first: dict[str, Any] | None = None) -> None:
         super().__init__(message, Code.SCHEMA_CHANGE)
+        self.first = first or {}
+
+
+class TableFault(ApplyError):
+    """A table's own Delta table failed (damaged log, permission denied, a failed apply):
+    the table stops (others go on); the message names the table, its path and the fix."""
+
+    code = Code.TABLE_FAULT
+
+    def __init__(self, message: str, first: dict[str, Any] | None = None) -> None:
+        super().__init__(message, Code.TABLE_FAULT)
         self.first = first or {}
 
 
@@ -171,6 +183,8 @@ class BatchApplier:
             hour of a running applier); ``0`` keeps them forever.
         transactions: apply only whole source transactions (see
             :mod:`cdcflow.apply.transactions`); ``None`` (default) applies every event at once.
+        table_budget_s: a table whose apply of one batch takes longer is stopped after it
+            (its changes of that batch are kept); ``0`` for no budget.
     """
 
     def __init__(
@@ -181,6 +195,7 @@ class BatchApplier:
         tables: Callable[[str], TableOptions] | None = None,
         tombstone_retention_hours: float = 168.0,
         transactions: TransactionPolicy | None = None,
+        table_budget_s: float = 600.0,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
@@ -188,6 +203,7 @@ class BatchApplier:
         self.tables = tables or (lambda _target: TableOptions())
         self.tombstone_retention_hours = tombstone_retention_hours
         self.transactions = transactions
+        self.table_budget_s = table_budget_s
         self.ledger = OffsetLedger(warehouse)
         self._last_purge: float | None = None
         self._schema_rows: list[dict[str, Any]] = []
@@ -292,7 +308,7 @@ class BatchApplier:
                         "(see _cdcflow/schema_changes; docs/semantics.md#schema-changes)",
                         Code.TABLE_STOPPED,
                     )
-                mirror = self._apply_mirror(target, part, batch_id, options)
+                mirror = self._apply_confined(target, part, batch_id, options)
                 report.mirrors.append(mirror)
                 if mirror.rejected:
                     rejected = self._rejected_dead_letters(part, target, mirror, batch_id)
@@ -300,7 +316,7 @@ class BatchApplier:
                     report.dead_letters.update(rejected["code"].to_pylist())
             except ApplyError as exc:
                 log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
-                if isinstance(exc, SchemaStop):
+                if isinstance(exc, SchemaStop | TableFault):
                     self._record_schema(
                         target,
                         batch_id,
@@ -394,6 +410,69 @@ class BatchApplier:
             yield target, rows.filter(pc.is_in(source, pa.array(by_target[target], pa.string())))
 
     # ------------------------------------------------------------------ pieces
+
+    def _apply_confined(
+        self, target: str, part: pa.Table, batch_id: int, options: TableOptions
+    ) -> MirrorResult:
+        """Apply one table's part, confining its storage faults and slowness to it.
+
+        A fault of the table's own Delta table (damaged log, permission denied, any other
+        failure of its apply before its commit) raises :class:`TableFault`: the table
+        stops, the rest of the batch goes on. A failure after the table committed the
+        batch is raised as is (its events are applied; the batch's replay skips it). A volume that refuses every write (disk full, read-only) and faults
+        of ``_cdcflow`` system tables stop the run instead (``StorageError``). An apply
+        that took longer than ``table_budget_s`` is kept, and the table stops after it.
+
+        Raises:
+            TableFault: the table's own Delta table failed; nothing of ``part`` applied
+                after the failing write.
+            StorageError: the fault is not the table's alone.
+            ApplyError: from the apply itself (schema stop, ...).
+        """
+        path = self.warehouse.table_path(target)
+        started = time.monotonic()
+        try:
+            mirror = self._apply_mirror(target, part, batch_id, options)
+        except (ApplyError, IncompleteApply, LeaseHeld):
+            raise
+        except Exception as exc:
+            self.warehouse.forget(path)
+            if self._has_committed(path, batch_id):
+                # the table holds this batch: the failure came after its commit, so its
+                # events are applied and cannot be dead letters; the batch fails and its
+                # replay skips the table
+                raise
+            fault = storage_error(exc, path, target)
+            if fault.kind in GLOBAL_KINDS or fault.target is None:
+                raise fault from exc
+            if fault.kind == "other":  # not a storage error we know: keep the traceback
+                log.error("table %s: apply failed", target, exc_info=exc)
+            raise TableFault(
+                f"{fault.message}; the table is stopped, other tables go on, and its events "
+                f"are dead letters until `cdcflow resume --warehouse {self.warehouse.root} "
+                f"{target}`",
+                _origin(part, 0),
+            ) from exc
+        took_s = time.monotonic() - started
+        if self.table_budget_s and took_s > self.table_budget_s:
+            message = (
+                f"the apply of batch {batch_id} took {took_s:.0f} s, over "
+                f"apply.table_budget_s = {self.table_budget_s:g} s; its changes are applied, "
+                "later ones are TABLE_STOPPED dead letters until `cdcflow resume "
+                f"--warehouse {self.warehouse.root} {target}`"
+            )
+            log.error("table %s: stopped: %s", target, message)
+            self._record_schema(
+                target, batch_id, "stop", options, _origin(part, 0), message=message
+            )
+        return mirror
+
+    def _has_committed(self, path: str, batch_id: int) -> bool:
+        """Whether the table at ``path`` holds apply ``batch_id`` (``False`` if unreadable)."""
+        try:
+            return self.warehouse.committed(path, batch_id)
+        except Exception:  # the fault itself may make the table unreadable
+            return False
 
     def _apply_mirror(
         self, target: str, part: pa.Table, batch_id: int, options: TableOptions

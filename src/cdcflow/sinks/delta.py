@@ -41,13 +41,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from cdcflow.apply.netchange import NetChange
 from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
 from cdcflow.errors import ApplyError, Code
 from cdcflow.model import dumps
+from cdcflow.sinks.faults import storage_error
 from cdcflow.types import arrow_type
 
 __all__ = [
@@ -274,17 +275,39 @@ class DeltaWarehouse:
     # ------------------------------------------------------------------ tables
 
     def open(self, path: str) -> DeltaTable | None:
-        """The Delta table at ``path`` (refreshed), or ``None`` if there is none."""
+        """The Delta table at ``path`` (refreshed), or ``None`` if there is none.
+
+        Raises:
+            StorageError: the table's log cannot be read (damaged, permission denied);
+                one line naming the path and the fix (:mod:`cdcflow.sinks.faults`).
+        """
         table = self._tables.get(path)
-        if table is not None:
-            table.update_incremental()
-            return table
         try:
+            if table is not None:
+                table.update_incremental()
+                return table
             table = DeltaTable(path, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
+        except (DeltaError, OSError) as exc:
+            self._tables.pop(path, None)
+            raise storage_error(exc, path, self._target_of(path)) from exc
         self._tables[path] = table
         return table
+
+    def forget(self, path: str) -> None:
+        """Drop the cached handle of the table at ``path`` (after a failed write)."""
+        self._tables.pop(path, None)
+
+    def _target_of(self, path: str) -> str | None:
+        """The mirror's folder name of ``path`` (also for its history log); ``None`` for
+        a system table shared by every mirror."""
+        system = f"{self.root}/{SYSTEM_FOLDER}/"
+        if path.startswith(system + "history_log/"):
+            return path.rsplit("/", 1)[-1]
+        if path.startswith(system):
+            return None
+        return path.rsplit("/", 1)[-1]
 
     def committed(self, path: str, batch_id: int) -> bool:
         """``True`` when batch ``batch_id`` was already committed to the table at ``path``."""
@@ -321,15 +344,19 @@ class DeltaWarehouse:
         """
         if data.num_rows == 0 or self.committed(path, batch_id):
             return False
-        self._add_missing_columns(self._tables.get(path), data.schema)  # refreshed just now
-        write_deltalake(
-            path,
-            data,
-            mode="append",
-            commit_properties=self.commit_properties(batch_id, extra=transactions),
-            storage_options=self.storage_options or None,
-        )
-        self._tables.pop(path, None)
+        try:
+            self._add_missing_columns(self._tables.get(path), data.schema)  # refreshed now
+            write_deltalake(
+                path,
+                data,
+                mode="append",
+                commit_properties=self.commit_properties(batch_id, extra=transactions),
+                storage_options=self.storage_options or None,
+            )
+        except (DeltaError, OSError) as exc:
+            raise storage_error(exc, path, self._target_of(path)) from exc
+        finally:
+            self._tables.pop(path, None)
         return True
 
     @staticmethod
@@ -906,15 +933,19 @@ class DeltaWarehouse:
             version = table.transaction_version(app)
             if version is not None and version >= batch_id:
                 return
-        self._add_missing_columns(table, data.schema)
-        write_deltalake(
-            path,
-            data,
-            mode="append",
-            commit_properties=self.commit_properties(batch_id, app_id=app),
-            storage_options=self.storage_options or None,
-        )
-        self._tables.pop(path, None)
+        try:
+            self._add_missing_columns(table, data.schema)
+            write_deltalake(
+                path,
+                data,
+                mode="append",
+                commit_properties=self.commit_properties(batch_id, app_id=app),
+                storage_options=self.storage_options or None,
+            )
+        except (DeltaError, OSError) as exc:
+            raise storage_error(exc, path) from exc
+        finally:
+            self._tables.pop(path, None)
 
     def purge_tombstones(self, retention_hours: float, now_ms: int | None = None) -> int:
         """Delete key tombstones committed more than ``retention_hours`` ago.

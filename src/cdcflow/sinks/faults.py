@@ -1,0 +1,117 @@
+"""What a failed Delta read or write means, and what the operator should do about it.
+
+delta-rs reports storage failures as ``DeltaError``/``OSError`` whose first line carries
+the OS error (``No space left on device (os error 28)``, ``Permission denied (os error
+13)``) or the log reader's complaint (``Kernel error: Json error: Truncated record``),
+followed by a Rust backtrace. :func:`storage_error` turns one into a
+:class:`~cdcflow.errors.StorageError`: one line naming the table, its path, the cause and
+the fix, and a ``kind`` that decides its reach (decision 25):
+
+- ``full``, ``read_only``: the volume refuses every write; the run stops (exit 74) and
+  the micro-batch is applied again on the next run (nothing was completed);
+- ``permission``, ``damaged``, ``other``: a fault of that one table; a mirror with such a
+  fault is stopped alone (:class:`~cdcflow.apply.batch.BatchApplier`), a ``_cdcflow``
+  system table stops the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from cdcflow.errors import StorageError
+
+__all__ = ["GLOBAL_KINDS", "storage_error"]
+
+#: kinds that no table can escape: the run stops instead of stopping tables one by one
+GLOBAL_KINDS = frozenset({"full", "read_only"})
+
+_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("full", re.compile(r"no space left on device|disk quota exceeded|os error (28|122)\b", re.I)),
+    ("read_only", re.compile(r"read-only file system|os error 30\b", re.I)),
+    (
+        "permission",
+        re.compile(
+            r"permission denied|os error 13\b|operation not permitted|accessdenied|forbidden",
+            re.I,
+        ),
+    ),
+    (
+        "damaged",
+        re.compile(
+            r"json error|invalid json|truncated|failed to read delta log|invalid table version"
+            r"|parquet magic|corrupt|unexpected end|eof while parsing",
+            re.I,
+        ),
+    ),
+)
+
+_FIXES = {
+    "full": "free space on the volume of {path} (or raise its quota), then run again: the "
+    "micro-batch was not completed and is applied again from its Kafka offsets",
+    "read_only": "make {path} writable, then run again: the micro-batch was not completed "
+    "and is applied again from its Kafka offsets",
+    "permission": "give the user running cdcflow read and write access to {path} and "
+    "everything under it",
+    "damaged": "its Delta log ({path}/_delta_log) is damaged: restore the table from a "
+    "backup, or remove a last commit file that a crash left incomplete",
+    "other": "see the log above for the full error",
+}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.removeprefix("Kernel error: ")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _accessible(path: str) -> bool:
+    """Whether this process (its effective user) may read and write ``path``."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, os.R_OK | os.W_OK | os.X_OK, effective_ids=effective)
+
+
+def _kind(exc: BaseException, cause: str, path: str) -> str:
+    if isinstance(exc, PermissionError):
+        return "permission"
+    errno = getattr(exc, "errno", None)
+    if errno in (28, 122):
+        return "full"
+    text = f"{cause}\n{exc}"
+    for kind, pattern in _KINDS:
+        if pattern.search(text):
+            return kind
+    if "://" not in path:
+        # delta-rs says only "Generic LocalFileSystem error" for an unreadable folder
+        try:
+            os.stat(path)
+        except PermissionError:
+            return "permission"
+        except OSError:
+            return "other"
+        if not _accessible(path):
+            return "permission"
+    return "other"
+
+
+def storage_error(exc: BaseException, path: str, target: str | None = None) -> StorageError:
+    """The :class:`~cdcflow.errors.StorageError` for ``exc`` raised reading or writing the
+    Delta table at ``path``.
+
+    Args:
+        exc: the error delta-rs (or the OS) raised; a ``StorageError`` is returned as is.
+        path: the table's folder or URI.
+        target: the mirror's name; ``None`` for a ``_cdcflow`` system table.
+
+    Returns:
+        A one-line error: ``table T (PATH): CAUSE. Fix: ...`` (``PATH: CAUSE. Fix: ...``
+        for a system table), with ``kind`` one of ``full``, ``read_only``,
+        ``permission``, ``damaged``, ``other``.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    cause = _first_line(exc)
+    kind = _kind(exc, cause, path)
+    where = f"table {target} ({path})" if target else path
+    message = f"{where}: {cause}. Fix: {_FIXES[kind].format(path=path)}"
+    return StorageError(message, path=path, target=target, kind=kind, cause=cause)
