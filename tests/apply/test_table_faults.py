@@ -246,6 +246,19 @@ def test_storage_errors_name_the_table_the_path_the_cause_and_the_fix(text, kind
     assert fix in err.message and "\n" not in err.message
 
 
+def test_the_causes_object_store_chains_are_folded_into_the_one_line():
+    text = (
+        "Generic LocalFileSystem error\n          \x1b[31m↳\x1b[0m Unable to copy data to file"
+        "\n           \x1b[31m↳\x1b[0m No space left on device (os error 28)\n\n"
+    )
+    err = storage_error(OSError(text), "/w/_cdcflow/leases/p")
+    assert err.kind == "full" and err.target is None
+    assert err.cause == (
+        "Generic LocalFileSystem error: Unable to copy data to file: "
+        "No space left on device (os error 28)"
+    )
+
+
 def test_an_unreadable_folder_without_an_os_error_is_named_a_permission_fault(tmp_path):
     folder = tmp_path / "t"
     folder.mkdir()

@@ -47,10 +47,10 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 _FIXES = {
-    "full": "free space on the volume of {path} (or raise its quota), then run again: the "
-    "micro-batch was not completed and is applied again from its Kafka offsets",
-    "read_only": "make {path} writable, then run again: the micro-batch was not completed "
-    "and is applied again from its Kafka offsets",
+    "full": "free space on the volume of {path} (or raise its quota), then run again; "
+    "nothing is lost: an unfinished micro-batch is applied again from its Kafka offsets",
+    "read_only": "make {path} writable, then run again; nothing is lost: an unfinished "
+    "micro-batch is applied again from its Kafka offsets",
     "permission": "give the user running cdcflow read and write access to {path} and "
     "everything under it",
     "damaged": "its Delta log ({path}/_delta_log) is damaged: restore the table from a "
@@ -59,9 +59,21 @@ _FIXES = {
 }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = text.removeprefix("Kernel error: ")
+    """The error's first line with its causes (object_store's ``↳`` lines) folded in;
+    the backtrace delta-rs appends is left out."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).strip().splitlines()]
+    if not lines or not lines[0]:
+        return type(exc).__name__
+    parts = [lines[0]]
+    for line in lines[1:]:
+        if not line.startswith("↳"):
+            break
+        parts.append(line.removeprefix("↳").strip())
+    text = ": ".join(parts).removeprefix("Kernel error: ")
     return text if len(text) <= 300 else text[:297] + "..."
 
 

@@ -50,6 +50,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from cdcflow.errors import LeaseHeld, LeaseLost
+from cdcflow.sinks.faults import storage_error
 
 __all__ = ["DEFAULT_TTL_S", "LeaseOwner", "LeaseState", "PipelineLease"]
 
@@ -374,8 +375,15 @@ class PipelineLease:
 
         Raises:
             LeaseHeld: ``PIPELINE_RUNNING``, one line naming the holder and what to do.
-            deltalake.exceptions.DeltaError: the store cannot be read or written.
+            StorageError: the store cannot be read or written (disk full, permissions):
+                one line naming the lease's path, the cause and the fix.
         """
+        try:
+            return self._acquire()
+        except (DeltaError, OSError) as exc:
+            raise storage_error(exc, self.path) from exc
+
+    def _acquire(self) -> PipelineLease:
         with self._lock:
             if self.held:
                 return self
