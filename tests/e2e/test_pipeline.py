@@ -7,125 +7,26 @@ source, then checks that every Kafka offset is accounted for exactly once.
 
 from __future__ import annotations
 
-import itertools
-import zlib
-
 import pytest
 from deltalake import DeltaTable
+from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
-from cdcflow.config import parse_config
-from cdcflow.formats import encoder_for, format_names
+from cdcflow.formats import format_names
 from cdcflow.formats.base import Message
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
-
-PARTITIONS = 2
-_topics = itertools.count()
-TEMPLATE = "{format}.{database}.{schema}.{table}"
-
-
-def _produce(broker, topic, messages):
-    by_partition: dict[int, list[Message]] = {}
-    for m in messages:
-        by_partition.setdefault(zlib.crc32(m.key or m.value or b"") % PARTITIONS, []).append(m)
-    for p, ms in sorted(by_partition.items()):
-        broker.produce(topic, ms, partition=p)
-    return sum(len(ms) for ms in by_partition.values())
-
-
-def _config(tmp_path, broker, fmt, topic, options=None, batch=100_000):
-    return parse_config(
-        {
-            "pipeline_id": "e2e",
-            "warehouse": str(tmp_path / "wh"),
-            "checkpoint": str(tmp_path / "ck"),
-            "trigger": "available_now",
-            "target_template": TEMPLATE,
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap_servers,
-                "max_offsets_per_trigger": batch,
-            },
-            "sources": [{"format": fmt, "topics": [topic], "options": options or {}}],
-        }
-    )
-
-
-class Scenario:
-    """A format, a topic and a workload over the demo tables."""
-
-    def __init__(self, broker, fmt, seed=11):
-        self.fmt = fmt
-        self.broker = broker
-        self.encoder = encoder_for(fmt)
-        own = getattr(self.encoder, "event_format", fmt) == fmt
-        self.workload = Workload(
-            tables_for(self.encoder.exact_types),
-            database="shop" if own else f"shop_via_{fmt}",
-            seed=seed,
-        )
-        self.topic = f"e2e.{fmt}.{next(_topics)}"
-        broker.create_topic(self.topic, partitions=PARTITIONS)
-        self.options: dict = {}
-        self.produced = 0
-
-    def produce(self, n_changes, extra=()):
-        changes = list(self.workload.changes(n_changes))
-        opts = self.encoder.decoder_options(changes) or {}
-        for k, v in opts.items():  # merge per-table keys across rounds
-            self.options[k] = {**self.options.get(k, {}), **v} if isinstance(v, dict) else v
-        messages = [m for c in changes for m in self.encoder.encode(c)] + list(extra)
-        self.produced += _produce(self.broker, self.topic, messages)
-
-    def check_mirrors(self, wh):
-        from cdcflow.demo import _target
-
-        for spec in self.workload.tables:
-            target = _target(self.fmt, self.workload, spec, self.options)
-            problems = compare_with_mirror(
-                self.workload.expected_rows(spec.name), wh.read(target), spec.key_columns
-            )
-            assert problems == [], f"{target}: {problems[:5]}"
-
-
-def _accounting(wh, produced):
-    batches = wh.read("batches", system=True).to_pylist()
-    assert sum(b["records"] for b in batches) == produced
-    seen = set()
-    for b in batches:
-        rng = range(b["first_offset"], b["last_offset"] + 1)
-        assert b["records"] == len(rng), "a batch's offsets must be contiguous"
-        for o in rng:
-            assert (b["topic"], b["partition"], o) not in seen, "an offset was applied twice"
-            seen.add((b["topic"], b["partition"], o))
-        assert b["records"] >= b["dead_letters"] + b["skipped"]
-    return batches
-
-
-def _changelog_once(wh):
-    """No event (partition, offset, index) is in the changelog twice."""
-    changelog = wh.read("changelog", system=True)
-    coords = list(
-        zip(
-            changelog["partition"].to_pylist(),
-            changelog["offset"].to_pylist(),
-            changelog["event_index"].to_pylist(),
-            strict=True,
-        )
-    )
-    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
 
 
 @pytest.mark.parametrize("fmt", format_names())
 def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt)
     s.produce(300)
-    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
+    Pipeline(pipeline_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
+    check_accounting(wh, s.produced)
 
 
 @pytest.mark.parametrize("fmt", ["debezium-json", "dataworks-json"])
@@ -133,17 +34,17 @@ def test_restart_from_checkpoint_has_no_duplicate_and_no_loss(spark, broker, tmp
     s = Scenario(broker, fmt, seed=5)
     s.produce(400)
     first = Pipeline(
-        _config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark
+        pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark
     ).run(once=True)
     assert first.totals()["batches"] >= 2  # several micro-batches, then stop
     s.produce(400)
-    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark).run(
-        once=True
-    )
+    Pipeline(
+        pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=150), spark=spark
+    ).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
-    _changelog_once(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
 
 
 class Crash(RuntimeError):
@@ -155,7 +56,7 @@ def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path,
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=3)
     s.produce(600)
-    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
 
     real = DeltaWarehouse.apply_mirror
     calls = {"n": 0}
@@ -177,7 +78,7 @@ def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path,
     assert replayed, "the restarted batch must find its earlier commits and skip them"
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
+    check_accounting(wh, s.produced)
     changelog = wh.read("changelog", system=True)
     coords = list(
         zip(
@@ -210,7 +111,7 @@ def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_
     ]
     s.produce(200, extra=bad)
     s.produce(100)  # the stream goes on after the bad records
-    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
+    Pipeline(pipeline_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
     dead = wh.read("dead_letters", system=True).to_pylist()
@@ -222,7 +123,7 @@ def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_
             d["topic"] == s.topic and d["offset"] >= 0 and d["message"] and d["stage"] == "decode"
         )
         assert d["raw_key"] == m.key
-    batches = _accounting(wh, s.produced)
+    batches = check_accounting(wh, s.produced)
     assert sum(b["dead_letters"] for b in batches) == 3
 
 
@@ -232,9 +133,9 @@ def test_tombstones_are_skipped_on_purpose_and_counted(spark, broker, tmp_path):
     s.produce(
         50, extra=[Message(value=None, key=b'{"id": 1}'), Message(value=None, key=b'{"id": 2}')]
     )
-    Pipeline(_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
+    Pipeline(pipeline_config(tmp_path, broker, fmt, s.topic, s.options), spark=spark).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
-    batches = _accounting(wh, s.produced)
+    batches = check_accounting(wh, s.produced)
     assert sum(b["skipped"] for b in batches) == 2
     assert DeltaTable(wh.system_path("changelog")).to_pyarrow_table().num_rows >= 50
 
@@ -246,7 +147,7 @@ def test_qlik_metadata_from_an_earlier_micro_batch_types_later_data(spark, broke
     s = Scenario(broker, fmt, seed=21)
     s.produce(120)
     summary = Pipeline(
-        _config(tmp_path, broker, fmt, s.topic, s.options, batch=10), spark=spark
+        pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=10), spark=spark
     ).run(once=True)
     assert summary.totals()["batches"] >= 5
     wh = DeltaWarehouse(str(tmp_path / "wh"))
@@ -254,7 +155,7 @@ def test_qlik_metadata_from_an_earlier_micro_batch_types_later_data(spark, broke
     assert state.num_rows >= len(s.workload.tables)  # one metadata item per table at least
     assert sorted(set(state["batch_id"].to_pylist()))[0] == 0
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
+    check_accounting(wh, s.produced)
     assert not (tmp_path / "wh" / "_cdcflow" / "dead_letters").exists()
 
 
@@ -269,11 +170,11 @@ def test_every_decode_path_gives_the_same_tables(spark, broker, tmp_path, engine
     fmt = "dataworks-json"
     s = Scenario(broker, fmt, seed=17)
     s.produce(300)
-    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=200)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=200)
     Pipeline(config, spark=spark, kafka_engine=engine, staging=staging).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
+    check_accounting(wh, s.produced)
     staged = tmp_path / "ck" / fmt / "staging"
     assert not staged.exists() or not any(staged.iterdir()), "staged files are removed after commit"
 
@@ -286,7 +187,7 @@ def test_a_deleted_checkpoint_loses_and_duplicates_nothing(spark, broker, tmp_pa
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=8)
     s.produce(400)  # inserts, updates and deletes
-    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=150)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=150)
     assert Pipeline(config, spark=spark).run(once=True).totals()["batches"] >= 2
     s.produce(400)
     shutil.rmtree(tmp_path / "ck")
@@ -294,8 +195,8 @@ def test_a_deleted_checkpoint_loses_and_duplicates_nothing(spark, broker, tmp_pa
     applied = sum(r.records for r in summary.reports[fmt])
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
-    _changelog_once(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
     assert 0 < applied < s.produced  # it started at the warehouse's offsets, not at 0
 
 
@@ -309,7 +210,7 @@ def test_a_crash_then_a_deleted_checkpoint_finishes_the_interrupted_apply(
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=9)
     s.produce(600)
-    config = _config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
     real = DeltaWarehouse.apply_mirror
     calls = {"n": 0}
 
@@ -332,8 +233,8 @@ def test_a_crash_then_a_deleted_checkpoint_finishes_the_interrupted_apply(
     assert any(m.skipped_replay for m in finished.mirrors)  # tables it had reached skip it
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
-    _accounting(wh, s.produced)
-    _changelog_once(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
 
 
 def test_a_checkpoint_of_another_stream_is_refused(spark, broker, tmp_path):
@@ -342,11 +243,11 @@ def test_a_checkpoint_of_another_stream_is_refused(spark, broker, tmp_path):
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=2)
     s.produce(50)
-    config = _config(tmp_path, broker, fmt, s.topic, s.options)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options)
     Pipeline(config, spark=spark).run(once=True)
     other = Scenario(broker, fmt, seed=2)  # another topic, same checkpoint folder
     with pytest.raises(ConfigError, match=r"belongs to another stream: topics .*cdcflow reset"):
-        Pipeline(_config(tmp_path, broker, fmt, other.topic), spark=spark).run(once=True)
+        Pipeline(pipeline_config(tmp_path, broker, fmt, other.topic), spark=spark).run(once=True)
     # the warehouse deleted, the checkpoint kept: it would skip what was never applied
     import shutil
 

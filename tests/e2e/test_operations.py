@@ -1,0 +1,309 @@
+"""End to end, as an operator meets it (issue 8): a record far too wide for any real table
+arrives between ordinary ones, and a second ``cdcflow run`` of a running pipeline is
+started by mistake. The real embedded broker, real local Spark, real Delta tables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from tests.e2e.helpers import (
+    Scenario,
+    check_accounting,
+    check_changelog_once,
+    config_dict,
+    partition_of,
+    pipeline_config,
+)
+
+from cdcflow.cli import EXIT_PIPELINE_RUNNING
+from cdcflow.formats import decoder_for, encoder_for
+from cdcflow.formats.base import Message, Record, SourceChange
+from cdcflow.model import Op, Origin, SourceTable
+from cdcflow.pipeline import Pipeline
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.lease import PipelineLease
+from cdcflow.testing.faults import _kill_session, _session
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
+
+FORMAT = "debezium-json"
+WIDE_COLUMNS = 100_000
+#: librdkafka's producer refuses a message over ``message.max.bytes`` (default 1,000,000)
+#: before sending it; this is the decoder's default ``max_record_bytes``
+PRODUCER_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
+
+
+# ----------------------------------------------------------------- a 100,000-column record
+
+
+def _wide_messages() -> list[Message]:
+    """Two Debezium records of one 100,000-column table: an insert with its ``schema`` part
+    (as the ``JsonConverter`` with ``schemas.enable=true`` writes it, 11.8 MB) and an update
+    without it (``schemas.enable=false``: the payload alone, before and after images, 3.2 MB).
+    """
+    columns = {"id": "int64", **{f"c{i:06d}": "int32" for i in range(1, WIDE_COLUMNS)}}
+    row = {c: i for i, c in enumerate(columns)}
+    row["id"] = 1
+    table = SourceTable(format="", database="shop", schema="public", table="wide")
+    encoder = encoder_for(FORMAT)
+
+    def change(op: Op, before, after, seq: int) -> Message:
+        [m] = encoder.encode(
+            SourceChange(op, table, columns, ("id",), before, after, seq, 1_700_000_000_000 + seq)
+        )
+        return m
+
+    with_schema = change(Op.INSERT, None, row, 90_000_001)
+    updated = change(Op.UPDATE, row, {**row, "c000001": -1}, 90_000_002)
+    schemaless = Message(
+        value=orjson.dumps(orjson.loads(updated.value)["payload"]),
+        key=orjson.dumps(orjson.loads(updated.key)["payload"]),
+    )
+    return [with_schema, schemaless]
+
+
+def _produce_large(broker, topic: str, messages: list[Message]) -> list[tuple[int, int]]:
+    """Produce each message as a batch of its own (the last batch of its partition is then
+    visible: tansu's high-watermark quirk), with ``message.max.bytes`` raised as a user
+    producing large records must. Returns ``(partition, offset)`` of each."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        broker.client_config(
+            **{
+                "message.max.bytes": PRODUCER_MESSAGE_MAX_BYTES,
+                "linger.ms": 0,
+                "batch.num.messages": 1,
+                "acks": "all",
+            }
+        )
+    )
+    delivered: list[tuple[int, int]] = []
+    errors: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            delivered.append((msg.partition(), msg.offset()))
+
+    for m in messages:
+        producer.produce(
+            topic, value=m.value, key=m.key, partition=partition_of(m), on_delivery=on_delivery
+        )
+        assert producer.flush(30) == 0, "a large message is still queued"  # one at a time
+    assert errors == [] and len(delivered) == len(messages), errors
+    return delivered
+
+
+def test_a_100000_column_record_is_one_dead_letter_and_the_stream_goes_on(spark, broker, tmp_path):
+    """A 100,000-column record between ordinary ones is one ``TOO_MANY_COLUMNS`` dead
+    letter; the ordinary tables are applied by the same run, no mirror of it is created.
+
+    Settings this needed, as a user would set them:
+
+    * producer (librdkafka): ``message.max.bytes`` raised from 1,000,000 to 16 MiB, or
+      the 11.8 MB record is refused locally (``MSG_SIZE_TOO_LARGE``) and never sent.
+    * broker: nothing for the embedded tansu 0.6, which stored and served 12 MB records
+      with no size setting. A real Kafka broker needs the topic's ``max.message.bytes``
+      (default ~1 MB) raised above the record's size.
+    * cdcflow: nothing. Its Kafka source asks for ``fetch.max.bytes`` 64 MiB and
+      ``max.partition.fetch.bytes`` 16 MiB (a larger first batch is returned anyway), and
+      ``sources[].options.max_record_bytes`` defaults to 16 MiB, so the record is parsed
+      and refused for its width by ``max_columns`` (default 4,096), not for its size.
+    """
+    s = Scenario(broker, FORMAT, seed=13)
+    s.produce(150)
+    wide = _wide_messages()
+    coordinates = _produce_large(broker, s.topic, wide)
+    s.produced += len(wide)
+    s.produce(150)  # the stream goes on after the wide records
+
+    started = time.monotonic()
+    summary = Pipeline(pipeline_config(tmp_path, broker, FORMAT, s.topic), spark=spark).run(
+        once=True
+    )
+    run_s = time.monotonic() - started
+    # everything, the records after the wide ones included, was applied by this one run
+    assert sum(r.records for r in summary.reports[FORMAT]) == s.produced
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    dead = wh.read("dead_letters", system=True).to_pylist()
+    assert len(dead) == len(wide)
+    by_offset = {(d["partition"], d["offset"]): d for d in dead}
+    for m, (p, o) in zip(wide, coordinates, strict=True):
+        d = by_offset[(p, o)]
+        assert (d["topic"], d["code"], d["stage"], d["format"]) == (
+            s.topic,
+            "TOO_MANY_COLUMNS",
+            "decode",
+            FORMAT,
+        )
+        assert d["raw_value"] == m.value and d["raw_key"] == m.key
+        assert f"{WIDE_COLUMNS} columns, over the limit of 4096" in d["message"]
+        assert "max_columns" in d["message"]
+    assert not any("wide" in name for name in wh.mirrors()), wh.mirrors()
+    assert "wide" not in set(wh.read("changelog", system=True)["table"].to_pylist())
+
+    batches = check_accounting(wh, s.produced)
+    check_changelog_once(wh)
+    assert sum(b["dead_letters"] for b in batches) == len(wide)
+    for p, o in coordinates:  # ordinary records before and after it, in the same batch
+        [holding] = [
+            b for b in batches if b["partition"] == p and b["first_offset"] <= o <= b["last_offset"]
+        ]
+        assert holding["first_offset"] < o < holding["last_offset"]
+
+    # the decode of a wide record alone: parsed whole, then refused (decision 23)
+    decoder = decoder_for(FORMAT)
+    for m, (p, o) in zip(wide, coordinates, strict=True):
+        record = Record(value=m.value, key=m.key, origin=Origin(s.topic, p, o))
+        t0 = time.perf_counter()
+        result = decoder.decode_batch([record])
+        decode_s = time.perf_counter() - t0
+        assert [d.code for d in result.dead_letters] == ["TOO_MANY_COLUMNS"]
+        print(f"wide record of {len(m.value):,} bytes: decode_batch {decode_s:.3f} s")
+        assert decode_s < 5.0, "the decode of one wide record must stay bounded"
+    print(f"pipeline run (--once, {s.produced} records): {run_s:.1f} s")
+
+
+# ----------------------------------------------------------------- two runs of one pipeline
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _cdcflow(*args: str, **kwargs) -> subprocess.Popen:
+    """``cdcflow ARGS`` as a user runs it (the console entry point), in a session of its
+    own so that its JVM and Python workers can be cleaned up with it."""
+    command = [sys.executable, "-c", "from cdcflow.cli import entry; entry()", *args]
+    return subprocess.Popen(
+        command, env=_env(), stdin=subprocess.DEVNULL, start_new_session=True, **kwargs
+    )
+
+
+def _applied(wh: DeltaWarehouse) -> int:
+    table = wh.open(wh.system_path("batches"))
+    if table is None:
+        return 0
+    return sum(table.to_pyarrow_table(columns=["records"])["records"].to_pylist())
+
+
+def _wait_applied(wh: DeltaWarehouse, records: int, proc: subprocess.Popen, log: Path, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while _applied(wh) < records:
+        assert proc.poll() is None, f"the run exited ({proc.returncode}):\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"nothing applied in {timeout_s} s:\n{log.read_text()}"
+        time.sleep(0.25)
+    return _applied(wh)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
+    broker, tmp_path, stop
+):
+    """``cdcflow run CONFIG`` twice: the second exits 75 at once with one line naming the
+    first; the first keeps applying. Stopped by Ctrl-C (SIGINT) it releases its lease; by
+    ``kill`` (SIGTERM, as the line suggests) it does not, but the next run on this machine
+    takes the lease at once, its holder's pid being gone. Either way the process ends by
+    the signal (return code -2 or -15) within a second, its JVM and workers with it.
+
+    Measured here: the refusal took 0.7-0.9 s (the lease is read before Spark starts); the
+    first run applied its first batch 15-26 s after it started (Spark's start-up).
+    """
+    s = Scenario(broker, FORMAT, seed=31)
+    s.produce(100)
+    config = tmp_path / "pipeline.yaml"
+    raw = config_dict(
+        tmp_path,
+        broker,
+        FORMAT,
+        s.topic,
+        pipeline_id="e2e-lease",
+        trigger={"processing_time": "1 second"},
+    )
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    wh = DeltaWarehouse(raw["warehouse"])
+    log = tmp_path / "first.log"
+
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        first = _cdcflow("-v", "run", str(config), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_applied(wh, s.produced, first, log, timeout_s=120)
+        first_batch_s = time.monotonic() - t0
+
+        t1 = time.monotonic()
+        second = _cdcflow("run", str(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out2, err2 = second.communicate(timeout=60)
+        finally:
+            _kill_session(second)
+        refused_s = time.monotonic() - t1
+        lines = err2.decode().strip().splitlines()
+        print(f"second run: exit {second.returncode} after {refused_s:.2f} s; stderr: {lines}")
+        assert second.returncode == EXIT_PIPELINE_RUNNING == 75
+        assert out2 == b"" and len(lines) == 1
+        assert lines[0].startswith("cdcflow: [PIPELINE_RUNNING] pipeline 'e2e-lease' is already ")
+        assert f"(pid {first.pid})" in lines[0] and "kill" in lines[0]
+        assert refused_s < 10.0, "the lease is taken before Spark starts: refused at once"
+
+        # the newcomer never touched the first run: it holds the lease and applies more
+        held = PipelineLease(raw["warehouse"], "e2e-lease").read()
+        assert held is not None and held.owner.pid == first.pid and not held.released
+        s.produce(100)
+        t2 = time.monotonic()
+        _wait_applied(wh, s.produced, first, log, timeout_s=60)
+        more_s = time.monotonic() - t2
+        assert first.poll() is None
+        s.check_mirrors(wh)
+        check_accounting(wh, s.produced)
+        check_changelog_once(wh)
+
+        t3 = time.monotonic()
+        os.kill(first.pid, stop)
+        try:
+            first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the first run did not stop on {stop.name}:\n{log.read_text()[-3000:]}")
+        stop_s = time.monotonic() - t3
+        while _session(first.pid) and time.monotonic() < t3 + 30:
+            time.sleep(0.1)  # its JVM and Python workers follow the driver
+        assert not _session(first.pid), "processes of the stopped run are left"
+        gone_s = time.monotonic() - t3
+        print(
+            f"first run: first batch applied {first_batch_s:.1f} s after start; the next "
+            f"records {more_s:.1f} s after produce; {stop.name}: exit {first.returncode} "
+            f"after {stop_s:.1f} s, its JVM and workers gone after {gone_s:.1f} s"
+        )
+        lease = PipelineLease(raw["warehouse"], "e2e-lease", renew_every_s=0)
+        state = lease.read()
+        assert state is not None
+        if stop == signal.SIGINT:
+            assert state.released, "Ctrl-C releases the lease"
+        # SIGTERM ends the process without releasing it (docs/decisions.md, 21): the next
+        # run on this machine sees the holder's pid gone and takes over at once
+        t4 = time.monotonic()
+        lease.acquire()
+        lease.release()
+        print(
+            f"lease released: {state.released}; the next run took it in {time.monotonic() - t4:.2f} s"
+        )
+    finally:
+        _kill_session(first)
