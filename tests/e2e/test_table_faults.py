@@ -12,13 +12,13 @@ import subprocess
 import sys
 
 import pytest
+from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
 from cdcflow.demo import _target
 from cdcflow.errors import Code
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.testing.workload import compare_with_mirror
-from tests.e2e.test_pipeline import Scenario, _accounting, _changelog_once, _config
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ def test_a_truncated_log_in_one_mirror_stops_that_table_and_the_others_apply(
     stopped the whole source with ``Kernel error: Json error``, naming no table."""
     s = Scenario(broker, FMT, seed=21)
     s.produce(300)
-    config = _config(tmp_path, broker, FMT, s.topic, s.options, batch=10_000)
+    config = pipeline_config(tmp_path, broker, FMT, s.topic, s.options, batch=10_000)
     Pipeline(config, spark=spark).run(once=True)
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     targets = {spec.name: _target(FMT, s.workload, spec, s.options) for spec in s.workload.tables}
@@ -70,8 +70,8 @@ def test_a_truncated_log_in_one_mirror_stops_that_table_and_the_others_apply(
     assert all(d["offset"] is not None and d["raw_value"] for d in fault)
     reported = sum(r.dead_letters[Code.TABLE_FAULT] for r in summary.reports[FMT])
     assert reported >= 1
-    _accounting(wh, s.produced)
-    _changelog_once(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
 
 
 @contextlib.contextmanager
@@ -144,5 +144,5 @@ def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broke
         assert again.returncode == 0, again.stderr
         wh = DeltaWarehouse(str(volume / "wh"))
         s.check_mirrors(wh)
-        _accounting(wh, s.produced)
-        _changelog_once(wh)
+        check_accounting(wh, s.produced)
+        check_changelog_once(wh)
