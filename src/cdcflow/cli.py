@@ -217,12 +217,24 @@ def _stop_streams(spark) -> None:
             log.exception("could not stop streaming query %s", query.name)
 
 
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``docker stop``, Kubernetes) stops a run as Ctrl-C does, so the
+    lease is released on the way out and the next run, anywhere, takes it at once."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cdcflow.config import load_config
     from cdcflow.errors import LeaseLost
     from cdcflow.sinks.lease import PipelineLease
 
     config = load_config(args.config)
+    _interrupt_on_sigterm()
     # Taken before Spark starts, so a second run of the pipeline is refused in well under a
     # second; released on every way out (Ctrl-C included). See docs/decisions.md (21).
     with PipelineLease(config.warehouse, config.pipeline_id) as lease:
@@ -413,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StorageError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
         return EXIT_STORAGE_ERROR
+    except KeyboardInterrupt:
+        print("cdcflow: stopped (interrupted); a run resumes where it stopped", file=sys.stderr)
+        return 130
     except CdcflowError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
         return 1
