@@ -240,11 +240,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     with PipelineLease(config.warehouse, config.pipeline_id) as lease:
         from cdcflow.pipeline import Pipeline
 
-        def fence(source: str, report) -> None:
-            if lease.lost:  # fail the query: no further batch of this run
+        def fence() -> None:
+            if lease.lost:  # before an apply's first commit and its completion
                 raise LeaseLost(lease.lost_reason or "")
 
-        pipeline = Pipeline(config, on_batch=fence, config_path=args.config)
+        pipeline = Pipeline(
+            config,
+            on_batch=lambda source, report: fence(),  # fail the query: no further batch
+            config_path=args.config,
+            fence=fence,
+        )
         lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
         if lease.lost:  # lost while Spark started
             raise LeaseLost(lease.lost_reason or "")

@@ -73,6 +73,8 @@ class Pipeline:
         staging: on local Spark with the Python source, decode tasks hand their events to
             the driver as memory-mapped Arrow files instead of through the JVM (see
             :mod:`cdcflow.source.changes`).
+        fence: called before each apply's first commit and before its completion; raises
+            when this run may no longer write (``cdcflow run`` checks its lease here).
         config_path: the configuration file, named in error messages' fixes.
     """
 
@@ -84,6 +86,7 @@ class Pipeline:
         kafka_engine: str = "auto",
         staging: bool = True,
         config_path: str = "CONFIG",
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -95,6 +98,7 @@ class Pipeline:
             spark = get_or_create_session(app_name=f"cdcflow-{config.pipeline_id}")
         self.spark = spark
         self.on_batch = on_batch
+        self.fence = fence
         self.summary = RunSummary()
         #: source -> the cdcflow error that failed its query's micro-batch
         self._failures: dict[str, CdcflowError] = {}
@@ -176,6 +180,7 @@ class Pipeline:
             tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
             transactions=self.config.apply.transaction_policy(),
             table_budget_s=self.config.apply.table_budget_s,
+            fence=self.fence,
         )
         self._prepare(source, applier, options)
         staging = self._staging_path(source)

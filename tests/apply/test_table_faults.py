@@ -265,3 +265,27 @@ def test_an_unreadable_folder_without_an_os_error_is_named_a_permission_fault(tm
     with _as_user_without_rights_to(str(folder)):
         err = storage_error(OSError("Kernel error -> Generic LocalFileSystem error"), str(folder))
     assert err.kind == "permission"
+
+
+def test_a_fence_that_fails_before_the_completion_leaves_the_apply_pending(tmp_path):
+    """`cdcflow run` fences each apply on its lease: a run that lost it stops before the
+    completion commit, and the apply is finished by whoever holds the lease next."""
+    from cdcflow.errors import LeaseLost
+
+    calls = {"n": 0}
+
+    def fence() -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the apply's first check passes, the one before completion not
+            raise LeaseLost("taken over")
+
+    wh, ap = _setup(tmp_path / "wh", fence=fence)
+    batch = table_of(ins(1, "a", seq=1))
+    with pytest.raises(LeaseLost):
+        ap.apply(batch, 0)
+    assert wh.open(wh.system_path("batches")) is None  # not completed
+    assert ap.ledger.pending() is not None
+    wh2, ap2 = _setup(tmp_path / "wh")
+    ap2.apply(batch, 0)
+    assert _ids(wh2, ITEMS) == {1: "a"}
+    assert ap2.ledger.pending() is None

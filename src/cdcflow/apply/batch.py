@@ -185,6 +185,8 @@ class BatchApplier:
             :mod:`cdcflow.apply.transactions`); ``None`` (default) applies every event at once.
         table_budget_s: a table whose apply of one batch takes longer is stopped after it
             (its changes of that batch are kept); ``0`` for no budget.
+        fence: called before an apply's first commit and before its completion; raises
+            (e.g. ``LeaseLost``) when this process may no longer write the warehouse.
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class BatchApplier:
         tombstone_retention_hours: float = 168.0,
         transactions: TransactionPolicy | None = None,
         table_budget_s: float = 600.0,
+        fence: Callable[[], None] | None = None,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
@@ -204,6 +207,7 @@ class BatchApplier:
         self.tombstone_retention_hours = tombstone_retention_hours
         self.transactions = transactions
         self.table_budget_s = table_budget_s
+        self.fence = fence or (lambda: None)
         self.ledger = OffsetLedger(warehouse)
         self._last_purge: float | None = None
         self._schema_rows: list[dict[str, Any]] = []
@@ -231,6 +235,7 @@ class BatchApplier:
             deltalake exceptions / OSError: storage failures; the batch should be retried.
         """
         ledger = self.ledger
+        self.fence()
         reports: list[BatchReport] = []
         applied_rows = 0
         ranges = offset_ranges(events)
@@ -338,6 +343,7 @@ class BatchApplier:
         per_record = self._per_record(events)
         wh.append(wh.system_path("progress"), self._progress(rows, report, batch_id), batch_id)
         # the completion: last, with the next offset of every partition the apply covered
+        self.fence()
         accounting = self._accounting(per_record, rows, batch_id, delivery_id)
         wh.append(
             self.ledger.batches_path,
