@@ -110,6 +110,8 @@ _DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark: spark.network.timeout
 _DEFAULT_RECORDS_PER_BATCH = 10_000
 _DEFAULT_OUTAGE_BUDGET_MS = 300_000  # see docs/decisions.md: a broker restart or election fits
 _REQUEST_TIMEOUT_S = 30.0
+_STALL_CHECK_S = 2.0  # a read without records this long asks the broker for the offsets
+_PROBE_TIMEOUT_S = 5.0
 
 # Options of Spark's Kafka source accepted and ignored here (they do not change what
 # is read): headers are always included; one input partition per Kafka partition.
@@ -622,19 +624,28 @@ def _error_text(err: Any) -> str:
 
 class _ErrorSink:
     """librdkafka's ``error_cb``: keeps the newest client-level error (broker down,
-    authentication failed, ...). librdkafka calls it from ``poll``/``consume``."""
+    authentication failed, ...). librdkafka calls it from ``poll``/``consume``.
 
-    __slots__ = ("last",)
+    A failed request often says only "transport failure" while the client's own error
+    events say why (e.g. ``_AUTHENTICATION``, which is not transient); such an error is
+    kept apart so that a later "all brokers down" does not hide it."""
+
+    __slots__ = ("last", "permanent")
 
     def __init__(self) -> None:
         self.last: Any = None  # confluent_kafka.KafkaError
+        self.permanent: Any = None  # the newest that is not transient
 
     def __call__(self, err: Any) -> None:
         self.last = err
+        if not is_transient(err):
+            self.permanent = err
 
     def take(self) -> Any:
-        """The newest error since the last call, or ``None``."""
-        err, self.last = self.last, None
+        """The newest error that is not transient since the last call, else the newest
+        error, or ``None``; forgets them."""
+        err = self.permanent if self.permanent is not None else self.last
+        self.last = self.permanent = None
         return err
 
 
@@ -764,8 +775,9 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
     try:
         consumer.assign([TopicPartition(topic, partition, next_offset)])
         timeout_s = opts.poll_timeout_ms / 1000.0
+        stall_s = min(_STALL_CHECK_S, timeout_s)
         last_progress = time.monotonic()  # last record, or the end of an outage
-        retry_at = 0.0  # in an outage: when the next attempt is due
+        check_at = last_progress + stall_s  # when a read without records is looked into
         while next_offset < end:
             want = min(opts.max_records_per_batch, end - next_offset)
             try:
@@ -781,10 +793,10 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 if offsets[0] >= next_offset and offsets[-1] < end:
                     next_offset = offsets[-1] + 1
                     last_progress = time.monotonic()
-                    errors.last = None  # the broker is reachable: earlier errors are stale
+                    check_at = last_progress + stall_s
+                    errors.take()  # records arrive: earlier errors are stale
                     if outage.failing:
                         outage.ok()
-                        retry_at = 0.0
                     yield _Columns.of(msgs, offsets).to_record_batch(topic, partition)
                     continue
             # Slow path, record by record: error events, or records outside the range.
@@ -850,45 +862,46 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 next_offset = off + 1
             if cols.offsets:
                 last_progress = time.monotonic()
-                errors.last = None
+                check_at = last_progress + stall_s
+                errors.take()
                 if outage.failing:
                     outage.ok()
-                    retry_at = 0.0
                 yield cols.to_record_batch(topic, partition)
             if done:
                 break
             if cols.offsets:
                 continue
-            # No record this round: an outage, a stall, or records still on their way.
+            # No record this round. Records of the range are in the log, so a read without
+            # records for a while is an outage (an error event, or no offsets from the
+            # broker) or a slow broker (pollTimeoutMs); before that, keep polling -- also
+            # through the backoff of an outage, so its end is seen at once.
             now = time.monotonic()
-            if now < retry_at:
-                continue  # waiting out the backoff, polling meanwhile
+            if now < check_at:
+                continue
             err = errors.take()
-            if err is None and (outage.failing or now - last_progress > timeout_s):
-                # Did the outage end / is the broker reachable at all?
+            if err is None:
                 try:
-                    _watermarks_of(
-                        consumer, topic, partition, outage.attempt_timeout_s(_REQUEST_TIMEOUT_S)
-                    )
+                    probe_s = min(_PROBE_TIMEOUT_S, outage.attempt_timeout_s(_REQUEST_TIMEOUT_S))
+                    _watermarks_of(consumer, topic, partition, probe_s)
                 except KafkaException as exc:
                     if not is_transient(exc):
                         raise _kafka_error(
                             exc, f"querying the offsets of {topic}[{partition}]"
                         ) from exc
-                    err = exc.args[0]
+                    err = errors.take() or exc.args[0]  # the client's own event says more
                 else:
                     if outage.failing:  # reachable again: pollTimeoutMs from now
                         outage.ok()
-                        last_progress, retry_at = time.monotonic(), 0.0
-                        continue
-                    raise SourceError(
-                        f"no record of topic {topic!r} partition {partition} arrived for "
-                        f"{opts.poll_timeout_ms} ms while reading offsets {next_offset}..{end - 1} "
-                        "although the broker answers; check the brokers, or raise the option "
-                        "kafkaConsumer.pollTimeoutMs"
-                    )
-            if err is None:
-                continue
+                        last_progress = now
+                    elif now - last_progress > timeout_s:
+                        raise SourceError(
+                            f"no record of topic {topic!r} partition {partition} arrived for "
+                            f"{opts.poll_timeout_ms} ms while reading offsets "
+                            f"{next_offset}..{end - 1} although the broker answers; check the "
+                            "brokers, or raise the option kafkaConsumer.pollTimeoutMs"
+                        )
+                    check_at = time.monotonic() + stall_s
+                    continue
             if not is_transient(err):
                 raise SourceError(
                     f"reading topic {topic!r} partition {partition} at offset "
@@ -900,7 +913,7 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 _error_text(err),
                 since=last_progress,
             )
-            retry_at = time.monotonic() + delay
+            check_at = time.monotonic() + delay
             consumer = _renew_consumer(opts, consumer, errors, topic, partition, next_offset)
     finally:
         consumer.close()
@@ -1074,6 +1087,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: Any = None  # metadata and watermark queries (driver only)
         self._errors: _ErrorSink | None = None  # the metadata client's error_cb
         self._outage: OutageBudget | None = None
+        self._failure: Any = None  # a client error event that made a failure permanent
         self._timeout_s = _REQUEST_TIMEOUT_S  # of the metadata requests of this attempt
         self._initial: dict[str, dict[str, int]] | None = None
         self._target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
@@ -1082,7 +1096,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = state["_errors"] = state["_outage"] = None
+        state["_consumer"] = state["_errors"] = state["_outage"] = state["_failure"] = None
         return state
 
     # -------------------------------------------------------------- Kafka metadata
@@ -1107,10 +1121,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         librdkafka's own error events (``error_cb``, served by ``poll``) say more than the
         request's error ("Connect to ipv4#10.0.0.7:9092 failed: Connection refused"
-        rather than "Failed to get metadata: Local: Broker transport failure").
+        rather than "Failed to get metadata: Local: Broker transport failure"), and a
+        transport failure whose event is not transient (a failed SASL handshake is
+        ``_AUTHENTICATION``) is not retried: it is kept in ``_failure`` for the error.
         """
         from confluent_kafka import KafkaException
 
+        self._failure = None
         if not isinstance(exc, KafkaException) or not is_transient(exc):
             return None
         detail = None
@@ -1118,6 +1135,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with contextlib.suppress(Exception):  # only for a better message
                 self._consumer.poll(0)
             detail = self._errors.take()
+        if detail is not None and not is_transient(detail):
+            self._failure = detail
+            return None
         return _error_text(detail if detail is not None else exc)
 
     def _retry(self, what: str, attempt: Any) -> Any:
@@ -1146,7 +1166,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 what, timed, self._transient, _REQUEST_TIMEOUT_S, on_failure=self._drop_client
             )
         except KafkaException as exc:
-            raise _kafka_error(exc, what) from exc
+            failure, self._failure = self._failure, None
+            raise _kafka_error(failure if failure is not None else exc, what) from exc
 
     def _discover(self) -> list[TopicPartitionKey]:
         """The topic-partitions this source reads, as the brokers' metadata says now
