@@ -109,7 +109,10 @@ LATEST = -1  # startingOffsets JSON: the partition's high watermark
 _DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark: spark.network.timeout
 _DEFAULT_RECORDS_PER_BATCH = 10_000
 _DEFAULT_OUTAGE_BUDGET_MS = 300_000  # see docs/decisions.md: a broker restart or election fits
-_REQUEST_TIMEOUT_S = 30.0
+# A metadata or offsets request waits this long at most. While the brokers are down
+# librdkafka waits out the whole timeout, so it is also how soon an outage is reported
+# (a slow answer is only retried, within the outage budget).
+_REQUEST_TIMEOUT_S = 10.0
 _STALL_CHECK_S = 2.0  # a read without records this long asks the broker for the offsets
 _PROBE_TIMEOUT_S = 5.0
 
