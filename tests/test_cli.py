@@ -112,6 +112,31 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     assert "kafka.bootstrap: unknown key" in err and "bootstrap_servers" in err
 
 
+def test_source_unavailable_exits_69_with_one_line(monkeypatch, capsys):
+    """Where the run stops on SOURCE_UNAVAILABLE (start-up or a failed query), main maps
+    it to 69 (tests/e2e/test_broker_outage.py runs the real thing); other source errors
+    stay 1."""
+    import cdcflow.cli as cli
+    from cdcflow.errors import Code, SourceError
+
+    def unavailable(args):
+        raise SourceError("Kafka brokers h:1 unavailable for 300 s (...)", Code.SOURCE_UNAVAILABLE)
+
+    monkeypatch.setattr(cli, "cmd_run", unavailable)
+    assert main(["run", "pipeline.yaml"]) == cli.EXIT_SOURCE_UNAVAILABLE == 69
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "cdcflow: [SOURCE_UNAVAILABLE] Kafka brokers h:1 unavailable for 300 s (...)\n"
+    )
+    assert captured.out == ""
+
+    def data_loss(args):
+        raise SourceError("records were deleted", Code.DATA_LOSS)
+
+    monkeypatch.setattr(cli, "cmd_run", data_loss)
+    assert main(["run", "pipeline.yaml"]) == 1
+
+
 def test_unknown_format_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(["decode", "--format", "nope", "x"])

@@ -31,6 +31,20 @@ def test_defaults_and_reader_options(tmp_path):
     assert opts["startingOffsets"] == "earliest" and opts["failOnDataLoss"] == "true"
 
 
+def test_outage_budget_is_seconds_in_yaml_and_milliseconds_for_the_source():
+    assert parse_config(GOOD).kafka.outage_budget_s == 300.0
+    assert parse_config(GOOD).kafka.reader_options()["outageBudgetMs"] == "300000"
+    for given, ms in [(45, "45000"), (2.5, "2500"), (0, "0")]:
+        cfg = parse_config({**GOOD, "kafka": {**GOOD["kafka"], "outage_budget_s": given}})
+        assert cfg.kafka.reader_options()["outageBudgetMs"] == ms
+    for bad in (-1, "five minutes", True, None):
+        with pytest.raises(ConfigError) as e:
+            parse_config({**GOOD, "kafka": {**GOOD["kafka"], "outage_budget_s": bad}})
+        problem = str(e.value).splitlines()[1]  # one line per bad key
+        assert problem.startswith("  kafka.outage_budget_s: ")
+        assert "must be a number of seconds >= 0" in problem and "e.g. 300" in problem
+
+
 def test_unknown_key_lists_the_valid_ones():
     with pytest.raises(ConfigError) as e:
         parse_config({**GOOD, "kafka": {**GOOD["kafka"], "bootstrap": "x"}})

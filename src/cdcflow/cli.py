@@ -8,7 +8,9 @@ the next run); 75 (``run`` only;
 sysexits' ``EX_TEMPFAIL``, "try again later") another run of the same pipeline holds the
 warehouse: refused at start (``PIPELINE_RUNNING``, before Spark starts), or this run's lease
 was taken over and it stopped (``LEASE_LOST``). The one line on stderr names the holder
-and how long to wait if it died without releasing its lease.
+and how long to wait if it died without releasing its lease. 69 (``run`` only; sysexits'
+``EX_UNAVAILABLE``) the Kafka brokers stayed unreachable for ``kafka.outage_budget_s``
+(``SOURCE_UNAVAILABLE``); the one line names the brokers, the last client error and the fix.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdcflow.errors import CdcflowError, ConfigError, LeaseHeld, StorageError
+from cdcflow.errors import CdcflowError, Code, ConfigError, LeaseHeld, StorageError
 
-__all__ = ["EXIT_PIPELINE_RUNNING", "EXIT_STORAGE_ERROR", "main"]
+__all__ = ["EXIT_PIPELINE_RUNNING", "EXIT_SOURCE_UNAVAILABLE", "EXIT_STORAGE_ERROR", "main"]
 
 #: the warehouse cannot be written (disk full, read-only, a damaged system table)
 EXIT_STORAGE_ERROR = 74
 
 #: ``cdcflow run``: another run of the pipeline holds (or took over) its lease
 EXIT_PIPELINE_RUNNING = 75
+#: ``cdcflow run``: the Kafka brokers stayed unreachable for ``kafka.outage_budget_s``
+#: (sysexits ``EX_UNAVAILABLE``); a supervisor may restart it later
+EXIT_SOURCE_UNAVAILABLE = 69
 
 log = logging.getLogger("cdcflow.cli")
 
@@ -296,7 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the streaming pipeline of a YAML configuration",
         description="Run the pipeline described by CONFIG (see docs/configuration.md). "
         "One run per pipeline_id and warehouse: while another run holds the pipeline's "
-        "lease, this one exits at once with code 75.",
+        "lease, this one exits at once with code 75. Transient Kafka errors are retried "
+        "for kafka.outage_budget_s; if the brokers stay unreachable longer, it exits "
+        "with code 69.",
     )
     p.add_argument("config", metavar="CONFIG.yaml")
     p.add_argument(
@@ -419,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # py4j logs an exception of a foreachBatch function with its traceback before handing
+    # it to Spark, which fails the query with it; the command reports that failure once.
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except LeaseHeld as exc:  # and LeaseLost
@@ -435,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except CdcflowError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
+        if exc.code == Code.SOURCE_UNAVAILABLE:
+            return EXIT_SOURCE_UNAVAILABLE
         return 1
 
 

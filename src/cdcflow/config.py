@@ -12,6 +12,7 @@ Example (every key with its default where it has one)::
       starting_offsets: earliest   # earliest | latest | Spark's per-partition JSON
       max_offsets_per_trigger: 200000
       fail_on_data_loss: true
+      outage_budget_s: 300         # retry an unreachable broker this long, then exit 69
       options: {}                  # librdkafka settings, e.g. security.protocol, sasl.*
     sources:
       - name: pg                   # default: the format identifier
@@ -65,12 +66,20 @@ __all__ = [
 # --------------------------------------------------------------------------- inside
 
 
+#: ``kafka.outage_budget_s``: long enough for a broker restart, a leader election or a
+#: network blip; short enough that a real outage stops the run (exit 69) within minutes
+#: for a supervisor or an alert to act on. See docs/decisions.md.
+DEFAULT_OUTAGE_BUDGET_S = 300.0
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = 200_000
     fail_on_data_loss: bool = True
+    #: seconds transient broker errors are retried (with backoff) before the run stops
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     options: Mapping[str, str] = field(default_factory=dict)
 
     def reader_options(self) -> dict[str, str]:
@@ -80,6 +89,7 @@ class KafkaConfig:
             "startingOffsets": self.starting_offsets,
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
             "includeHeaders": "true",
+            "outageBudgetMs": str(round(self.outage_budget_s * 1000)),
         }
         if self.max_offsets_per_trigger:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
@@ -144,7 +154,18 @@ class _Kafka(_Strict):
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
     fail_on_data_loss: bool = True
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     options: dict[str, str | int | bool] = Field(default_factory=dict)
+
+    @field_validator("outage_budget_s", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
+            raise ValueError(
+                f"must be a number of seconds >= 0, got {v!r}; e.g. 300 to retry an "
+                "unreachable broker for 5 minutes, 0 to stop at the first broker error"
+            )
+        return float(v)
 
 
 class _Source(_Strict):
@@ -315,6 +336,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
             starting_offsets=model.kafka.starting_offsets,
             max_offsets_per_trigger=model.kafka.max_offsets_per_trigger,
             fail_on_data_loss=model.kafka.fail_on_data_loss,
+            outage_budget_s=model.kafka.outage_budget_s,
             options={
                 k: str(v).lower() if isinstance(v, bool) else str(v)
                 for k, v in model.kafka.options.items()

@@ -38,6 +38,7 @@ class Code:
     AMBIGUOUS_FORMAT = "AMBIGUOUS_FORMAT"  # --format auto: the record fits several candidates
     MISSING_METADATA = "MISSING_METADATA"  # reserved: table metadata (Qlik MD) not seen yet
     DATA_LOSS = "DATA_LOSS"  # Kafka records were deleted before they were read
+    SOURCE_UNAVAILABLE = "SOURCE_UNAVAILABLE"  # brokers unreachable for kafka.outage_budget_s
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
     TOO_MANY_COLUMNS = "TOO_MANY_COLUMNS"  # an image or table declaration over max_columns
@@ -86,7 +87,8 @@ class ConfigError(CdcflowError):
 
 
 class SourceError(CdcflowError):
-    """The Kafka source cannot go on (e.g. data lost to retention). Not a dead letter."""
+    """The Kafka source cannot go on (e.g. data lost to retention, or the brokers stayed
+    unreachable longer than the outage budget: ``SOURCE_UNAVAILABLE``). Not a dead letter."""
 
     code = "SOURCE_ERROR"
 

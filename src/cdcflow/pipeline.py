@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,12 +28,35 @@ from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
 from cdcflow.apply.offsets import OffsetLedger, PendingApply
 from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.errors import CdcflowError, ConfigError, SourceError
 from cdcflow.sinks.delta import DeltaWarehouse
 
-__all__ = ["Pipeline", "RunSummary", "spark_event_schema"]
+__all__ = ["Pipeline", "RunSummary", "source_error_of", "spark_event_schema"]
 
 log = logging.getLogger(__name__)
+
+# The last line of a Python traceback that ends in a cdcflow SourceError, as Spark quotes
+# it in a failed query's message: "cdcflow.errors.SourceError: [CODE] message".
+_SOURCE_ERROR_LINE = re.compile(r"cdcflow\.errors\.SourceError: \[([A-Z][A-Z0-9_]*)\] ([^\r\n]*)")
+
+
+def source_error_of(exc: BaseException) -> SourceError | None:
+    """The :class:`SourceError` a failed streaming query carries, or ``None``.
+
+    The source runs in Spark's Python workers (``latestOffset`` in one beside the driver,
+    ``read`` in the executors'); its errors reach the driver as a pyspark
+    ``StreamingQueryException`` whose message quotes the worker's traceback. The last
+    ``cdcflow.errors.SourceError: [CODE] message`` line in it is the error, rebuilt with
+    its code and one-line message.
+
+    Args:
+        exc: the exception a query raised (any exception; only its text is read).
+    """
+    found = _SOURCE_ERROR_LINE.findall(str(exc))
+    if not found:
+        return None
+    code, message = found[-1]
+    return SourceError(message.strip(), code)
 
 
 def spark_event_schema():
@@ -317,11 +341,13 @@ class Pipeline:
         log.info("new checkpoint: starting at the warehouse's offsets %s", start)
         return json.dumps(start)
 
-    def _raise_failure(self) -> None:
-        """Raise the cdcflow error that failed a query's micro-batch, if one did (instead
-        of Spark's ``StreamingQueryException`` wrapping its traceback)."""
+    def _raise_failure(self, exc: BaseException) -> None:
+        """Raise the cdcflow error that failed a query, if one did, instead of Spark's
+        ``StreamingQueryException`` wrapping its traceback: the apply's own (kept by the
+        micro-batch that raised it), else a source error found in ``exc``."""
         for error in self._failures.values():
             raise error
+        _raise_source_error(exc)
 
     def run(self, once: bool = False) -> RunSummary:
         """Start every source; with ``once``, drain what is there and return.
@@ -329,8 +355,12 @@ class Pipeline:
         Raises:
             CdcflowError: a micro-batch's apply failed with one (e.g. ``StorageError``:
                 the warehouse cannot be written; ``LeaseLost``).
-            pyspark StreamingQueryException: a query failed (its cause is logged); the
-                checkpoint keeps the last committed batch, so a restart resumes there.
+            SourceError: a query failed on an error of the Kafka source (e.g.
+                ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for
+                ``kafka.outage_budget_s``; ``DATA_LOSS``), chained to Spark's exception.
+            pyspark StreamingQueryException: a query failed otherwise (its cause is
+                logged); the checkpoint keeps the last committed batch, so a restart
+                resumes there.
         """
         if once:
             # sources one after another: each drains, then the next starts
@@ -338,21 +368,29 @@ class Pipeline:
                 query = self._start(source, once=True)
                 try:
                     query.awaitTermination()
-                except Exception:
-                    self._raise_failure()
+                except Exception as exc:
+                    self._raise_failure(exc)
                     raise
                 if query.exception() is not None:
-                    self._raise_failure()
-                    raise query.exception()
+                    exc = query.exception()
+                    self._raise_failure(exc)
+                    raise exc
             return self.summary
         queries = [self._start(s, once=False) for s in self.config.sources]
         try:
             self.spark.streams.awaitAnyTermination()
-        except Exception:
-            self._raise_failure()
+        except Exception as exc:
+            self._raise_failure(exc)
             raise
         finally:
             for q in queries:
                 if q.isActive:
                     q.stop()
         return self.summary
+
+
+def _raise_source_error(exc: BaseException) -> None:
+    """Raise the SourceError a failed query carries (see :func:`source_error_of`), if any."""
+    error = source_error_of(exc)
+    if error is not None:
+        raise error from exc

@@ -590,7 +590,7 @@ class _FakeConsumer:
 def _read_with(monkeypatch, consumer, start, end, fail_on_data_loss=True):
     import cdcflow.source.kafka as kafka
 
-    monkeypatch.setattr(kafka, "_make_consumer", lambda opts, role: consumer)
+    monkeypatch.setattr(kafka, "_make_consumer", lambda opts, role, errors=None: consumer)
     opts = parse_options(
         {
             "kafka.bootstrap.servers": "h:1",
@@ -650,11 +650,13 @@ def test_read_loop_times_out_without_progress(monkeypatch):
 
 
 def test_read_loop_raises_other_consumer_errors(monkeypatch):
+    """An error that is not transient (here: not authorized) is raised at once."""
     from confluent_kafka import KafkaError
 
-    broken = _FakeMessage(-1, _FakeError(KafkaError._TRANSPORT))
-    with pytest.raises(SourceError, match="partition 0 at offset 3"):
+    broken = _FakeMessage(-1, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(SourceError, match="partition 0 at offset 3: TOPIC_AUTHORIZATION") as info:
         _read_with(monkeypatch, _FakeConsumer([[broken]]), 3, 5)
+    assert info.value.code == "SOURCE_ERROR"
 
 
 @pytest.mark.kafka

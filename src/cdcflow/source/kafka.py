@@ -20,7 +20,14 @@ The Python source (PySpark >= 4.2 ``DataSourceStreamReader``):
 * never skips records silently: a next offset below a partition's low watermark
   (records deleted by retention) or above its end (topic re-created) raises
   :class:`~cdcflow.errors.SourceError` with code ``DATA_LOSS`` unless
-  ``failOnDataLoss=false``, which skips ahead with a warning.
+  ``failOnDataLoss=false``, which skips ahead with a warning;
+* waits out broker outages: transient client errors (:func:`is_transient`: broker
+  down, timeouts, no leader) of the driver's metadata requests and of ``read`` are
+  retried with exponential backoff (:mod:`cdcflow.source.outage`), one warning line per
+  attempt, until they have lasted ``outageBudgetMs``; then a ``SourceError`` with code
+  ``SOURCE_UNAVAILABLE`` stops the query. Other errors (authentication, bad settings,
+  data loss) are raised at once. librdkafka's own log lines go to the Python logger
+  ``cdcflow.source.librdkafka`` at DEBUG level.
 
 Options (names as in Spark's Kafka source, case-insensitive):
 
@@ -37,6 +44,8 @@ Options (names as in Spark's Kafka source, case-insensitive):
 ``failOnDataLoss``             ``true`` (default) / ``false``
 ``kafkaConsumer.pollTimeoutMs``  how long ``read`` waits without progress, ms (120000)
 ``maxRecordsPerBatch``         rows per Arrow batch yielded by ``read`` (10000)
+``outageBudgetMs``             how long transient broker errors are retried, ms (300000;
+                               0: fail at the first one). cdcflow's own option
 =============================  ===========================================================
 
 Exactly one of ``subscribe``, ``subscribePattern`` and ``assign`` must be set.
@@ -45,6 +54,7 @@ Reference: Spark "Structured Streaming + Kafka Integration Guide" (options, sche
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -58,6 +68,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from cdcflow.errors import ConfigError, SourceError
+from cdcflow.source.outage import OutageBudget
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -69,6 +80,7 @@ __all__ = [
     "KafkaInputPartition",
     "KafkaSourceOptions",
     "KafkaStreamReader",
+    "is_transient",
     "jvm_kafka_available",
     "list_partitions",
     "read_range",
@@ -96,7 +108,13 @@ LATEST = -1  # startingOffsets JSON: the partition's high watermark
 
 _DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark: spark.network.timeout
 _DEFAULT_RECORDS_PER_BATCH = 10_000
-_REQUEST_TIMEOUT_S = 30.0
+_DEFAULT_OUTAGE_BUDGET_MS = 300_000  # see docs/decisions.md: a broker restart or election fits
+# A metadata or offsets request waits this long at most. While the brokers are down
+# librdkafka waits out the whole timeout, so it is also how soon an outage is reported
+# (a slow answer is only retried, within the outage budget).
+_REQUEST_TIMEOUT_S = 10.0
+_STALL_CHECK_S = 2.0  # a read without records this long asks the broker for the offsets
+_PROBE_TIMEOUT_S = 5.0
 
 # Options of Spark's Kafka source accepted and ignored here (they do not change what
 # is read): headers are always included; one input partition per Kafka partition.
@@ -127,6 +145,7 @@ _OWN_OPTIONS = {
     "failondataloss": "failOnDataLoss",
     "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
     "maxrecordsperbatch": "maxRecordsPerBatch",
+    "outagebudgetms": "outageBudgetMs",
 }
 # librdkafka settings the source owns (Spark rejects the same ones).
 _FORBIDDEN_KAFKA_KEYS = {
@@ -215,6 +234,7 @@ class KafkaSourceOptions:
         fail_on_data_loss: raise on records lost to retention or topic re-creation.
         poll_timeout_ms: how long ``read`` waits for the next record, ms.
         max_records_per_batch: rows per Arrow record batch.
+        outage_budget_s: how long transient broker errors are retried, seconds (0: none).
     """
 
     client_config: Mapping[str, str]
@@ -226,6 +246,7 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = _DEFAULT_POLL_TIMEOUT_MS
     max_records_per_batch: int = _DEFAULT_RECORDS_PER_BATCH
+    outage_budget_s: float = _DEFAULT_OUTAGE_BUDGET_MS / 1000.0
 
     @property
     def bootstrap_servers(self) -> str:
@@ -249,6 +270,20 @@ def _positive_int(name: str, raw: str) -> int:
         value = 0
     if value <= 0:
         raise ConfigError(f"option {name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _outage_budget_ms(raw: str) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"option outageBudgetMs must be a whole number of milliseconds >= 0, got {raw!r}; "
+            "e.g. 300000 to retry an unreachable broker for 5 minutes, 0 to fail at once "
+            "(in the pipeline YAML: kafka.outage_budget_s)"
+        )
     return value
 
 
@@ -394,6 +429,9 @@ def parse_options(options: Mapping[str, Any]) -> KafkaSourceOptions:
     per_batch = _DEFAULT_RECORDS_PER_BATCH
     if opts.get("maxrecordsperbatch"):
         per_batch = _positive_int("maxRecordsPerBatch", opts["maxrecordsperbatch"])
+    budget_ms = _DEFAULT_OUTAGE_BUDGET_MS
+    if opts.get("outagebudgetms", "").strip():
+        budget_ms = _outage_budget_ms(opts["outagebudgetms"])
     return KafkaSourceOptions(
         client_config=client,
         subscribe=subscribe,
@@ -404,6 +442,7 @@ def parse_options(options: Mapping[str, Any]) -> KafkaSourceOptions:
         fail_on_data_loss=fail == "true",
         poll_timeout_ms=poll_ms,
         max_records_per_batch=per_batch,
+        outage_budget_s=budget_ms / 1000.0,
     )
 
 
@@ -515,8 +554,120 @@ def _from_json(offsets: Mapping[str, Mapping[str, int]] | None) -> dict[TopicPar
 
 # --------------------------------------------------------------------------- clients
 
+# librdkafka error codes of a broker that is down, restarting, electing a leader or out
+# of reach for a while. An unknown topic or partition is here too: the source asks only
+# about partitions the metadata just listed, so "unknown" means stale metadata or no
+# leader yet (librdkafka answers _UNKNOWN_PARTITION at once while its broker is down).
+_TRANSIENT_CODES = (
+    "_TRANSPORT",
+    "_ALL_BROKERS_DOWN",
+    "_TIMED_OUT",
+    "_TIMED_OUT_QUEUE",
+    "_RESOLVE",
+    "_WAIT_COORD",
+    "_UNKNOWN_PARTITION",
+    "_UNKNOWN_TOPIC",
+    "UNKNOWN_TOPIC_OR_PART",
+    "LEADER_NOT_AVAILABLE",
+    "NOT_LEADER_FOR_PARTITION",
+    "REQUEST_TIMED_OUT",
+    "BROKER_NOT_AVAILABLE",
+    "REPLICA_NOT_AVAILABLE",
+    "NETWORK_EXCEPTION",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "COORDINATOR_NOT_AVAILABLE",
+    "NOT_COORDINATOR",
+    "NOT_ENOUGH_REPLICAS",
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "KAFKA_STORAGE_ERROR",
+    "FENCED_LEADER_EPOCH",
+    "UNKNOWN_LEADER_EPOCH",
+    "OFFSET_NOT_AVAILABLE",
+    "PREFERRED_LEADER_NOT_AVAILABLE",
+)
+_transient_codes: frozenset[int] | None = None
 
-def _client_config(opts: KafkaSourceOptions, role: str) -> dict[str, Any]:
+
+def is_transient(err: Any) -> bool:
+    """Whether a librdkafka error is one a broker outage causes, to be retried.
+
+    Transient: the codes in ``_TRANSIENT_CODES`` (transport failure, all brokers down,
+    timeouts, name resolution, no leader, unknown partition, ...) and any error
+    librdkafka marks retriable. Never transient: fatal errors, and everything else
+    (authentication, authorization, SSL, invalid settings, offsets out of range).
+
+    Args:
+        err: a ``confluent_kafka.KafkaError``, or a ``KafkaException`` carrying one;
+            anything else is not transient.
+    """
+    global _transient_codes
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(err, KafkaException):
+        err = err.args[0] if err.args else None
+    if not isinstance(err, KafkaError) or err.fatal():
+        return False
+    if _transient_codes is None:
+        _transient_codes = frozenset(
+            getattr(KafkaError, name) for name in _TRANSIENT_CODES if hasattr(KafkaError, name)
+        )
+    return err.code() in _transient_codes or bool(err.retriable())
+
+
+def _error_text(err: Any) -> str:
+    """One line: ``NAME: description`` of a KafkaError (or the text of anything else)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
+        err = err.args[0]
+    if isinstance(err, KafkaError):
+        return " ".join(f"{err.name()}: {err.str()}".split())
+    return " ".join(str(err).split())
+
+
+class _ErrorSink:
+    """librdkafka's ``error_cb``: keeps the newest client-level error (broker down,
+    authentication failed, ...). librdkafka calls it from ``poll``/``consume``.
+
+    A failed request often says only "transport failure" while the client's own error
+    events say why (e.g. ``_AUTHENTICATION``, which is not transient); such an error is
+    kept apart so that a later "all brokers down" does not hide it."""
+
+    __slots__ = ("last", "permanent")
+
+    def __init__(self) -> None:
+        self.last: Any = None  # confluent_kafka.KafkaError
+        self.permanent: Any = None  # the newest that is not transient
+
+    def __call__(self, err: Any) -> None:
+        self.last = err
+        if not is_transient(err):
+            self.permanent = err
+
+    def take(self) -> Any:
+        """The newest error that is not transient since the last call, else the newest
+        error, or ``None``; forgets them."""
+        err = self.permanent if self.permanent is not None else self.last
+        self.last = self.permanent = None
+        return err
+
+
+class _LibrdkafkaLog:
+    """librdkafka's log lines (``logger``) to the Python logger ``cdcflow.source.librdkafka``
+    at DEBUG level: during an outage librdkafka logs every reconnect, many per second;
+    the source's own warnings (one per retry) say what matters."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("cdcflow.source.librdkafka")
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug(msg, *args)
+
+
+def _client_config(
+    opts: KafkaSourceOptions, role: str, errors: _ErrorSink | None = None
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "group.id": f"cdcflow-kafka-source-{role}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": False,
@@ -528,16 +679,19 @@ def _client_config(opts: KafkaSourceOptions, role: str) -> dict[str, Any]:
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
         "fetch.wait.max.ms": 100,
+        "logger": _LibrdkafkaLog(),
     }
+    if errors is not None:
+        config["error_cb"] = errors
     config.update(opts.client_config)
     return config
 
 
-def _make_consumer(opts: KafkaSourceOptions, role: str) -> Any:
+def _make_consumer(opts: KafkaSourceOptions, role: str, errors: _ErrorSink | None = None) -> Any:
     from confluent_kafka import Consumer, KafkaException
 
     try:
-        return Consumer(_client_config(opts, role))
+        return Consumer(_client_config(opts, role, errors))
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError(
             f"librdkafka rejected the kafka.* options: {exc}; kafka.* options are passed "
@@ -547,7 +701,10 @@ def _make_consumer(opts: KafkaSourceOptions, role: str) -> Any:
 
 
 def _kafka_error(exc: BaseException, what: str) -> SourceError:
-    return SourceError(f"{what}: {exc}; check kafka.bootstrap.servers and that the brokers are up")
+    return SourceError(
+        f"{what}: {_error_text(exc)}; check kafka.bootstrap.servers, the kafka.* client "
+        "settings and that the brokers are up"
+    )
 
 
 # --------------------------------------------------------------------------- partitions
@@ -587,8 +744,14 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
     range is ever emitted. Gaps inside the range (compaction, transaction markers) are
     normal and skipped.
 
+    A broker outage -- a transient error (:func:`is_transient`) reported by the consumer,
+    or no record for ``kafkaConsumer.pollTimeoutMs`` while the partition's offsets cannot
+    be fetched -- is waited out: each failed attempt logs one warning and waits its
+    backoff while polling, and the next attempt uses a new consumer assigned at the next
+    offset to read, until records arrive again or the outage budget is spent.
+
     Args:
-        opts: source options (client configuration, failOnDataLoss, timeouts).
+        opts: source options (client configuration, failOnDataLoss, timeouts, budget).
         part: topic, partition and offset range.
 
     Yields:
@@ -597,32 +760,46 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
 
     Raises:
         SourceError: code ``DATA_LOSS`` if records of the range were deleted and
-            ``failOnDataLoss`` is true; otherwise when no record arrives within
-            ``kafkaConsumer.pollTimeoutMs`` or the consumer reports an error.
+            ``failOnDataLoss`` is true; ``SOURCE_UNAVAILABLE`` when the brokers stay
+            unreachable for ``outageBudgetMs``; otherwise when no record arrives within
+            ``kafkaConsumer.pollTimeoutMs`` although the broker answers, or the consumer
+            reports an error that is not transient.
     """
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     if part.end <= part.start:
         return
-    consumer = _make_consumer(opts, "executor")
+    _worker_logging()
+    errors = _ErrorSink()
+    outage = OutageBudget(opts.outage_budget_s, opts.bootstrap_servers)
     topic, partition, end = part.topic, part.partition, part.end
+    next_offset = part.start
+    consumer = _make_consumer(opts, "executor", errors)
     try:
-        consumer.assign([TopicPartition(topic, partition, part.start)])
-        next_offset = part.start
+        consumer.assign([TopicPartition(topic, partition, next_offset)])
         timeout_s = opts.poll_timeout_ms / 1000.0
-        last_progress = time.monotonic()
+        stall_s = min(_STALL_CHECK_S, timeout_s)
+        last_progress = time.monotonic()  # last record, or the end of an outage
+        check_at = last_progress + stall_s  # when a read without records is looked into
         while next_offset < end:
             want = min(opts.max_records_per_batch, end - next_offset)
             try:
                 msgs = consumer.consume(num_messages=want, timeout=min(1.0, timeout_s))
             except KafkaException as exc:
-                raise _kafka_error(exc, f"reading {topic}[{partition}]") from exc
-            if msgs and [m.error() for m in msgs].count(None) == len(msgs):
+                if not is_transient(exc):
+                    raise _kafka_error(exc, f"reading {topic}[{partition}]") from exc
+                errors.last, msgs = exc.args[0], []
+            # (not ``.count(None)``: confluent-kafka's KafkaError cannot be compared with None)
+            if msgs and not any([m.error() for m in msgs]):
                 # Fast path: no error events and every record inside the range.
                 offsets = [m.offset() for m in msgs]
                 if offsets[0] >= next_offset and offsets[-1] < end:
                     next_offset = offsets[-1] + 1
                     last_progress = time.monotonic()
+                    check_at = last_progress + stall_s
+                    errors.take()  # records arrive: earlier errors are stale
+                    if outage.failing:
+                        outage.ok()
                     yield _Columns.of(msgs, offsets).to_record_batch(topic, partition)
                     continue
             # Slow path, record by record: error events, or records outside the range.
@@ -642,24 +819,35 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 err = m.error()
                 if err is not None:
                     code = err.code()
-                    if code == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end:
-                            done = True
-                            break
-                        next_offset = _check_log_end(opts, consumer, part, next_offset)
-                        if next_offset >= end:
-                            done = True
-                            break
-                        continue
-                    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        next_offset = _recover_out_of_range(opts, consumer, part, next_offset)
-                        if next_offset >= end:
-                            done = True
-                            break
+                    try:
+                        if code == KafkaError._PARTITION_EOF:
+                            if m.offset() >= end:
+                                done = True
+                                break
+                            next_offset = _check_log_end(opts, consumer, part, next_offset)
+                            if next_offset >= end:
+                                done = True
+                                break
+                            continue
+                        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            next_offset = _recover_out_of_range(opts, consumer, part, next_offset)
+                            if next_offset >= end:
+                                done = True
+                                break
+                            continue
+                    except KafkaException as exc:
+                        if not is_transient(exc):
+                            raise _kafka_error(
+                                exc, f"querying the offsets of {topic}[{partition}]"
+                            ) from exc
+                        errors.last = exc.args[0]
+                        break
+                    if is_transient(err):
+                        errors.last = err
                         continue
                     raise SourceError(
                         f"reading topic {topic!r} partition {partition} at offset "
-                        f"{next_offset}: {err.str()}"
+                        f"{next_offset}: {_error_text(err)}"
                     )
                 off = m.offset()
                 if off < next_offset:
@@ -677,28 +865,110 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 next_offset = off + 1
             if cols.offsets:
                 last_progress = time.monotonic()
+                check_at = last_progress + stall_s
+                errors.take()
+                if outage.failing:
+                    outage.ok()
                 yield cols.to_record_batch(topic, partition)
             if done:
                 break
-            if not cols.offsets and time.monotonic() - last_progress > timeout_s:
+            if cols.offsets:
+                continue
+            # No record this round. Records of the range are in the log, so a read without
+            # records for a while is an outage (an error event, or no offsets from the
+            # broker) or a slow broker (pollTimeoutMs); before that, keep polling -- also
+            # through the backoff of an outage, so its end is seen at once.
+            now = time.monotonic()
+            if now < check_at:
+                continue
+            err = errors.take()
+            if err is None:
+                try:
+                    probe_s = min(_PROBE_TIMEOUT_S, outage.attempt_timeout_s(_REQUEST_TIMEOUT_S))
+                    _watermarks_of(consumer, topic, partition, probe_s)
+                except KafkaException as exc:
+                    if not is_transient(exc):
+                        raise _kafka_error(
+                            exc, f"querying the offsets of {topic}[{partition}]"
+                        ) from exc
+                    err = errors.take() or exc.args[0]  # the client's own event says more
+                else:
+                    if outage.failing:  # reachable again: pollTimeoutMs from now
+                        outage.ok()
+                        last_progress = now
+                    elif now - last_progress > timeout_s:
+                        raise SourceError(
+                            f"no record of topic {topic!r} partition {partition} arrived for "
+                            f"{opts.poll_timeout_ms} ms while reading offsets "
+                            f"{next_offset}..{end - 1} although the broker answers; check the "
+                            "brokers, or raise the option kafkaConsumer.pollTimeoutMs"
+                        )
+                    check_at = time.monotonic() + stall_s
+                    continue
+            if not is_transient(err):
                 raise SourceError(
-                    f"no record of topic {topic!r} partition {partition} arrived for "
-                    f"{opts.poll_timeout_ms} ms while reading offsets {next_offset}..{end - 1}; "
-                    "check the brokers, or raise the option kafkaConsumer.pollTimeoutMs"
+                    f"reading topic {topic!r} partition {partition} at offset "
+                    f"{next_offset}: {_error_text(err)}; check kafka.bootstrap.servers and "
+                    "the kafka.* client settings"
                 )
+            delay = outage.failed(
+                f"reading {topic}[{partition}] at offset {next_offset}",
+                _error_text(err),
+                since=last_progress,
+            )
+            check_at = time.monotonic() + delay
+            consumer = _renew_consumer(opts, consumer, errors, topic, partition, next_offset)
     finally:
         consumer.close()
 
 
-def _watermarks_of(consumer: Any, topic: str, partition: int) -> tuple[int, int]:
-    from confluent_kafka import KafkaException, TopicPartition
+def _renew_consumer(
+    opts: KafkaSourceOptions,
+    consumer: Any,
+    errors: _ErrorSink,
+    topic: str,
+    partition: int,
+    offset: int,
+) -> Any:
+    """Close ``consumer`` and return a new one assigned to ``topic[partition]`` at ``offset``."""
+    from confluent_kafka import TopicPartition
 
     try:
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=_REQUEST_TIMEOUT_S, cached=False
-        )
-    except KafkaException as exc:
-        raise _kafka_error(exc, f"querying the offsets of {topic}[{partition}]") from exc
+        consumer.close()
+    except Exception:  # noqa: BLE001 - a client of an unreachable broker
+        log.debug("closing the Kafka consumer failed", exc_info=True)
+    errors.take()
+    fresh = _make_consumer(opts, "executor", errors)
+    fresh.assign([TopicPartition(topic, partition, offset)])
+    return fresh
+
+
+def _worker_logging() -> None:
+    """In a Spark Python worker (no logging configured), show cdcflow's warnings on
+    stderr in the driver's format instead of Python's bare last-resort lines."""
+    root = logging.getLogger()
+    package = logging.getLogger("cdcflow")
+    if root.handlers or package.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.WARNING)
+
+
+def _watermarks_of(
+    consumer: Any, topic: str, partition: int, timeout_s: float = _REQUEST_TIMEOUT_S
+) -> tuple[int, int]:
+    """``(low, high)`` of one partition, asked of the broker (not librdkafka's cache).
+
+    Raises:
+        confluent_kafka.KafkaException: the request failed.
+    """
+    from confluent_kafka import TopicPartition
+
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=timeout_s, cached=False
+    )
     return int(low), int(high)
 
 
@@ -806,13 +1076,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on it; the
     instance that runs ``read`` on executors is a pickled copy without clients.
 
+    Every metadata lookup (topics, partitions and watermarks, as one unit) is retried
+    within the outage budget (:class:`~cdcflow.source.outage.OutageBudget`) with a new
+    client each time; the budget is renewed by every success.
+
     Args:
         options: validated source options.
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
+        _worker_logging()
         self.opts = options
         self._consumer: Any = None  # metadata and watermark queries (driver only)
+        self._errors: _ErrorSink | None = None  # the metadata client's error_cb
+        self._outage: OutageBudget | None = None
+        self._failure: Any = None  # a client error event that made a failure permanent
+        self._timeout_s = _REQUEST_TIMEOUT_S  # of the metadata requests of this attempt
         self._initial: dict[str, dict[str, int]] | None = None
         self._target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
         self._latest: dict[TopicPartitionKey, int] | None = None
@@ -820,24 +1099,106 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = None
+        state["_consumer"] = state["_errors"] = state["_outage"] = state["_failure"] = None
         return state
 
     # -------------------------------------------------------------- Kafka metadata
 
     def _client(self) -> Any:
         if self._consumer is None:
-            self._consumer = _make_consumer(self.opts, "driver")
+            self._errors = _ErrorSink()
+            self._consumer = _make_consumer(self.opts, "driver", self._errors)
         return self._consumer
 
-    def _discover(self) -> list[TopicPartitionKey]:
-        """The topic-partitions this source reads, as the brokers' metadata says now."""
+    def _drop_client(self) -> None:
+        """Close the metadata client (after a failure: the next attempt makes a new one)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - a client of an unreachable broker
+                log.debug("closing the Kafka metadata client failed", exc_info=True)
+
+    def _transient(self, exc: BaseException) -> str | None:
+        """The text of a transient failure of the metadata client, else ``None``.
+
+        librdkafka's own error events (``error_cb``, served by ``poll``) say more than the
+        request's error ("Connect to ipv4#10.0.0.7:9092 failed: Connection refused"
+        rather than "Failed to get metadata: Local: Broker transport failure"), and a
+        transport failure whose event is not transient (a failed SASL handshake is
+        ``_AUTHENTICATION``) is not retried: it is kept in ``_failure`` for the error.
+        """
         from confluent_kafka import KafkaException
 
+        self._failure = None
+        if not isinstance(exc, KafkaException) or not is_transient(exc):
+            return None
+        detail = None
+        if self._consumer is not None and self._errors is not None:
+            with contextlib.suppress(Exception):  # only for a better message
+                self._consumer.poll(0)
+            detail = self._errors.take()
+        if detail is not None and not is_transient(detail):
+            self._failure = detail
+            return None
+        return _error_text(detail if detail is not None else exc)
+
+    def _retry(self, what: str, attempt: Any) -> Any:
+        """``attempt()`` retried within the outage budget; other Kafka errors are
+        SourceErrors at once.
+
+        Raises:
+            SourceError: code ``SOURCE_UNAVAILABLE`` when the budget is spent, or
+                ``SOURCE_ERROR`` for a Kafka error that is not transient.
+        """
+        from confluent_kafka import KafkaException
+
+        if self._outage is None:
+            self._outage = OutageBudget(self.opts.outage_budget_s, self.opts.bootstrap_servers)
+
+        def timed(timeout_s: float) -> Any:
+            self._timeout_s = timeout_s
+            result = attempt()
+            if self._consumer is not None and self._errors is not None:
+                self._consumer.poll(0)  # serve librdkafka's queued logs and events
+                self._errors.take()
+            return result
+
         try:
-            md = self._client().list_topics(timeout=_REQUEST_TIMEOUT_S)
+            return self._outage.call(
+                what, timed, self._transient, _REQUEST_TIMEOUT_S, on_failure=self._drop_client
+            )
         except KafkaException as exc:
-            raise _kafka_error(exc, "listing the topics") from exc
+            failure, self._failure = self._failure, None
+            raise _kafka_error(failure if failure is not None else exc, what) from exc
+
+    def _discover(self) -> list[TopicPartitionKey]:
+        """The topic-partitions this source reads, as the brokers' metadata says now
+        (retried within the outage budget)."""
+        return self._retry("listing the topics", self._list_partitions)
+
+    def _snapshot(
+        self, only: Sequence[TopicPartitionKey] | None = None
+    ) -> tuple[list[TopicPartitionKey], dict[TopicPartitionKey, tuple[int, int]]]:
+        """The topic-partitions this source reads and the watermarks of those of ``only``
+        (default: all), looked up together and retried together within the outage budget
+        (a partition that vanished meanwhile is not asked about again)."""
+
+        def attempt() -> tuple[list, dict]:
+            tps = self._list_partitions()
+            present = set(tps)
+            chosen = tps if only is None else [tp for tp in only if tp in present]
+            return tps, self._watermarks(chosen)
+
+        return self._retry("listing the topics and their offsets", attempt)
+
+    def _list_partitions(self) -> list[TopicPartitionKey]:
+        """One metadata request: the topic-partitions this source reads.
+
+        Raises:
+            confluent_kafka.KafkaException: the request failed.
+        """
+        md = self._client().list_topics(timeout=self._timeout_s)
         found: list[TopicPartitionKey] = []
         for name, tm in md.topics.items():
             if tm.error is not None or not self.opts.matches(name):
@@ -859,9 +1220,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _watermarks(
         self, tps: Sequence[TopicPartitionKey]
     ) -> dict[TopicPartitionKey, tuple[int, int]]:
-        """``{(topic, partition): (low, high)}`` of ``tps``."""
+        """``{(topic, partition): (low, high)}`` of ``tps``, one request each.
+
+        Raises:
+            confluent_kafka.KafkaException: a request failed.
+        """
         client = self._client()
-        return {tp: _watermarks_of(client, tp[0], tp[1]) for tp in tps}
+        return {tp: _watermarks_of(client, tp[0], tp[1], self._timeout_s) for tp in tps}
 
     # -------------------------------------------------------------- offsets
 
@@ -877,8 +1242,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if self._initial is not None:
             return self._initial
-        tps = self._discover()
-        wm = self._watermarks(tps)
+        tps, wm = self._snapshot()
         starting = self.opts.starting_offsets
         offsets: dict[TopicPartitionKey, int] = {}
         if starting in ("earliest", "latest"):
@@ -912,8 +1276,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of a ``Trigger.AvailableNow`` run: the current high watermarks."""
-        tps = self._discover()
-        self._target = {tp: hw for tp, (_, hw) in self._watermarks(tps).items()}
+        _, wm = self._snapshot()
+        self._target = {tp: hw for tp, (_, hw) in wm.items()}
 
     def getDefaultReadLimit(self) -> Any:
         """``ReadMaxRows(maxOffsetsPerTrigger)``, or ``ReadAllAvailable()`` without it."""
@@ -939,11 +1303,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             nothing new.
 
         Raises:
-            SourceError: code ``DATA_LOSS`` (see :func:`resolve_start_offset`).
+            SourceError: code ``DATA_LOSS`` (see :func:`resolve_start_offset`), or
+                ``SOURCE_UNAVAILABLE`` when the brokers stay unreachable for the outage
+                budget.
         """
         begin = _from_json(start)
-        tps = self._discover()
-        wm = self._watermarks(tps)
+        tps, wm = self._snapshot()
         self._latest = {tp: hw for tp, (_, hw) in wm.items()}
         end: dict[TopicPartitionKey, int] = {}
         backlog: dict[TopicPartitionKey, int] = {}
@@ -986,11 +1351,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """One input partition per topic-partition with records in ``[start, end)``.
 
         Raises:
-            SourceError: code ``DATA_LOSS`` if the start of a range was deleted meanwhile.
+            SourceError: code ``DATA_LOSS`` if the start of a range was deleted meanwhile,
+                or ``SOURCE_UNAVAILABLE`` (see :meth:`latestOffset`).
         """
         begin, stop = _from_json(start), _from_json(end)
-        present = set(self._discover())
-        wm = self._watermarks([tp for tp in sorted(stop) if tp in present])
+        _, wm = self._snapshot(only=sorted(stop))
         parts = []
         for tp in sorted(stop):
             e = stop[tp]
@@ -1050,7 +1415,8 @@ def list_partitions(options: Mapping[str, Any]) -> list[TopicPartitionKey]:
 
     Raises:
         ConfigError: the options are not valid.
-        SourceError: the brokers cannot be reached.
+        SourceError: ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for
+            ``outageBudgetMs``; ``SOURCE_ERROR``: another Kafka error.
     """
     reader = KafkaStreamReader(parse_options(options))
     try:
@@ -1067,7 +1433,8 @@ def read_range(
 
     Raises:
         SourceError: ``DATA_LOSS`` when records of the range were deleted meanwhile (and
-            failOnDataLoss is true), or the brokers cannot be reached.
+            failOnDataLoss is true), ``SOURCE_UNAVAILABLE`` when the brokers stay
+            unreachable for ``outageBudgetMs`` (see :func:`read_partition`).
     """
     opts = parse_options(options)
     return read_partition(opts, KafkaInputPartition(topic, partition, first, last + 1))
@@ -1133,7 +1500,9 @@ def read_stream(spark: Any, options: Mapping[str, Any], engine: str = "auto") ->
     opts = {str(k): str(v) for k, v in options.items()}
     if use_jvm:
         opts.setdefault("includeHeaders", "true")
-        opts = {k: v for k, v in opts.items() if k.lower() != "maxrecordsperbatch"}
+        # cdcflow's own options; the Java client retries by its own settings
+        own = ("maxrecordsperbatch", "outagebudgetms")
+        opts = {k: v for k, v in opts.items() if k.lower() not in own}
         return spark.readStream.format("kafka").options(**opts).load()
     register(spark)
     return spark.readStream.format(FORMAT).options(**opts).load()

@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import zlib
@@ -485,14 +486,77 @@ class EmbeddedBroker:
         """
         if self._proc is None or self.port is None or self._binary_path is None:
             raise BrokerError("the embedded broker is not started; call start() first")
+        self.pause(hard=hard)
+        return self.resume()
+
+    def pause(self, hard: bool = True) -> EmbeddedBroker:
+        """Stop the broker process and keep its port and storage for :meth:`resume`.
+
+        Until then connections to the port are refused, as during a broker outage.
+        Use ``storage="s3"`` for the data to be there afterwards.
+
+        Args:
+            hard: SIGKILL at once (the default: a crash); else SIGTERM first.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            BrokerError: the broker was not started.
+        """
+        if self._proc is None or self.port is None or self._binary_path is None:
+            raise BrokerError("the embedded broker is not started; call start() first")
         self._close_clients()
         self._kill(hard=hard)
+        return self
+
+    def resume(self) -> EmbeddedBroker:
+        """Start the broker again after :meth:`pause`, on the same port and storage.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            BrokerError: the broker was never started, or the new process did not answer
+                within ``startup_timeout_s`` (e.g. the port was taken meanwhile).
+        """
+        if self.port is None or self._binary_path is None:
+            raise BrokerError("the embedded broker is not started; call start() first")
+        if self.running:
+            return self
         try:
             self._launch(self._binary_path, self.port, append_log=True)
         except BaseException:
             self._kill()
             raise
         return self
+
+    def pause_for(self, seconds: float, hard: bool = True) -> threading.Thread:
+        """Take the broker down now and bring it back after ``seconds`` (same port and
+        storage), from a background thread: a broker outage while the caller goes on.
+
+        Args:
+            seconds: how long the port refuses connections, seconds.
+            hard: stop with SIGKILL (default) or SIGTERM.
+
+        Returns:
+            The started thread; ``join()`` it to wait until the broker answers again. An
+            error of the restart is kept as the thread's ``error`` attribute.
+        """
+        self.pause(hard=hard)
+        down_at = time.monotonic()
+
+        def back() -> None:
+            time.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
+            try:
+                self.resume()
+            except BaseException as exc:  # noqa: BLE001 - reported through the thread
+                thread.error = exc  # type: ignore[attr-defined]
+
+        thread = threading.Thread(target=back, name="broker-outage", daemon=True)
+        thread.error = None  # type: ignore[attr-defined]
+        thread.start()
+        return thread
 
     def _close_clients(self) -> None:
         for producer in (self._bulk, self._single):

@@ -1,0 +1,195 @@
+"""The Kafka source across broker outages: the real tansu broker taken down and brought
+back on the same port, its records kept on durable (s3) storage. No Spark: the reader's
+driver methods and the executor read are called directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import pytest
+
+from cdcflow.errors import Code, SourceError
+from cdcflow.source.kafka import (
+    DATA_LOSS,
+    KafkaInputPartition,
+    KafkaStreamReader,
+    list_partitions,
+    parse_options,
+    read_partition,
+)
+from cdcflow.testing.broker import EmbeddedBroker
+
+pytestmark = [pytest.mark.kafka]
+
+# Small fetches: the consumer holds one record batch at a time, so a read that has
+# started still has most of its records to fetch when the broker goes down.
+SMALL_FETCHES = {
+    "kafka.fetch.max.bytes": "1024",
+    "kafka.message.max.bytes": "1000",
+    "kafka.max.partition.fetch.bytes": "1024",
+    "kafka.queued.min.messages": "1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_broker():
+    with EmbeddedBroker(storage="s3") as broker:
+        yield broker
+
+
+@pytest.fixture(scope="module")
+def topic(s3_broker):
+    """A one-partition topic of 400 records in 8 record batches (4 produce calls); the
+    tests only read it."""
+    name = f"outage-{uuid.uuid4().hex[:8]}"
+    s3_broker.create_topic(name)
+    for i in range(4):
+        s3_broker.produce(
+            name, [(b"k%d" % n, b"value %d" % n) for n in range(i * 100, (i + 1) * 100)]
+        )
+    assert s3_broker.end_offsets(name) == {0: 400}
+    return name
+
+
+def _options(broker, topic, **extra):
+    return {
+        "kafka.bootstrap.servers": broker.bootstrap_servers,
+        "subscribe": topic,
+        **{k: str(v) for k, v in extra.items()},
+    }
+
+
+def _offsets(batches) -> list[int]:
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+def _outage_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "cdcflow.source.outage"]
+
+
+def test_a_read_waits_out_an_outage_and_its_records_arrive_complete_and_in_order(
+    s3_broker, topic, caplog
+):
+    caplog.set_level(logging.WARNING, logger="cdcflow.source.outage")
+    opts = parse_options(_options(s3_broker, topic, maxRecordsPerBatch=20, **SMALL_FETCHES))
+    reading = read_partition(opts, KafkaInputPartition(topic, 0, 0, 400))
+    batches = [next(reading)]
+    started = time.monotonic()
+    outage = s3_broker.pause_for(5)
+    batches.extend(reading)
+    took = time.monotonic() - started
+    outage.join()
+    assert outage.error is None
+
+    offsets = _offsets(batches)
+    assert offsets == list(range(400))
+    values = [v for b in batches for v in b.column("value").to_pylist()]
+    assert values == [b"value %d" % n for n in range(400)]
+    lines = _outage_lines(caplog)
+    assert lines, "the outage was not noticed"
+    assert "(attempt 1)" in lines[0] and f"reading {topic}[0] at offset " in lines[0]
+    assert "s left of the outage budget (kafka.outage_budget_s), next retry in" in lines[0]
+    assert "reachable again after" in lines[-1]
+    assert 4.5 < took < 30, f"read took {took:.1f} s across a 5 s outage"
+
+
+def test_a_read_that_starts_during_an_outage_reads_everything_once_the_broker_is_back(
+    s3_broker, topic
+):
+    opts = parse_options(_options(s3_broker, topic, maxRecordsPerBatch=64, **SMALL_FETCHES))
+    outage = s3_broker.pause_for(3)
+    batches = list(read_partition(opts, KafkaInputPartition(topic, 0, 150, 400)))
+    outage.join()
+    assert _offsets(batches) == list(range(150, 400))
+
+
+def test_latest_offset_and_partitions_wait_out_an_outage(s3_broker, topic):
+    reader = KafkaStreamReader(parse_options(_options(s3_broker, topic)))
+    try:
+        start = {topic: {"0": 0}}
+        assert reader.latestOffset(start, None) == {topic: {"0": 400}}
+        started = time.monotonic()
+        outage = s3_broker.pause_for(4)
+        end = reader.latestOffset(start, None)
+        took = time.monotonic() - started
+        outage.join()
+        assert end == {topic: {"0": 400}}
+        assert 3.5 < took < 30
+        assert reader.partitions(start, end) == [KafkaInputPartition(topic, 0, 0, 400)]
+    finally:
+        reader.stop()
+
+
+def test_a_spent_budget_is_source_unavailable_in_one_line(s3_broker, topic):
+    options = _options(s3_broker, topic, outageBudgetMs=3000)
+    reader = KafkaStreamReader(parse_options(options))
+    start = reader.initialOffset()
+    s3_broker.pause()
+    try:
+        errors = []
+        for what, call in [
+            ("listing the topics and their offsets", lambda: reader.latestOffset(start, None)),
+            (
+                f"reading {topic}[0] at offset 0",
+                lambda: list(
+                    read_partition(parse_options(options), KafkaInputPartition(topic, 0, 0, 400))
+                ),
+            ),
+            ("listing the topics", lambda: list_partitions(options)),
+        ]:
+            began = time.monotonic()
+            with pytest.raises(SourceError) as info:
+                call()
+            took = time.monotonic() - began
+            error = info.value
+            errors.append(str(error))
+            assert error.code == Code.SOURCE_UNAVAILABLE
+            assert 2.5 < took < 8, f"{what}: gave up after {took:.1f} s with a 3 s budget"
+            text = str(error)
+            assert "\n" not in text
+            assert text.startswith(
+                f"[SOURCE_UNAVAILABLE] Kafka brokers {s3_broker.bootstrap_servers} unavailable "
+                "for 3 s ("
+            )
+            assert f"kafka.outage_budget_s=3) while {what}; last error: _" in text
+            assert "Connection refused" in text or "brokers are down" in text
+            assert text.endswith("raise kafka.outage_budget_s to wait longer")
+        print(*errors, sep="\n")
+    finally:
+        reader.stop()
+        s3_broker.resume()
+
+
+def test_errors_that_are_not_transient_are_not_retried(broker):
+    """Authentication and data loss are raised at once, whatever the budget."""
+    name = f"notransient-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(name)
+    broker.produce(name, [(None, b"x")] * 5)
+
+    sasl = _options(
+        broker,
+        name,
+        outageBudgetMs=300_000,
+        **{
+            "kafka.security.protocol": "SASL_PLAINTEXT",
+            "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.username": "u",
+            "kafka.sasl.password": "p",
+        },
+    )
+    began = time.monotonic()
+    with pytest.raises(SourceError, match=r"_AUTHENTICATION: .*SASL") as info:
+        list(read_partition(parse_options(sasl), KafkaInputPartition(name, 0, 0, 5)))
+    assert info.value.code == "SOURCE_ERROR"
+    assert time.monotonic() - began < 10
+
+    reader = KafkaStreamReader(parse_options(_options(broker, name, outageBudgetMs=300_000)))
+    began = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        reader.latestOffset({name: {"0": 50}}, None)  # beyond the end: re-created topic
+    reader.stop()
+    assert info.value.code == DATA_LOSS
+    assert time.monotonic() - began < 10
