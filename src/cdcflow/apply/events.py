@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdcflow.errors import Code
 from cdcflow.formats.base import Decoder, DecodeResult, Record
@@ -371,26 +372,40 @@ def records_from_kafka_batch(batch: pa.RecordBatch) -> list[Record]:
     """Records from an Arrow batch with Spark's Kafka-source columns.
 
     Expects ``key``, ``value`` (binary), ``topic``, ``partition``, ``offset``; uses
-    ``headers`` (list of struct key/value) and ``timestamp`` when present.
+    ``headers`` (list of struct key/value) and ``timestamp`` when present. Columns are
+    converted whole (no per-row ``datetime``); a timestamp becomes epoch milliseconds,
+    truncated toward zero.
     """
-    d = batch.to_pydict()
     n = batch.num_rows
-    headers = d.get("headers") or [None] * n
-    stamps = d.get("timestamp") or [None] * n
-    out = []
-    for i in range(n):
-        h = headers[i]
-        ts = stamps[i]
-        out.append(
-            Record(
-                value=d["value"][i],
-                key=d["key"][i],
-                headers=tuple((x["key"], x["value"]) for x in h) if h else (),
-                origin=Origin(d["topic"][i], d["partition"][i], d["offset"][i]),
-                timestamp_ms=int(ts.timestamp() * 1000) if ts is not None else None,
-            )
+    names = batch.schema.names
+    values = batch.column("value").to_pylist()
+    keys = batch.column("key").to_pylist()
+    topics = batch.column("topic").to_pylist()
+    partitions = batch.column("partition").to_pylist()
+    offsets = batch.column("offset").to_pylist()
+    stamps: list[Any] = [None] * n
+    if "timestamp" in names:
+        ts = batch.column("timestamp")
+        if ts.null_count < n:
+            micros = pc.cast(ts, pa.timestamp("us", tz=ts.type.tz)).cast(pa.int64())
+            stamps = pc.divide(micros, 1000).to_pylist()  # integer division truncates
+    headers: list[Any] = [None] * n
+    if "headers" in names:
+        h = batch.column("headers")
+        if h.null_count < n:
+            headers = h.to_pylist()
+    return [
+        Record(
+            value=v,
+            key=k,
+            headers=tuple((x["key"], x["value"]) for x in hs) if hs else (),
+            origin=Origin(t, p, o),
+            timestamp_ms=ms,
         )
-    return out
+        for v, k, t, p, o, ms, hs in zip(
+            values, keys, topics, partitions, offsets, stamps, headers, strict=True
+        )
+    ]
 
 
 def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatch:
