@@ -24,14 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdcflow.apply.batch import BatchApplier, BatchReport, Router
-from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
+from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction, spark_event_schema
 from cdcflow.apply.offsets import OffsetLedger, PendingApply
 from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.errors import CdcflowError, ConfigError, SourceError
 from cdcflow.sinks.delta import DeltaWarehouse
 
-__all__ = ["Pipeline", "RunSummary", "source_error_of", "spark_event_schema"]
+__all__ = ["Pipeline", "RunSummary", "source_error_of"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,6 @@ def source_error_of(exc: BaseException) -> SourceError | None:
         return None
     code, message = found[-1]
     return SourceError(message.strip(), code)
-
-
-def spark_event_schema():
-    """:data:`EVENT_SCHEMA` as a Spark ``StructType``."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(EVENT_SCHEMA)
 
 
 @dataclass
@@ -157,7 +150,7 @@ class Pipeline:
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
             return raw.mapInArrow(self._decode_function(source), spark_event_schema())
         from cdcflow.model import dumps
-        from cdcflow.source.changes import FORMAT
+        from cdcflow.source.changes import FORMAT, register
 
         wh = self.warehouse_for(source)
         fused = {
@@ -169,6 +162,7 @@ class Pipeline:
         }
         if staging is not None:
             fused["cdcflow.stagingPath"] = staging
+        register(self.spark)
         return self.spark.readStream.format(FORMAT).options(**fused).load()
 
     def _staging_path(self, source: SourceConfig) -> str | None:

@@ -11,7 +11,8 @@ __all__ = ["get_or_create_session"]
 
 
 def get_or_create_session(app_name: str = "cdcflow", master: str | None = None):
-    """A SparkSession tuned for a small machine, registering cdcflow's Kafka data source.
+    """A SparkSession tuned for a small machine (cdcflow's data sources are registered
+    where they are used: :class:`~cdcflow.pipeline.Pipeline`, :func:`cdcflow.source.kafka.read_stream`).
 
     Args:
         app_name: Spark application name.
@@ -47,8 +48,4 @@ def get_or_create_session(app_name: str = "cdcflow", master: str | None = None):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
-    from cdcflow.source import changes, kafka
-
-    kafka.register(session)
-    changes.register(session)
     return session

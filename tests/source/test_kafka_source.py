@@ -337,7 +337,12 @@ def test_starting_offsets_json_must_name_every_partition(broker):
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_registered_and_python_path_chosen(spark):
+    from cdcflow.source.kafka import register
+
     assert not jvm_kafka_available(spark)  # no Spark Kafka jars here
+    register(spark)
+    register(spark)  # once per session: no "replaced a previously registered" warning
+    assert "cdcflow_kafka" in spark.__dict__["_cdcflow_data_sources"]
     df = (
         spark.readStream.format(FORMAT)
         .options(**{"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "x"})
@@ -519,6 +524,9 @@ def test_recreated_topic_is_data_loss_unless_allowed(spark, broker, tmp_path):
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_bad_config_errors_through_spark_and_read_stream(spark, broker):
+    from cdcflow.source.kafka import register
+
+    register(spark)
     with pytest.raises(Exception, match="kafka.bootstrap.servers"):
         spark.readStream.format(FORMAT).option("subscribe", "x").load()
     with pytest.raises(ConfigError, match="subscribe and subscribePattern"):

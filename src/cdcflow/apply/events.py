@@ -36,6 +36,7 @@ __all__ = [
     "flatten",
     "load_decoder_state",
     "records_from_kafka_batch",
+    "spark_event_schema",
 ]
 
 KIND_EVENT = "event"
@@ -79,6 +80,13 @@ EVENT_SCHEMA = pa.schema(
     ]
 )
 _NAMES = EVENT_SCHEMA.names
+
+
+def spark_event_schema() -> Any:
+    """:data:`EVENT_SCHEMA` as a Spark ``StructType`` (imports PySpark)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(EVENT_SCHEMA)
 
 
 _dumps = orjson.dumps

@@ -25,9 +25,15 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction
+from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction, spark_event_schema
 from cdcflow.errors import ConfigError
-from cdcflow.source.kafka import KafkaDataSource, KafkaStreamReader, parse_options, read_partition
+from cdcflow.source.kafka import (
+    KafkaDataSource,
+    KafkaStreamReader,
+    parse_options,
+    read_partition,
+    register_once,
+)
 
 __all__ = ["ChangesDataSource", "FORMAT", "STAGED_SCHEMA", "read_staged", "register"]
 
@@ -116,8 +122,6 @@ class ChangesDataSource(KafkaDataSource):
         return FORMAT
 
     def schema(self) -> Any:
-        from cdcflow.pipeline import spark_event_schema
-
         kafka, _ = _split(dict(self.options))
         parse_options(kafka)
         if _staging(dict(self.options)):
@@ -133,5 +137,5 @@ class ChangesDataSource(KafkaDataSource):
 
 
 def register(spark: Any) -> None:
-    """Register ``cdcflow_changes`` with a SparkSession (idempotent)."""
-    spark.dataSource.register(ChangesDataSource)
+    """Register ``cdcflow_changes`` with a SparkSession (once per session)."""
+    register_once(spark, ChangesDataSource)

@@ -1441,12 +1441,21 @@ def read_range(
 
 
 def register(spark: Any) -> None:
-    """Register the ``cdcflow_kafka`` data source with a SparkSession (idempotent).
+    """Register the ``cdcflow_kafka`` data source with a SparkSession (once per session).
 
     Args:
         spark: ``pyspark.sql.SparkSession``.
     """
-    spark.dataSource.register(KafkaDataSource)
+    register_once(spark, KafkaDataSource)
+
+
+def register_once(spark: Any, source: type) -> None:
+    """Register the Python data source class ``source`` with ``spark`` unless this
+    session has it already (a second registration replaces it with a WARN line)."""
+    done: set[str] = spark.__dict__.setdefault("_cdcflow_data_sources", set())
+    if source.name() not in done:
+        spark.dataSource.register(source)
+        done.add(source.name())
 
 
 def jvm_kafka_available(spark: Any) -> bool:
