@@ -122,7 +122,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from cdcflow.apply.batch import BatchApplier, Router
-    from cdcflow.apply.events import flatten, load_decoder_state
+    from cdcflow.decode.batches import flatten, load_decoder_state
     from cdcflow.sinks.delta import DeltaWarehouse
 
     decoder = _decoder(args.format, args.primary_key, args.keyless)

@@ -38,11 +38,15 @@ import datetime as dt
 import decimal
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 __all__ = [
+    "NetChange",
     "ChangeEvent",
     "DeadLetter",
     "Op",
@@ -304,3 +308,24 @@ def dumps(obj: Any) -> bytes:
         if "64-bit" not in str(exc):
             raise
         return orjson.dumps(_exact_big_ints(obj), default=json_default, option=_ORJSON_OPTS)
+
+
+@dataclass(slots=True)
+class NetChange:
+    """The net effect of one batch on one table.
+
+    Attributes:
+        rows: one row per key: ``key`` (JSON), ``is_delete``, ``seq``, ``ts_ms``, ``after``
+            (JSON or null), ``partial``, ``moved_from`` (the old key's JSON when the key's
+            last change moved it there with a partial image, else null: the sink fills the
+            absent columns from the old key's stored row) -- sorted by key.
+        truncate_seq: the sequence of the batch's last truncate (``""`` if it had none),
+            ``None`` when there was no truncate.
+        events_in: row events considered (after the truncate cut).
+        superseded: row events replaced by a later change of the same key in the batch.
+    """
+
+    rows: pa.Table
+    truncate_seq: str | None
+    events_in: int
+    superseded: int

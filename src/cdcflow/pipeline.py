@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdcflow.apply.batch import BatchApplier, BatchReport, Router
-from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction, spark_event_schema
 from cdcflow.apply.offsets import OffsetLedger, PendingApply
 from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
+from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, SourceError
+from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.sinks.delta import DeltaWarehouse
 
 __all__ = ["Pipeline", "RunSummary", "source_error_of"]

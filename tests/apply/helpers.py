@@ -6,7 +6,7 @@ import itertools
 
 import pyarrow as pa
 
-from cdcflow.apply.events import flatten
+from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
 

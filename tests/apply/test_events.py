@@ -6,7 +6,7 @@ import datetime as dt
 
 import pyarrow as pa
 
-from cdcflow.apply.events import records_from_kafka_batch
+from cdcflow.decode.batches import records_from_kafka_batch
 from cdcflow.model import Origin
 from cdcflow.source.kafka import ARROW_SCHEMA
 

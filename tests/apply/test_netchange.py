@@ -102,7 +102,7 @@ def test_columns_declared_travel_once_per_declaration():
 def test_an_event_that_cannot_be_stored_dead_letters_its_record_with_raw_bytes():
     from tests.apply.helpers import ins as insert
 
-    from cdcflow.apply.events import flatten
+    from cdcflow.decode.batches import flatten
     from cdcflow.formats.base import DecodeResult, Record
     from cdcflow.model import Origin
 

@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cdcflow.apply.events import KIND_EVENT, flatten
 from cdcflow.apply.transactions import (
     HELD_SCHEMA,
     TransactionPolicy,
@@ -24,6 +23,8 @@ from cdcflow.apply.transactions import (
     save_pending,
     split_transactions,
 )
+from cdcflow.decode.batches import flatten
+from cdcflow.event_schema import KIND_EVENT
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.events import flatten
+from cdcflow.decode.batches import flatten
 from cdcflow.formats import decoder_for, encoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin

@@ -21,7 +21,7 @@ The property (:func:`check`): ``decode_batch`` never raises and finishes within
 :data:`HANG_SECONDS`; every record ends exactly once as decoded, skipped or dead-lettered;
 a dead letter has a known code and keeps the record's exact bytes and origin; events are
 well formed; input that is not JSON yields no event from a JSON format; and
-:func:`cdcflow.apply.events.flatten` turns the result into Arrow rows without raising.
+:func:`cdcflow.decode.batches.flatten` turns the result into Arrow rows without raising.
 
 Bugs found this way keep a minimal reproducer at the end of the file, each asserting the
 fixed behaviour (the dead-letter code and what its message names, or the event). A bug not
@@ -56,7 +56,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdcflow.apply.events import flatten
+from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code
 from cdcflow.formats import decoder_for, encoder_for, format_names
 from cdcflow.formats.base import Decoder, DecodeResult, Record, SourceChange

@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pytest
 from tests.formats.test_conformance import COLUMNS, ROW_1, ROW_2, _base, _restrict
 
-from cdcflow.apply.events import flatten
 from cdcflow.apply.netchange import net_change
+from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code, ConfigError
 from cdcflow.formats import decoder_class, decoder_for, encoder_for, format_names
 from cdcflow.formats.base import Decoder, Record, SourceChange, is_full_row

@@ -62,7 +62,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow.apply.batch import BatchApplier, Router
-from cdcflow.apply.events import DecodeFunction, flatten
+from cdcflow.decode.batches import DecodeFunction, flatten
 from cdcflow.formats import decoder_for, encoder_for, format_names
 from cdcflow.formats.base import Message, Record, SourceChange
 from cdcflow.model import Op, Origin, SourceTable

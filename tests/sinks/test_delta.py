@@ -7,7 +7,7 @@ from deltalake import DeltaTable
 from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.events import flatten
+from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import ChangeEvent, DeadLetter, Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse

@@ -34,12 +34,11 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdcflow.apply.ddl import column_renames
-from cdcflow.apply.events import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.apply.netchange import net_change
 from cdcflow.apply.offsets import IncompleteApply, OffsetLedger, TopicPartition, offset_ranges
 from cdcflow.apply.options import TableOptions
 from cdcflow.apply.prepare import drop_null_updates, with_sequence_by
-from cdcflow.apply.schema import logical_from_arrow, plan_schema
+from cdcflow.apply.schema import plan_schema
 from cdcflow.apply.transactions import (
     TransactionPolicy,
     batch_clock_ms,
@@ -48,6 +47,8 @@ from cdcflow.apply.transactions import (
     split_transactions,
 )
 from cdcflow.errors import ApplyError, Code, LeaseHeld
+from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
+from cdcflow.images import logical_from_arrow
 from cdcflow.model import Op
 from cdcflow.sinks.delta import (
     BATCHES_SCHEMA,
@@ -171,7 +172,7 @@ def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool)
 
 
 class BatchApplier:
-    """Applies :data:`~cdcflow.apply.events.EVENT_SCHEMA` batches to a warehouse.
+    """Applies :data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches to a warehouse.
 
     Args:
         warehouse: the pipeline's Delta tables.
@@ -223,7 +224,7 @@ class BatchApplier:
         interrupted is finished first, under its own id, with exactly its records.
 
         Args:
-            events: :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows of the delivery.
+            events: :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows of the delivery.
             delivery_id: Spark's micro-batch id (recorded, never trusted).
 
         Returns:

@@ -22,13 +22,11 @@ that changed more than once in the batch go through Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.model import Op
+from cdcflow.model import NetChange, Op
 
 __all__ = ["NetChange", "net_change"]
 
@@ -36,27 +34,6 @@ _DELETE = Op.DELETE.value
 _UPDATE = Op.UPDATE.value
 _TRUNCATE = Op.TRUNCATE.value
 _ROW_OPS = pa.array([Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value])
-
-
-@dataclass(slots=True)
-class NetChange:
-    """The net effect of one batch on one table.
-
-    Attributes:
-        rows: one row per key: ``key`` (JSON), ``is_delete``, ``seq``, ``ts_ms``, ``after``
-            (JSON or null), ``partial``, ``moved_from`` (the old key's JSON when the key's
-            last change moved it there with a partial image, else null: the sink fills the
-            absent columns from the old key's stored row) -- sorted by key.
-        truncate_seq: the sequence of the batch's last truncate (``""`` if it had none),
-            ``None`` when there was no truncate.
-        events_in: row events considered (after the truncate cut).
-        superseded: row events replaced by a later change of the same key in the batch.
-    """
-
-    rows: pa.Table
-    truncate_seq: str | None
-    events_in: int
-    superseded: int
 
 
 #: Source order inside a batch: sequence, then Kafka position, then index in the record.
@@ -70,7 +47,7 @@ _ORDER = [
 
 
 def net_change(events: pa.Table) -> NetChange:
-    """Collapse one table's :data:`~cdcflow.apply.events.EVENT_SCHEMA` event rows.
+    """Collapse one table's :data:`~cdcflow.decode.batches.EVENT_SCHEMA` event rows.
 
     Args:
         events: rows of ``kind == "event"`` for one target table (any ops; non-row ops

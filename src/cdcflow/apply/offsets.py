@@ -43,7 +43,7 @@ TopicPartition = tuple[str, int]
 
 def offset_ranges(events: pa.Table) -> dict[TopicPartition, tuple[int, int]]:
     """``{(topic, partition): (first_offset, last_offset)}`` of the records in ``events``
-    (:data:`~cdcflow.apply.events.EVENT_SCHEMA` rows, several per record allowed)."""
+    (:data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows, several per record allowed)."""
     if events.num_rows == 0:
         return {}
     spans = (

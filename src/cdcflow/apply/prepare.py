@@ -6,7 +6,7 @@
 * :func:`drop_null_updates` turns an update's NULL values into "not present" (AUTO CDC's
   ``ignore_null_updates``), so the sink keeps the stored values.
 
-Both take and return :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows of one table.
+Both take and return :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows of one table.
 """
 
 from __future__ import annotations

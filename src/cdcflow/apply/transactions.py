@@ -93,7 +93,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.events import EVENT_SCHEMA
+from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.model import Op
 from cdcflow.sinks.delta import DeltaWarehouse
 
@@ -171,7 +171,7 @@ class TransactionSplit:
     """One batch split into what to apply now and what to hold.
 
     Attributes:
-        ready: :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows to apply now: released
+        ready: :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows to apply now: released
             held rows first, then this batch's, each in source order.
         held: :data:`HELD_SCHEMA` rows to keep for the next batch.
         complete: tracked transactions completed (and released) in this batch.
@@ -199,7 +199,7 @@ def split_transactions(
     """Split a batch's events so that only whole transactions are applied (module doc).
 
     Args:
-        events: this batch's :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows of kind
+        events: this batch's :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows of kind
             ``event`` (every op).
         held_before: :data:`HELD_SCHEMA` rows held by the previous batch, or ``None``.
         now_ms: wall clock of this batch, epoch milliseconds (see :func:`batch_clock_ms`).

@@ -44,10 +44,9 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_de
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from cdcflow.apply.netchange import NetChange
-from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
 from cdcflow.errors import ApplyError, Code
-from cdcflow.model import dumps
+from cdcflow.images import logical_from_arrow, rows_to_arrow
+from cdcflow.model import NetChange, dumps
 from cdcflow.sinks.faults import storage_error
 from cdcflow.types import arrow_type
 

@@ -81,9 +81,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from cdcflow.apply.events import KIND_EVENT
-from cdcflow.apply.schema import logical_from_arrow, rows_to_arrow
 from cdcflow.errors import ApplyError, Code
+from cdcflow.event_schema import KIND_EVENT
+from cdcflow.images import logical_from_arrow, rows_to_arrow
 from cdcflow.model import Op, json_default
 from cdcflow.sinks.delta import SEQ_COLUMN, TS_COLUMN, DeltaWarehouse, arrow_schema
 
@@ -537,7 +537,7 @@ def apply_history(
         warehouse: the pipeline's Delta tables; the history table is at
             ``warehouse.table_path(target)``, its change log at :func:`log_path`.
         target: target table name.
-        events: :data:`~cdcflow.apply.events.EVENT_SCHEMA` rows of this table, any order;
+        events: :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows of this table, any order;
             ops insert, update, delete, snapshot, truncate count (the rest is ignored).
         types: column -> logical type for the data columns (stored types win for stored
             columns; a new one is added to the table first).

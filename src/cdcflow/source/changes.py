@@ -3,8 +3,8 @@
 The Python Kafka source (:mod:`cdcflow.source.kafka`) yields raw records; decoding them
 with ``mapInArrow`` sends every record through the JVM twice more (Arrow -> rows -> Arrow
 to the decoding worker, and back). This source runs the same
-:class:`~cdcflow.apply.events.DecodeFunction` inside the worker that reads Kafka, so its
-rows are decoded events (:data:`~cdcflow.apply.events.EVENT_SCHEMA`) from the start.
+:class:`~cdcflow.decode.batches.DecodeFunction` inside the worker that reads Kafka, so its
+rows are decoded events (:data:`~cdcflow.decode.batches.EVENT_SCHEMA`) from the start.
 Offsets, admission control, ``Trigger.AvailableNow`` and data-loss checks are the Kafka
 source's own: only ``read`` differs.
 
@@ -25,8 +25,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from cdcflow.apply.events import EVENT_SCHEMA, DecodeFunction, spark_event_schema
+from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError
+from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.source.kafka import (
     KafkaDataSource,
     KafkaStreamReader,
@@ -91,7 +92,7 @@ class ChangesStreamReader(KafkaStreamReader):
         self.staging = staging
 
     def read(self, partition: Any) -> Iterator[Any]:
-        """:data:`~cdcflow.apply.events.EVENT_SCHEMA` batches of one Kafka partition range,
+        """:data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches of one Kafka partition range,
         or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them."""
         batches = self.decode(read_partition(self.opts, partition))
         if self.staging is None:

@@ -11,7 +11,7 @@ What a producer and a consumer do to a stream of messages, reproduced over plain
   consumer does: each batch takes the next contiguous offset range of every partition
   (possibly empty), with random sizes, so partitions interleave.
 * :func:`kafka_batch` gives a batch the columns of Spark's Kafka source, the input of
-  :func:`cdcflow.apply.events.decode_kafka_batch`.
+  :func:`cdcflow.decode.batches.decode_kafka_batch`.
 
 Every function is deterministic given its ``rng`` (a ``random.Random`` or Hypothesis'
 ``st.randoms()``).

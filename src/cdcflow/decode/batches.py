@@ -1,13 +1,14 @@
-"""Decoded events as Arrow rows: the form that crosses from Spark executors to the apply.
+"""Kafka batches -> decoded event batches: the decode stage that runs in Spark's executors.
 
-:func:`decode_kafka_batch` is what runs inside Spark's ``mapInArrow``: it takes an Arrow
-batch with the columns of Spark's Kafka source and returns an Arrow batch of
-:data:`EVENT_SCHEMA` rows, one per decoded event, skipped record or dead letter, so
-every consumed record is accounted for (``kind`` says which).
+:func:`decode_kafka_batch` is what runs inside Spark's ``mapInArrow`` (or the fused
+``cdcflow_changes`` source): it takes an Arrow batch with the columns of Spark's Kafka
+source and returns an Arrow batch of :data:`~cdcflow.event_schema.EVENT_SCHEMA` rows, one
+per decoded event, skipped record or dead letter, so every consumed record is accounted
+for (``kind`` says which).
 
 Row images travel as canonical JSON (``cdcflow decode`` form: decimals as strings,
 dates/timestamps ISO-8601, binary base64) beside ``columns``, the logical type of every
-column, from which :mod:`cdcflow.apply.typing` rebuilds typed Arrow columns.
+column, from which :mod:`cdcflow.images` rebuilds typed Arrow columns.
 """
 
 from __future__ import annotations
@@ -22,72 +23,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.errors import Code
+from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.formats.base import Decoder, DecodeResult, Record
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, dumps, json_default, seq_key
 from cdcflow.types import infer_type
 
 __all__ = [
-    "EVENT_SCHEMA",
-    "KIND_DEAD",
-    "KIND_EVENT",
-    "KIND_JOINED",
-    "KIND_SKIP",
+    "DecodeFunction",
     "decode_kafka_batch",
     "flatten",
     "load_decoder_state",
     "records_from_kafka_batch",
-    "spark_event_schema",
 ]
 
-KIND_EVENT = "event"
-KIND_JOINED = "joined"  # decoded, and its change is part of another record's event
-KIND_SKIP = "skip"
-KIND_DEAD = "dead"
-
-#: One row per decoded event / skipped record / dead letter.
-EVENT_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string(), nullable=False),  # event | joined | skip | dead
-        pa.field("op", pa.string()),
-        pa.field("format", pa.string()),
-        pa.field("database", pa.string()),
-        pa.field("schema", pa.string()),
-        pa.field("table", pa.string()),
-        pa.field("key", pa.string()),  # canonical JSON object, key columns in key order
-        pa.field("old_key", pa.string()),  # key of the before image when an update moved it
-        pa.field("before", pa.string()),  # canonical JSON object or null
-        pa.field("after", pa.string()),
-        pa.field("partial", pa.bool_()),  # after image lacks some declared columns
-        pa.field(
-            "columns", pa.string()
-        ),  # JSON {column: logical type}; first event per declaration
-        pa.field("seq", pa.string()),  # model.seq_key form
-        pa.field("ts_ms", pa.int64()),
-        pa.field("txn_id", pa.string()),
-        pa.field("txn_order", pa.int64()),
-        pa.field("txn_last", pa.bool_()),
-        pa.field("ddl", pa.string()),
-        pa.field("meta", pa.string()),  # JSON object
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("event_index", pa.int32()),  # position among one record's events
-        pa.field("state", pa.string()),  # JSON list: what the event taught its decoder
-        pa.field("reason", pa.string()),  # skip reason or dead-letter code
-        pa.field("error", pa.string()),  # dead-letter message
-        pa.field("raw_key", pa.binary()),  # dead letters only
-        pa.field("raw_value", pa.binary()),  # dead letters only
-    ]
-)
 _NAMES = EVENT_SCHEMA.names
-
-
-def spark_event_schema() -> Any:
-    """:data:`EVENT_SCHEMA` as a Spark ``StructType`` (imports PySpark)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(EVENT_SCHEMA)
-
 
 _dumps = orjson.dumps
 _OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_NON_STR_KEYS
