@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -174,3 +176,90 @@ def write_rows(path: str | Path, rows: list[dict[str, Any]], **meta: Any) -> Non
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a file :func:`write_rows` wrote."""
     return json.loads(Path(path).read_text())["rows"]
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def child_env() -> dict[str, str]:
+    """Environment of a benchmark child process: this checkout's ``src`` first on
+    ``PYTHONPATH``, and Spark's Python workers on this interpreter (unless set)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return env
+
+
+def run_measured(cmd: list[str], log: Path) -> dict[str, Any]:
+    """Run ``cmd`` as a child process, sampling the RSS of it and its descendants (driver
+    Python, its JVM, Spark's Python workers) every 100 ms.
+
+    Returns:
+        ``{"wall_s", "peak_rss_bytes"}``.
+
+    Raises:
+        RuntimeError: the command failed (the tail of its output in the message).
+    """
+    with open(log, "wb") as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
+        with PeakRss(proc.pid) as mem:
+            rc = proc.wait()
+        wall = time.perf_counter() - started
+    if rc != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {rc}:\n{tail}")
+    return {"wall_s": wall, "peak_rss_bytes": mem.peak_bytes}
+
+
+def run_cdcflow_once(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """``cdcflow run --once CONFIG`` of this checkout in a child process, measured.
+
+    Args:
+        config: the pipeline configuration as its YAML file holds it.
+        workdir: where the configuration file and the output log go.
+
+    Returns:
+        :func:`run_measured`'s figures plus ``batches``: ``(committed_at_ms, records)`` per
+        micro-batch, from the warehouse's ``_cdcflow/batches`` accounting table.
+    """
+    from deltalake import DeltaTable
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "pipeline.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from cdcflow.cli import main; sys.exit(main())",
+        "run",
+        "--once",
+        str(path),
+    ]
+    out = run_measured(cmd, workdir / "cdcflow.log")
+    rows = (
+        DeltaTable(str(Path(config["warehouse"]) / "_cdcflow" / "batches"))
+        .to_pyarrow_table(columns=["batch_id", "records", "committed_at_ms"])
+        .to_pylist()
+    )
+    per_batch: dict[int, list[int]] = {}
+    for r in rows:
+        b = per_batch.setdefault(r["batch_id"], [0, 0])
+        b[0] = max(b[0], r["committed_at_ms"])
+        b[1] += r["records"]
+    out["batches"] = sorted((t, n) for t, n in per_batch.values())
+    return out
+
+
+def past_startup_rate(batches: list[tuple[float, int]]) -> float | None:
+    """Records per second after the first micro-batch: the records of batches 2..n over
+    the time from the first batch's end to the last's (``batches``: ``(end, records)``,
+    times in seconds). ``None`` with fewer than two batches."""
+    if len(batches) < 2:
+        return None
+    span = batches[-1][0] - batches[0][0]
+    return sum(n for _, n in batches[1:]) / span if span > 0 else None
