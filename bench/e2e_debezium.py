@@ -1,93 +1,53 @@
 """End-to-end benchmark: Debezium JSON events from Kafka into one Delta mirror.
 
-    make bench                      # 1,000,000 events, 100,000 keys
+    make bench                      # (with the other benchmarks) 1,000,000 events, 100,000 keys
     python bench/e2e_debezium.py --events 200000 --keys 20000
 
-Both pipelines read the same topic on the embedded broker, with the same Kafka source,
-the same micro-batch size, into a fresh Delta table, in the same run:
+This process generates the events and runs the embedded broker; each pipeline then runs
+in a child process of its own, which reads the same topic with the same Kafka source and
+micro-batch size into a fresh Delta table:
 
-* **cdcflow**: ``cdcflow run --once`` (decode in mapInArrow, net change, guarded merge,
-  changelog and accounting tables written too);
+* **cdcflow**: ``cdcflow run --once CONFIG`` of this checkout (decode in mapInArrow, net
+  change, guarded merge, changelog and accounting tables written too);
 * **reference**: a plain PySpark pipeline -- ``from_json`` with an explicit schema, window
   dedup (latest event per key by LSN), ``toArrow``, delta-rs merge -- no changelog, no
   dead letters, no guards.
 
-Prints events/s (whole run, and past start-up = without the first micro-batch), peak
-memory of the process tree (driver + JVM + Python workers), and the ratio cdcflow /
-reference. Both results are checked against the generated source's final state.
+Prints events/s (whole run, start-up included, and past start-up = after the first
+micro-batch), the peak RSS of each pipeline's own processes (its driver Python, JVM and
+Python workers: the child process tree, sampled every 100 ms; the broker and the
+generator are not in it), and the ratios cdcflow / reference. Both mirrors are checked
+against the generated source's final state.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    format_table,
+    past_startup_rate,
+    row,
+    run_cdcflow_once,
+    run_measured,
+    write_rows,
+)
 
 TOPIC = "bench.debezium"
 PARTITIONS = 2
-
-
-# --------------------------------------------------------------------------- memory
-
-
-class PeakRss:
-    """Samples the resident memory of this process and all its descendants."""
-
-    def __init__(self, interval_s: float = 0.2) -> None:
-        self.interval_s = interval_s
-        self.peak_bytes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _tree_rss(root: int) -> int:
-        children: dict[int, list[int]] = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-        total, stack = 0, [root]
-        page = os.sysconf("SC_PAGE_SIZE")
-        while stack:
-            pid = stack.pop()
-            try:
-                with open(f"/proc/{pid}/statm") as f:
-                    total += int(f.read().split()[1]) * page
-            except OSError:
-                pass
-            stack.extend(children.get(pid, []))
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, self._tree_rss(os.getpid()))
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> PeakRss:
-        self.peak_bytes = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._stop.clear()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # --------------------------------------------------------------------------- workload
@@ -151,38 +111,6 @@ def generate(events: int, keys: int, seed: int = 42):
 
 
 # --------------------------------------------------------------------------- pipelines
-
-
-def run_cdcflow(spark, bootstrap: str, root: Path, batch: int) -> dict:
-    from cdcflow.config import parse_config
-    from cdcflow.pipeline import Pipeline
-
-    times: list[tuple[float, int]] = []
-    config = parse_config(
-        {
-            "pipeline_id": "bench",
-            "warehouse": str(root / "cdcflow"),
-            "checkpoint": str(root / "cdcflow-checkpoint"),
-            "trigger": "available_now",
-            "kafka": {"bootstrap_servers": bootstrap, "max_offsets_per_trigger": batch},
-            "sources": [{"format": "debezium-json", "topics": [TOPIC]}],
-        }
-    )
-    started = time.perf_counter()
-    applied: list[float] = []
-
-    def on_batch(_source, report):
-        times.append((time.perf_counter(), report.events))
-        applied.append(report.seconds)
-
-    Pipeline(config, spark=spark, on_batch=on_batch).run(once=True)
-    return {
-        "start": started,
-        "end": time.perf_counter(),
-        "batches": times,
-        "apply_s": sum(applied),
-        "table": str(root / "cdcflow" / "shop.public.customers"),
-    }
 
 
 def run_reference(spark, bootstrap: str, root: Path, batch: int) -> dict:
@@ -271,28 +199,114 @@ def check(table_path: str, state: dict) -> str:
     return "equals the source" if got == want else f"DIFFERS ({len(got)} rows vs {len(want)})"
 
 
-def summarize(name: str, run: dict, events: int, peak: int, batch: int) -> float:
-    total_s = run["end"] - run["start"]
-    rate = events / total_s
-    batches = run["batches"]
-    steady = None
-    if len(batches) >= 2:
-        first_end = batches[0][0]
-        steady = (events - batch) / (run["end"] - first_end) if run["end"] > first_end else None
-    steady_txt = f"{steady:,.0f} events/s past start-up" if steady else "n/a (one batch)"
-    print(
-        f"{name:10} {total_s:7.1f} s  {rate:>10,.0f} events/s overall  {steady_txt:>32}  "
-        f"peak RSS {peak / 2**30:5.2f} GiB  ({len(batches)} batches)"
-    )
-    if "apply_s" in run:
-        print(
-            f"           of which {run['apply_s']:.1f} s in the driver-side apply (net change, "
-            "Delta merge, changelog, accounting); the rest is Spark: read, decode, collect"
+def reference_child(bootstrap: str, root: Path, batch: int) -> int:
+    """The reference pipeline, run in a child process: writes its batch times to
+    ``root/reference.json``."""
+    from cdcflow.spark import get_or_create_session
+
+    spark = get_or_create_session(app_name="cdcflow-bench-reference")
+    ref = run_reference(spark, bootstrap, root, batch)
+    (root / "reference.json").write_text(json.dumps(ref))
+    spark.stop()
+    return 0
+
+
+def config(bootstrap: str, root: Path, batch: int) -> dict[str, Any]:
+    """The cdcflow pipeline configuration (as its YAML file holds it)."""
+    return {
+        "pipeline_id": "bench",
+        "warehouse": str(root / "cdcflow"),
+        "checkpoint": str(root / "cdcflow-checkpoint"),
+        "trigger": "available_now",
+        "kafka": {"bootstrap_servers": bootstrap, "max_offsets_per_trigger": batch},
+        "sources": [{"format": "debezium-json", "topics": [TOPIC]}],
+    }
+
+
+def run(
+    events: int, keys: int, batch: int, reference: bool = True, seed: int = 42
+) -> list[dict[str, Any]]:
+    """Generate, produce, run cdcflow (and the reference); the result rows."""
+    from cdcflow.formats.base import Message
+    from cdcflow.testing.broker import EmbeddedBroker
+
+    root = Path(tempfile.mkdtemp(prefix="cdcflow-bench-"))
+    print(f"e2e debezium: generating {events:,} events over {keys:,} keys ...", flush=True)
+    messages, state = generate(events, keys, seed)
+    avg = sum(len(v) for _, v, _ in messages) / len(messages)
+    print(f"  {avg:.0f} bytes per message on average; final source table: {len(state):,} rows")
+    rows: list[dict[str, Any]] = []
+    try:
+        with EmbeddedBroker() as broker:
+            broker.create_topic(TOPIC, partitions=PARTITIONS)
+            t = time.perf_counter()
+            for p in range(PARTITIONS):
+                broker.produce(
+                    TOPIC, [Message(value=v, key=k) for k, v, q in messages if q == p], partition=p
+                )
+            print(f"  produced to the embedded broker in {time.perf_counter() - t:.1f}s")
+            del messages
+            bootstrap = broker.bootstrap_servers
+
+            ours = run_cdcflow_once(config(bootstrap, root, batch), root / "run")
+            ours_steady = past_startup_rate([(t / 1000, n) for t, n in ours["batches"]])
+            ours_ok = check(str(root / "cdcflow" / "shop.public.customers"), state)
+            print(
+                f"  cdcflow: {ours['wall_s']:.1f}s, {len(ours['batches'])} batches, mirror {ours_ok}"
+            )
+            ref: dict[str, Any] = {}
+            ref_steady = None
+            if reference:
+                cmd = [sys.executable, __file__, "--reference-child", str(root), "--batch"]
+                ref = run_measured([*cmd, str(batch), "--bootstrap", bootstrap], root / "ref.log")
+                times = json.loads((root / "reference.json").read_text())
+                ends = [t for t, _ in times["batches"]]
+                # records (not deduplicated rows) per batch: every batch but the last is full
+                ref_steady = (events - batch) / (ends[-1] - ends[0]) if len(ends) >= 2 else None
+                ref_ok = check(times["table"], state)
+                print(f"  reference: {ref['wall_s']:.1f}s, {len(ends)} batches, mirror {ref_ok}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    extra = {"events": events, "keys": keys, "batch": batch, "mirror": ours_ok}
+    name = "plain PySpark"
+    if ours_steady is not None:
+        rows.append(
+            row(
+                "e2e-debezium",
+                "e2e debezium past start-up",
+                ours_steady,
+                "events/s",
+                ref_steady,
+                name,
+                **extra,
+            )
         )
-    return steady or rate
+    rows.append(
+        row(
+            "e2e-debezium",
+            "e2e debezium overall (start-up incl.)",
+            events / ours["wall_s"],
+            "events/s",
+            events / ref["wall_s"] if ref else None,
+            name,
+            **extra,
+        )
+    )
+    rows.append(
+        row(
+            "memory",
+            "peak RSS, e2e debezium pipeline",
+            ours["peak_rss_bytes"] / 2**30,
+            "GiB",
+            ref["peak_rss_bytes"] / 2**30 if ref else None,
+            name,
+            **extra,
+        )
+    )
+    return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -300,45 +314,17 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--skip-reference", action="store_true")
-    args = parser.parse_args()
-
-    from cdcflow.spark import get_or_create_session
-    from cdcflow.testing.broker import EmbeddedBroker
-
-    root = Path(tempfile.mkdtemp(prefix="cdcflow-bench-"))
-    print(f"generating {args.events:,} Debezium events over {args.keys:,} keys ...")
-    messages, state = generate(args.events, args.keys)
-    avg = sum(len(v) for _, v, _ in messages) / len(messages)
-    print(f"  {avg:.0f} bytes per message on average; final source table: {len(state):,} rows")
-    try:
-        with EmbeddedBroker() as broker:
-            broker.create_topic(TOPIC, partitions=PARTITIONS)
-            t = time.perf_counter()
-            from cdcflow.formats.base import Message
-
-            for p in range(PARTITIONS):
-                broker.produce(
-                    TOPIC, [Message(value=v, key=k) for k, v, q in messages if q == p], partition=p
-                )
-            print(f"  produced to the embedded broker in {time.perf_counter() - t:.1f}s")
-            del messages
-            spark = get_or_create_session(app_name="cdcflow-bench")
-            spark.range(10).mapInArrow(lambda it: it, "id long").count()  # warm the Python workers
-            with PeakRss() as mem:
-                ours = run_cdcflow(spark, broker.bootstrap_servers, root, args.batch)
-            ours_peak = mem.peak_bytes
-            print()
-            rate_ours = summarize("cdcflow", ours, args.events, ours_peak, args.batch)
-            print(f"           mirror {check(ours['table'], state)}")
-            if not args.skip_reference:
-                with PeakRss() as mem:
-                    ref = run_reference(spark, broker.bootstrap_servers, root, args.batch)
-                rate_ref = summarize("reference", ref, args.events, mem.peak_bytes, args.batch)
-                print(f"           mirror {check(ref['table'], state)}")
-                print(f"\nratio cdcflow / reference (past start-up): {rate_ours / rate_ref:.2f}x")
-            spark.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--reference-child", metavar="ROOT", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.reference_child:
+        return reference_child(args.bootstrap, Path(args.reference_child), args.batch)
+    rows = run(args.events, args.keys, args.batch, reference=not args.skip_reference)
+    print()
+    print(format_table(rows))
+    if args.json:
+        write_rows(args.json, rows)
     return 0
 
 

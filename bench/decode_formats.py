@@ -1,0 +1,211 @@
+"""Decode speed per core, for every registered format, beside a plain reference.
+
+    python bench/decode_formats.py                     # 20,000 messages per format
+    python bench/decode_formats.py --events 20000 --format canal-json --format dts-avro
+
+For each format the workload generator (``cdcflow.testing.workload``) and the format's
+encoder produce the same ``--events`` messages over the demo tables; then, in this one
+process pinned to one core, best of ``--repeats`` after a warm-up run:
+
+* ``decode_batch``: ``decoder.decode_batch(records)`` (Records -> ChangeEvents);
+* ``decode_kafka_batch``: the whole executor step, ``decode_kafka_batch(decoder, batch)``
+  from an Arrow batch with the columns of Spark's Kafka source (Records built, decoded,
+  flattened to ``EVENT_SCHEMA``);
+* the reference on the same message values: ``orjson.loads`` per message for the JSON
+  formats, ``fastavro.schemaless_reader`` with the decoder's schema for the Avro ones.
+
+Targets (issue 9): JSON formats decode at >= 1.5x the rate of ``orjson.loads``; Avro
+formats at >= 100,000 msg/s per core. Printed beside each figure, met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from common import best_of, format_table, pin_one_core, row, write_rows  # noqa: E402
+
+JSON_TARGET_RATIO = 1.5
+AVRO_TARGET_MSG_S = 100_000
+TOPIC = "bench.decode"
+
+
+def generate(fmt: str, n: int, seed: int = 7) -> tuple[list[Any], dict[str, Any]]:
+    """At least ``n`` messages of format ``fmt`` (cut to ``n``) and the decoder options a
+    consumer of them needs."""
+    from cdcflow.formats import encoder_for
+    from cdcflow.testing.workload import Workload, tables_for
+
+    encoder = encoder_for(fmt)
+    own = getattr(encoder, "event_format", fmt) == fmt
+    workload = Workload(
+        tables_for(encoder.exact_types),
+        database="shop" if own else f"shop_via_{fmt}",
+        seed=seed,
+    )
+    changes = list(workload.changes(n))
+    messages = [m for c in changes for m in encoder.encode(c)][:n]
+    return messages, dict(encoder.decoder_options(changes) or {})
+
+
+def kafka_batch(messages: list[Any]) -> pa.RecordBatch:
+    """An Arrow batch shaped like what Spark's Kafka source hands to ``mapInArrow``."""
+    n = len(messages)
+    columns: dict[str, pa.Array] = {
+        "key": pa.array([m.key for m in messages], pa.binary()),
+        "value": pa.array([m.value for m in messages], pa.binary()),
+        "topic": pa.array([TOPIC] * n, pa.string()),
+        "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000_000 + i for i in range(n)], pa.timestamp("us")),
+        "timestampType": pa.array([0] * n, pa.int32()),
+    }
+    if any(m.headers for m in messages):
+        header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+        columns["headers"] = pa.array(
+            [[{"key": k, "value": v} for k, v in m.headers] or None for m in messages],
+            pa.list_(header),
+        )
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def reference(fmt: str, decoder: Any) -> tuple[str, Callable[[list[bytes]], Any]]:
+    """The reference parser of ``fmt``'s values: its name and a function over all values."""
+    if not type(decoder).binary_values:
+        loads = orjson.loads
+        return "orjson.loads", lambda values: [loads(v) for v in values]
+    import fastavro
+
+    if fmt == "dts-avro":
+        from cdcflow.formats.dts_avro import record_schema
+
+        schema = record_schema()
+
+        def read_dts(values: list[bytes]) -> list[Any]:
+            reader = fastavro.schemaless_reader
+            return [reader(io.BytesIO(v), schema, None, return_record_name=True) for v in values]
+
+        return "fastavro schemaless", read_dts
+    if fmt == "drs-avro":
+        from cdcflow.formats.drs_avro import STANDIN_SCHEMA, load_schema
+
+        path = decoder.options.schema_path
+        schema = fastavro.parse_schema(load_schema(path) if path else STANDIN_SCHEMA)
+
+        def read_drs(values: list[bytes]) -> list[Any]:
+            reader = fastavro.schemaless_reader
+            out = []
+            for v in values:
+                fo = io.BytesIO(v)
+                if v[:2] == b"\xc3\x01":  # single-object encoding: magic + fingerprint
+                    fo.seek(10)
+                out.append(reader(fo, schema, None))
+            return out
+
+        return "fastavro schemaless", read_drs
+    raise ValueError(f"no reference reader for binary format {fmt!r}")
+
+
+def bench_format(fmt: str, n: int, repeats: int) -> list[dict[str, Any]]:
+    """The rows of one format: decode_batch, decode_kafka_batch (with reference and target)."""
+    from cdcflow.apply.events import decode_kafka_batch, records_from_kafka_batch
+    from cdcflow.formats import decoder_for
+
+    messages, options = generate(fmt, n)
+    batch = kafka_batch(messages)
+    records = records_from_kafka_batch(batch)
+    values = [m.value for m in messages]
+    decoder = decoder_for(fmt, options or None)
+    ref_name, ref = reference(fmt, decoder)
+
+    def one_decode_batch() -> None:
+        result = decoder_for(fmt, options or None).decode_batch(records)
+        assert not result.dead_letters, f"{fmt}: {result.dead_letters[:1]}"
+
+    def one_executor_step() -> None:
+        decode_kafka_batch(decoder_for(fmt, options or None), batch)
+
+    ref_rate = n / best_of(lambda: ref(values), repeats)
+    batch_rate = n / best_of(one_decode_batch, repeats)
+    step_rate = n / best_of(one_executor_step, repeats)
+    avg_bytes = sum(len(v) for v in values) / n
+    if type(decoder).binary_values:
+        target, met = f">= {AVRO_TARGET_MSG_S:,} msg/s", step_rate >= AVRO_TARGET_MSG_S
+    else:
+        target = f">= {JSON_TARGET_RATIO}x {ref_name}"
+        met = step_rate >= JSON_TARGET_RATIO * ref_rate
+    common = {"format": fmt, "messages": n, "avg_bytes": round(avg_bytes)}
+    return [
+        row(
+            "decode",
+            f"{fmt} decode_batch",
+            batch_rate,
+            "msg/s per core",
+            ref_rate,
+            ref_name,
+            **common,
+        ),
+        row(
+            "decode",
+            f"{fmt} decode_kafka_batch",
+            step_rate,
+            "msg/s per core",
+            ref_rate,
+            ref_name,
+            target,
+            met,
+            **common,
+        ),
+    ]
+
+
+def run(
+    events: int, repeats: int = 3, formats: list[str] | None = None, pin: bool = True
+) -> list[dict[str, Any]]:
+    """Rows for every format in ``formats`` (default: all registered), two per format;
+    with ``pin`` this process is pinned to one core first (for good)."""
+    from cdcflow.formats import format_names
+
+    if pin:
+        pin_one_core()
+    rows: list[dict[str, Any]] = []
+    for fmt in formats or format_names():
+        rows.extend(bench_format(fmt, events, repeats))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=20_000, help="messages per format")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many timed runs")
+    parser.add_argument("--format", action="append", help="only this format (repeatable)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    cpu = pin_one_core()
+    print(f"decode per core (pinned to CPU {cpu}), {args.events:,} messages per format")
+    from cdcflow.formats import format_names
+
+    rows = []
+    for fmt in args.format or format_names():
+        rows.extend(bench_format(fmt, args.events, args.repeats))
+        print(format_table(rows[-2:]).split("\n", 2)[2], flush=True)
+    print()
+    print(format_table(rows))
+    if args.json:
+        write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""End-to-end benchmark: Canal JSON events of 20 tables in one topic, into 20 Delta mirrors.
+
+    python bench/e2e_multitable.py                     # 1,000,000 events, 20 tables
+    python bench/e2e_multitable.py --events 100000 --tables 5
+
+This process generates the events with the workload generator and the ``canal-json``
+encoder (20 tables shaped like the demo's customers / orders / order_lines, inserts,
+updates and deletes) and produces them to one topic on the embedded broker; then
+``cdcflow run --once CONFIG`` of this checkout runs in a child process, whose tree
+(driver Python, JVM, Python workers) is sampled for peak RSS.
+
+Prints cdcflow's events/s past start-up (after the first micro-batch, from the commit
+times in ``_cdcflow/batches``) and overall, and checks that every mirror has the source
+table's final row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import format_table, past_startup_rate, row, run_cdcflow_once, write_rows  # noqa: E402
+
+FORMAT = "canal-json"
+TOPIC = "bench.canal"
+PARTITIONS = 2
+DATABASE = "shop"
+
+
+def generate(events: int, tables: int, seed: int = 5) -> tuple[list[Any], dict[str, int]]:
+    """``events`` Canal JSON messages over ``tables`` tables, and each table's final row
+    count."""
+    from cdcflow.formats import encoder_for
+    from cdcflow.testing.workload import DEMO_TABLES, TableSpec, Workload, tables_for
+
+    encoder = encoder_for(FORMAT)
+    shapes = tables_for(encoder.exact_types)
+    specs = [
+        TableSpec(
+            f"t{i:02d}_{DEMO_TABLES[i % len(DEMO_TABLES)].name}",
+            shapes[i % len(shapes)].columns,
+            shapes[i % len(shapes)].key_columns,
+        )
+        for i in range(tables)
+    ]
+    workload = Workload(specs, database=DATABASE, seed=seed)
+    messages = []
+    for change in workload.changes(events):
+        messages.extend(encoder.encode(change))
+    counts = {s.name: len(workload.state[s.name]) for s in specs}
+    return messages, counts
+
+
+def config(bootstrap: str, root: Path, batch: int) -> dict[str, Any]:
+    """The pipeline configuration (as its YAML file holds it)."""
+    return {
+        "pipeline_id": "bench-multitable",
+        "warehouse": str(root / "wh"),
+        "checkpoint": str(root / "ck"),
+        "trigger": "available_now",
+        "target_template": "{database}.{table}",
+        "kafka": {"bootstrap_servers": bootstrap, "max_offsets_per_trigger": batch},
+        "sources": [{"format": FORMAT, "topics": [TOPIC]}],
+    }
+
+
+def check(warehouse: Path, counts: dict[str, int]) -> str:
+    """``"equal"`` when every mirror has its source table's row count, else what differs."""
+    from deltalake import DeltaTable
+
+    wrong = []
+    for table, want in counts.items():
+        path = warehouse / f"{DATABASE}.{table}"
+        got = DeltaTable(str(path)).to_pyarrow_dataset().count_rows() if path.exists() else 0
+        if got != want:
+            wrong.append(f"{table}: {got} rows, source {want}")
+    return "row counts equal the source" if not wrong else "DIFFERS: " + "; ".join(wrong[:5])
+
+
+def run(events: int, tables: int, batch: int) -> list[dict[str, Any]]:
+    """Generate, produce, run ``cdcflow run --once``; the result rows."""
+    from cdcflow.testing.broker import EmbeddedBroker
+
+    root = Path(tempfile.mkdtemp(prefix="cdcflow-bench-mt-"))
+    print(f"e2e multi-table: generating {events:,} {FORMAT} events over {tables} tables ...")
+    t = time.perf_counter()
+    messages, counts = generate(events, tables)
+    avg = sum(len(m.value) for m in messages) / len(messages)
+    print(
+        f"  {len(messages):,} messages, {avg:.0f} bytes on average, {time.perf_counter() - t:.1f}s"
+    )
+    try:
+        with EmbeddedBroker() as broker:
+            broker.create_topic(TOPIC, partitions=PARTITIONS)
+            t = time.perf_counter()
+            by_partition: dict[int, list[Any]] = {}
+            for m in messages:  # one row's changes stay in one partition, in order
+                by_partition.setdefault(zlib.crc32(m.key or m.value) % PARTITIONS, []).append(m)
+            for p, ms in sorted(by_partition.items()):
+                broker.produce(TOPIC, ms, partition=p)
+            print(f"  produced to the embedded broker in {time.perf_counter() - t:.1f}s")
+            n = len(messages)
+            del messages, by_partition
+            out = run_cdcflow_once(config(broker.bootstrap_servers, root, batch), root / "run")
+        steady = past_startup_rate([(t / 1000, k) for t, k in out["batches"]])
+        ok = check(root / "wh", counts)
+        print(f"  cdcflow: {out['wall_s']:.1f}s, {len(out['batches'])} batches, mirrors: {ok}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    extra = {"events": n, "tables": tables, "batch": batch, "mirrors": ok}
+    rows = []
+    if steady is not None:
+        rows.append(
+            row("e2e-multitable", f"e2e {tables} tables past start-up", steady, "events/s", **extra)
+        )
+    rows.append(
+        row(
+            "e2e-multitable",
+            f"e2e {tables} tables overall (start-up incl.)",
+            n / out["wall_s"],
+            "events/s",
+            **extra,
+        )
+    )
+    rows.append(
+        row(
+            "memory",
+            f"peak RSS, e2e {tables} tables pipeline",
+            out["peak_rss_bytes"] / 2**30,
+            "GiB",
+            **extra,
+        )
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--tables", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    rows = run(args.events, args.tables, args.batch)
+    print()
+    print(format_table(rows))
+    if args.json:
+        write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The benchmark suite (issue 9): one command, one table, ``bench/results/latest.json``.
+
+    make bench                                     # the full sizes below
+    python bench/run_all.py --scale 0.1            # every size a tenth (a quick look)
+    python bench/run_all.py --skip multitable      # leave a benchmark out
+
+Runs in sequence, each in a process of its own (so one-core pinning and memory do not
+carry over from one to the next):
+
+* ``decode``: :mod:`decode_formats` -- decode per core for every registered format,
+  ``--decode-events`` messages each, beside ``orjson.loads`` / fastavro;
+* ``debezium``: :mod:`e2e_debezium` -- ``--e2e-events`` Debezium events into one
+  mirror, cdcflow vs a plain PySpark reference, with the peak RSS of each pipeline;
+* ``multitable``: :mod:`e2e_multitable` -- ``--multitable-events`` Canal JSON events of
+  20 tables in one topic.
+
+Then prints one table (figure, value, reference, ratio, target) and writes every row,
+with the sizes and the machine, to ``bench/results/latest.json`` (or ``--out``).
+Each module also runs alone (``python bench/decode_formats.py --events 20000``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, child_env, format_table, read_rows, write_rows  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = ("decode", "debezium", "multitable")
+
+
+def commands(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The command line of each benchmark, at the sizes asked for."""
+
+    def n(x: int) -> str:
+        return str(max(1, int(x * args.scale)))
+
+    return {
+        "decode": [
+            "decode_formats.py",
+            "--events",
+            n(args.decode_events),
+            "--repeats",
+            str(args.repeats),
+        ],
+        "debezium": [
+            "e2e_debezium.py",
+            "--events",
+            n(args.e2e_events),
+            "--keys",
+            n(args.e2e_events // 10),
+            "--batch",
+            n(args.batch),
+        ],
+        "multitable": [
+            "e2e_multitable.py",
+            "--events",
+            n(args.multitable_events),
+            "--batch",
+            n(args.batch),
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--decode-events", type=int, default=20_000, help="per format")
+    parser.add_argument("--repeats", type=int, default=3, help="decode: best of this many")
+    parser.add_argument("--e2e-events", type=int, default=1_000_000)
+    parser.add_argument("--multitable-events", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this")
+    parser.add_argument("--skip", action="append", choices=BENCHMARKS, default=[])
+    parser.add_argument("--out", default=str(RESULTS / "latest.json"))
+    args = parser.parse_args(argv)
+
+    rows, seconds, failed = [], {}, []
+    with tempfile.TemporaryDirectory(prefix="cdcflow-bench-") as tmp:
+        for name, cmd in commands(args).items():
+            if name in args.skip:
+                continue
+            out = Path(tmp) / f"{name}.json"
+            print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
+            t = time.perf_counter()
+            rc = subprocess.call(
+                [sys.executable, str(HERE / cmd[0]), *cmd[1:], "--json", str(out)],
+                env=child_env(),
+            )
+            seconds[name] = round(time.perf_counter() - t, 1)
+            if rc != 0 or not out.exists():
+                failed.append(name)
+                print(f"=== {name} FAILED (exit {rc})", flush=True)
+                continue
+            rows.extend(read_rows(out))
+    print("\n" + format_table(rows))
+    print(f"\nseconds per benchmark: {seconds}" + (f"; FAILED: {failed}" if failed else ""))
+    write_rows(
+        args.out,
+        rows,
+        finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        sizes={k: v for k, v in vars(args).items() if k not in ("out", "skip")},
+        skipped=args.skip,
+        failed=failed,
+        seconds=seconds,
+        machine={
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+    )
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

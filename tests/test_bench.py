@@ -1,0 +1,33 @@
+"""Smoke test of the decode benchmark (``bench/decode_formats.py``): every registered format
+generates, decodes without dead letters, and gets its rows. No timing is asserted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def decode_formats():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import decode_formats
+
+        yield decode_formats
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_decode_benchmark_gives_two_rows_per_format(decode_formats):
+    from cdcflow.formats import format_names
+
+    rows = decode_formats.run(events=200, repeats=1, pin=False)
+    assert [r["format"] for r in rows] == [f for f in format_names() for _ in range(2)]
+    for r in rows:
+        assert r["value"] > 0 and r["reference"] > 0
+        assert r["messages"] == 200
+    assert all(r["target"] for r in rows if r["figure"].endswith("decode_kafka_batch"))
