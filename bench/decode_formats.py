@@ -117,7 +117,7 @@ def reference(fmt: str, decoder: Any) -> tuple[str, Callable[[list[bytes]], Any]
 
 def bench_format(fmt: str, n: int, repeats: int) -> list[dict[str, Any]]:
     """The rows of one format: decode_batch, decode_kafka_batch (with reference and target)."""
-    from cdcflow.apply.events import decode_kafka_batch, records_from_kafka_batch
+    from cdcflow.decode.batches import decode_kafka_batch, records_from_kafka_batch
     from cdcflow.formats import decoder_for
 
     messages, options = generate(fmt, n)
