@@ -194,6 +194,10 @@ def _seq_part(n: int) -> str:
     return "!" + f"{10**40 + n:041d}"
 
 
+#: two-digit length prefixes of :func:`seq_key` parts
+_LENGTH_PREFIX = {n: f"{n:02d}" for n in range(1, 100)}
+
+
 def seq_key(seq: tuple[int, ...] | None) -> str | None:
     """Encode a sequence tuple as a string with the same order.
 
@@ -208,14 +212,12 @@ def seq_key(seq: tuple[int, ...] | None) -> str | None:
     """
     if seq is None:
         return None
-    parts = []
-    for n in seq:
-        if n >= 0:
-            digits = str(n)
-            parts.append(f"{len(digits):02d}{digits}")
-        else:
-            parts.append(_seq_part(int(n)))
-    return ".".join(parts)
+    if seq and min(seq) >= 0:
+        try:  # the common case: non-negative parts of fewer than 100 digits
+            return ".".join([_LENGTH_PREFIX[len(d)] + d for d in map(str, seq)])
+        except KeyError:  # a part of 100 digits or more
+            pass
+    return ".".join(_seq_part(int(n)) for n in seq)
 
 
 # --------------------------------------------------------------------------- JSON form
