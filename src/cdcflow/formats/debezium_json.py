@@ -141,6 +141,7 @@ _EVENT_FIELDS = (
     "changed",
     "origin",
     "meta",
+    "partial",
 )
 _object_new = object.__new__
 
@@ -173,6 +174,7 @@ def _row_change(
     e.changed = None
     e.origin = origin
     e.meta = None
+    e.partial = None
     return e
 
 
