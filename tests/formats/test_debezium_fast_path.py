@@ -223,3 +223,12 @@ def test_the_generated_stream_exercises_the_fast_path():
         if obj.__class__ is dict and dec._fast_row(obj, r) is not None:
             fast += 1
     assert 0.3 * len(records) < fast < 0.95 * len(records)
+
+
+def test_both_ways_of_building_events_decode_alike(monkeypatch):
+    # what the fast path does if ChangeEvent's fields no longer match _EVENT_FIELDS
+    records = _stream(4, 1000)
+    expected = _both(records, DebeziumJsonOptions(), 100)[0]
+    monkeypatch.setattr(debezium_json, "_new_row_change", debezium_json._row_change_init)
+    a, b = _both(records, DebeziumJsonOptions(), 100)
+    assert a == b == expected

@@ -909,15 +909,15 @@ class DebeziumJsonDecoder(Decoder):
             text = sget("sequence")
             if lsn.__class__ is not int:
                 return None
-            if text is None or (text.__class__ is str and text.startswith("[null,")):
-                seq: tuple[int, ...] = (0, lsn)
-            elif text.__class__ is str and text.startswith('["'):
+            if text.__class__ is str and text.startswith('["'):
                 last = text[2 : text.find('"', 2)]
                 # isdecimal, not isdigit: int() refuses digits such as '²' (and more
                 # than 4,300 of them): the general path reports those
                 if len(last) > 20 or not last.isdecimal():
                     return None
-                seq = (int(last), lsn)
+                seq: tuple[int, ...] = (int(last), lsn)
+            elif text is None or (text.__class__ is str and text.startswith("[null,")):
+                seq = (0, lsn)
             else:
                 return None
         elif connector == "mysql" or connector == "mariadb":
@@ -982,9 +982,29 @@ class DebeziumJsonDecoder(Decoder):
 
         if new_txn:
             self._last_txid, self._last_txn = tid, txn
-        event = _new_row_change(op, table, before, after, columns, seq, ts_ms, txn, record.origin)
-        event.key = key
-        return event
+        if _new_row_change is not _row_change:  # ChangeEvent's fields changed
+            event = _row_change_init(
+                op, table, before, after, columns, seq, ts_ms, txn, record.origin
+            )
+            event.key = key
+            return event
+        # _row_change inlined: one call less per record
+        e = _object_new(ChangeEvent)
+        e.op = op
+        e.source = table
+        e.key = key
+        e.before = before
+        e.after = after
+        e.columns = columns
+        e.seq = seq
+        e.ts_ms = ts_ms
+        e.txn = txn
+        e.ddl = None
+        e.changed = None
+        e.origin = record.origin
+        e.meta = None
+        e.partial = None
+        return e
 
     def _flat_types(self, image: dict[str, Any]) -> dict[str, str] | None:
         """Inferred column types of an image of plain scalars, or ``None`` when the
