@@ -292,40 +292,41 @@ class Decoder(ABC):
         """
         result = DecodeResult()
         events = result.events
+        skipped, dead_letters = result.skipped, result.dead_letters
+        decoded_origin = result.decoded_origins.append
+        decode = self.decode
         limit = self.options.max_record_bytes
         max_columns = self.options.max_columns
-        for record in records:
-            result.records += 1
-            if record.value is None:
-                result.skipped.append(Skipped("TOMBSTONE", record.origin))
+        for record in records:  # names bound above: this loop runs once per record
+            value = record.value
+            if value is None:
+                skipped.append(Skipped("TOMBSTONE", record.origin))
                 continue
-            if len(record.value) > limit:
+            if len(value) > limit:
                 message = (
-                    f"record value is {len(record.value)} bytes, over the limit of {limit} "
+                    f"record value is {len(value)} bytes, over the limit of {limit} "
                     f"bytes; raise max_record_bytes in the {self.identifier} options (YAML: "
                     "sources[].options.max_record_bytes) to decode it"
                 )
-                result.dead_letters.append(self._dead(record, Code.TOO_LARGE, message))
+                dead_letters.append(self._dead(record, Code.TOO_LARGE, message))
                 continue
             try:
-                decoded = self.decode(record)
+                decoded = decode(record)
             except SkipRecord as skip:
-                result.skipped.append(Skipped(skip.reason, record.origin))
+                skipped.append(Skipped(skip.reason, record.origin))
                 continue
             except DecodeError as exc:
-                result.dead_letters.append(self._dead(record, exc.code, exc.message))
+                dead_letters.append(self._dead(record, exc.code, exc.message))
                 continue
             except RecursionError:
-                result.dead_letters.append(
-                    self._dead(record, Code.BAD_JSON, "nesting too deep to decode")
-                )
+                dead_letters.append(self._dead(record, Code.BAD_JSON, "nesting too deep to decode"))
                 continue
             except Exception as exc:  # noqa: BLE001 - a decoder bug must not stop the stream
                 msg = f"{type(exc).__name__}: {exc}"
-                result.dead_letters.append(self._dead(record, Code.BAD_FIELD, msg))
+                dead_letters.append(self._dead(record, Code.BAD_FIELD, msg))
                 continue
             if not decoded:
-                result.skipped.append(Skipped("NO_EVENTS", record.origin))
+                skipped.append(Skipped("NO_EVENTS", record.origin))
                 continue
             for event in decoded:  # three len() per event: the limit costs nothing measurable
                 before, after, columns = event.before, event.after, event.columns
@@ -335,12 +336,14 @@ class Decoder(ABC):
                     or (columns is not None and len(columns) > max_columns)
                 ):
                     message = self._too_many_columns(event)
-                    result.dead_letters.append(self._dead(record, Code.TOO_MANY_COLUMNS, message))
+                    dead_letters.append(self._dead(record, Code.TOO_MANY_COLUMNS, message))
                     break
             else:
-                result.decoded_records += 1
-                result.decoded_origins.append(record.origin)
+                decoded_origin(record.origin)
                 events.extend(decoded)
+        # every record ended in exactly one of the three lists
+        result.decoded_records = len(result.decoded_origins)
+        result.records = result.decoded_records + len(skipped) + len(dead_letters)
         result.events = self.combine(events)
         return result
 
