@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pyarrow as pa
+import pytest
 
 from cdcflow.decode.batches import records_from_kafka_batch
 from cdcflow.model import Origin
@@ -51,3 +52,27 @@ def test_a_batch_without_timestamps_and_headers_gives_none_and_empty():
     )
     (record,) = records_from_kafka_batch(batch)
     assert record.timestamp_ms is None and record.headers == ()
+
+
+def test_decoding_a_batch_restores_the_garbage_collector_as_it_was():
+    import gc
+
+    from cdcflow.decode.batches import decode_kafka_batch
+    from cdcflow.formats import decoder_for
+
+    batch = pa.RecordBatch.from_pydict(
+        {"key": [None], "value": [b"not json"], "topic": ["t"], "partition": [0], "offset": [0]}
+    )
+    decoder = decoder_for("debezium-json")
+    assert gc.isenabled()
+    out = decode_kafka_batch(decoder, batch)
+    assert out.column("kind").to_pylist() == ["dead"] and gc.isenabled()
+    gc.disable()
+    try:
+        decode_kafka_batch(decoder, batch)
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError):  # no "key" column: the batch fails ...
+        decode_kafka_batch(decoder, pa.RecordBatch.from_pydict({"value": [b"{}"]}))
+    assert gc.isenabled()  # ... and the collector runs again
