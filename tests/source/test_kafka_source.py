@@ -684,3 +684,22 @@ def test_assign_reads_only_the_named_partitions(broker):
         assert reader.latestOffset({**start, "other": {"0": 4}}, None) == end
     finally:
         reader.stop()
+
+
+def test_records_read_directly_equal_the_records_of_the_arrow_batch():
+    """The fused decode source reads records without an Arrow batch in between
+    (``_Columns.to_records``); they must equal what the Arrow path gives."""
+    from cdcflow.decode.batches import records_from_kafka_batch
+    from cdcflow.source.kafka import _Columns
+
+    cols = _Columns()
+    cols.keys = [b"k", None, b"k3"]
+    cols.values = [b"v", b"v2", None]
+    cols.offsets = [7, 9, 12]
+    cols.kinds = [1, 0, 2]  # create time, none, log-append time
+    cols.stamps = [1_700_000_000_123, -1, 5]
+    cols.headers = [None, [("h", b"x"), ("h", None)], []]
+    direct = cols.to_records("topic.a", 3)
+    via_arrow = records_from_kafka_batch(cols.to_record_batch("topic.a", 3))
+    assert direct == via_arrow
+    assert [r.timestamp_ms for r in direct] == [1_700_000_000_123, None, 5]

@@ -32,7 +32,7 @@ from cdcflow.source.kafka import (
     KafkaDataSource,
     KafkaStreamReader,
     parse_options,
-    read_partition,
+    read_records,
     register_once,
 )
 
@@ -94,7 +94,7 @@ class ChangesStreamReader(KafkaStreamReader):
     def read(self, partition: Any) -> Iterator[Any]:
         """:data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches of one Kafka partition range,
         or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them."""
-        batches = self.decode(read_partition(self.opts, partition))
+        batches = self.decode.records(read_records(self.opts, partition))
         if self.staging is None:
             return batches
         return self._stage(partition, batches)

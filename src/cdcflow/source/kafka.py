@@ -68,6 +68,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from cdcflow.errors import ConfigError, SourceError
+from cdcflow.formats.base import Record
+from cdcflow.model import Origin
 from cdcflow.source.outage import OutageBudget
 
 __all__ = [
@@ -737,7 +739,31 @@ class KafkaInputPartition(InputPartition):
 
 
 def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Iterator[Any]:
-    """Read the records ``[part.start, part.end)`` of one topic-partition as Arrow batches.
+    """Read the records ``[part.start, part.end)`` of one topic-partition as Arrow batches
+    (see :func:`_read_columns` for the reading rules and errors).
+
+    Yields:
+        ``pyarrow.RecordBatch`` with :data:`ARROW_SCHEMA`, up to
+        ``opts.max_records_per_batch`` rows each, in offset order.
+    """
+    for cols in _read_columns(opts, part):
+        yield cols.to_record_batch(part.topic, part.partition)
+
+
+def read_records(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Iterator[list[Record]]:
+    """Read the records ``[part.start, part.end)`` of one topic-partition as decoder
+    :class:`~cdcflow.formats.base.Record` lists, without an Arrow batch in between (the
+    fused decode source; same rules and errors as :func:`read_partition`).
+
+    Yields:
+        Lists of up to ``opts.max_records_per_batch`` records, in offset order.
+    """
+    for cols in _read_columns(opts, part):
+        yield cols.to_records(part.topic, part.partition)
+
+
+def _read_columns(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Iterator[_Columns]:
+    """Read the records ``[part.start, part.end)`` of one topic-partition, batch by batch.
 
     The consumer is assigned to the partition at ``part.start`` and stops at the first
     record at or beyond ``part.end`` (or at the end of the log): no record outside the
@@ -755,8 +781,7 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
         part: topic, partition and offset range.
 
     Yields:
-        ``pyarrow.RecordBatch`` with :data:`ARROW_SCHEMA`, up to
-        ``opts.max_records_per_batch`` rows each, in offset order.
+        :class:`_Columns` of up to ``opts.max_records_per_batch`` records, in offset order.
 
     Raises:
         SourceError: code ``DATA_LOSS`` if records of the range were deleted and
@@ -800,7 +825,7 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                     errors.take()  # records arrive: earlier errors are stale
                     if outage.failing:
                         outage.ok()
-                    yield _Columns.of(msgs, offsets).to_record_batch(topic, partition)
+                    yield _Columns.of(msgs, offsets)
                     continue
             # Slow path, record by record: error events, or records outside the range.
             cols = _Columns()
@@ -869,7 +894,7 @@ def read_partition(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Itera
                 errors.take()
                 if outage.failing:
                     outage.ok()
-                yield cols.to_record_batch(topic, partition)
+                yield cols
             if done:
                 break
             if cols.offsets:
@@ -1039,6 +1064,29 @@ class _Columns:
         cols.stamps = [t[1] for t in stamps]
         cols.headers = [m.headers() for m in msgs]
         return cols
+
+    def to_records(self, topic: str, partition: int) -> list[Record]:
+        """The rows as decoder records (the same values :func:`records_from_kafka_batch`
+        gives for :meth:`to_record_batch`'s batch: epoch-ms timestamps, ``None`` where the
+        message has none)."""
+        return [
+            Record(
+                value=v,
+                key=k,
+                headers=tuple(hs) if hs else (),
+                origin=Origin(topic, partition, o),
+                timestamp_ms=ms if kind else None,
+            )
+            for v, k, o, kind, ms, hs in zip(
+                self.values,
+                self.keys,
+                self.offsets,
+                self.kinds,
+                self.stamps,
+                self.headers,
+                strict=True,
+            )
+        ]
 
     def to_record_batch(self, topic: str, partition: int) -> Any:
         """The rows as a ``pyarrow.RecordBatch`` with :data:`ARROW_SCHEMA`."""
