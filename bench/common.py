@@ -263,3 +263,11 @@ def past_startup_rate(batches: list[tuple[float, int]]) -> float | None:
         return None
     span = batches[-1][0] - batches[0][0]
     return sum(n for _, n in batches[1:]) / span if span > 0 else None
+
+
+def emit(rows: list[dict[str, Any]], json_path: str | Path | None = None) -> None:
+    """Print the rows as one table; also write them to ``json_path`` when given."""
+    print()
+    print(format_table(rows))
+    if json_path:
+        write_rows(json_path, rows)

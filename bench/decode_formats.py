@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from common import best_of, format_table, pin_one_core, row, write_rows  # noqa: E402
+from common import best_of, emit, format_table, pin_one_core, row  # noqa: E402
 
 JSON_TARGET_RATIO = 1.5
 AVRO_TARGET_MSG_S = 100_000
@@ -200,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for fmt in args.format or format_names():
         rows.extend(bench_format(fmt, args.events, args.repeats))
         print(format_table(rows[-2:]).split("\n", 2)[2], flush=True)
-    print()
-    print(format_table(rows))
-    if args.json:
-        write_rows(args.json, rows)
+    emit(rows, args.json)
     return 0
 
 

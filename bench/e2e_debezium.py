@@ -38,12 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    format_table,
+    emit,
     past_startup_rate,
     row,
     run_cdcflow_once,
     run_measured,
-    write_rows,
 )
 
 TOPIC = "bench.debezium"
@@ -321,10 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference_child:
         return reference_child(args.bootstrap, Path(args.reference_child), args.batch)
     rows = run(args.events, args.keys, args.batch, reference=not args.skip_reference)
-    print()
-    print(format_table(rows))
-    if args.json:
-        write_rows(args.json, rows)
+    emit(rows, args.json)
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import format_table, past_startup_rate, row, run_cdcflow_once, write_rows  # noqa: E402
+from common import emit, past_startup_rate, row, run_cdcflow_once  # noqa: E402
 
 FORMAT = "canal-json"
 TOPIC = "bench.canal"
@@ -153,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     rows = run(args.events, args.tables, args.batch)
-    print()
-    print(format_table(rows))
-    if args.json:
-        write_rows(args.json, rows)
+    emit(rows, args.json)
     return 0
 
 

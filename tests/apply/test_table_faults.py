@@ -16,6 +16,7 @@ import subprocess
 import orjson
 import pytest
 from tests.apply.helpers import dele, ins, table_of, upd
+from tests.volumes import fill, tmpfs, truncate_last_commit
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.errors import Code, StorageError
@@ -43,14 +44,6 @@ def _system(wh: DeltaWarehouse, name: str):
     return wh.read(name, system=True)
 
 
-def _truncate_last_commit(table_path: str) -> tuple[pathlib.Path, bytes]:
-    log = pathlib.Path(table_path) / "_delta_log"
-    last = sorted(log.glob("*.json"))[-1]
-    data = last.read_bytes()
-    last.write_bytes(data[: len(data) // 2])
-    return last, data
-
-
 def _stops(wh: DeltaWarehouse) -> list[dict]:
     if wh.open(wh.system_path("schema_changes")) is None:
         return []
@@ -60,7 +53,7 @@ def _stops(wh: DeltaWarehouse) -> list[dict]:
 def test_a_truncated_log_stops_that_table_and_the_others_go_on(tmp_path):
     wh, ap = _setup(tmp_path / "wh")
     ap.apply(table_of(ins(1, "a", seq=1), ins(1, "x", seq=1, table=OTHER)), 0)
-    last, whole = _truncate_last_commit(wh.table_path(ITEMS))
+    last, whole = truncate_last_commit(wh.table_path(ITEMS))
 
     hit = upd(1, "b", seq=2, partition=3, offset=500)
     report = ap.apply(table_of(hit, ins(2, "y", seq=2, table=OTHER)), 1)
@@ -136,7 +129,7 @@ def test_permission_denied_on_one_mirror_stops_that_table_alone(tmp_path):
 def test_a_damaged_system_table_stops_the_run_with_one_line(tmp_path):
     wh, ap = _setup(tmp_path / "wh")
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
-    _truncate_last_commit(wh.system_path("changelog"))
+    truncate_last_commit(wh.system_path("changelog"))
     with pytest.raises(StorageError) as caught:
         ap.apply(table_of(ins(2, "b", seq=2)), 1)
     err = caught.value
@@ -165,35 +158,11 @@ def test_without_a_budget_no_table_is_stopped(tmp_path):
     assert _stops(wh) == []
 
 
-@contextlib.contextmanager
-def _tmpfs(path: pathlib.Path, size: str):
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here to fill a volume: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _fill(volume: pathlib.Path) -> pathlib.Path:
-    filler = volume / "filler"
-    st = os.statvfs(volume)
-    with contextlib.suppress(OSError), open(filler, "wb") as f:
-        f.write(b"\0" * (st.f_bavail * st.f_frsize))
-    return filler
-
-
 def test_a_full_disk_stops_the_run_with_one_line_and_loses_nothing(tmp_path):
-    with _tmpfs(tmp_path / "volume", "8m") as volume:
+    with tmpfs(tmp_path / "volume", "8m") as volume:
         wh, ap = _setup(volume / "wh")
         ap.apply(table_of(ins(1, "a", seq=1), ins(1, "x", seq=1, table=OTHER)), 0)
-        filler = _fill(volume)
+        filler = fill(volume)
         batch = table_of(upd(1, "b", seq=2), ins(2, "y", seq=2, table=OTHER))
         with pytest.raises(StorageError) as caught:
             ap.apply(batch, 1)

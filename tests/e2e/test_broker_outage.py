@@ -16,11 +16,11 @@ import re
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.e2e.helpers import PARTITIONS, check_changelog_once, produce
 
 from cdcflow.cli import EXIT_SOURCE_UNAVAILABLE
 from cdcflow.demo import _target
@@ -34,7 +34,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 FORMAT = "debezium-json"
 TOPIC = "outage.debezium"
-PARTITIONS = 2
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 JVM_BANNER = "WARNING: Using incubator modules: jdk.incubator.vector"  # every Spark 4 JVM
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} |\d\d/\d\d/\d\d \d\d:\d\d:\d\d )")
@@ -48,14 +47,9 @@ OUTAGE_WARNING = re.compile(
 def _produce(broker: EmbeddedBroker, workload: Workload, n_changes: int) -> int:
     """Encode ``n_changes`` changes, keyed so each row's changes stay in one partition."""
     encoder = encoder_for(FORMAT)
-    by_partition: dict[int, list] = {}
-    for change in workload.changes(n_changes):
-        for m in encoder.encode(change):
-            p = zlib.crc32(m.key or m.value or b"") % PARTITIONS
-            by_partition.setdefault(p, []).append(m)
-    for p, messages in sorted(by_partition.items()):
-        broker.produce(TOPIC, messages, partition=p)
-    return sum(len(ms) for ms in by_partition.values())
+    return produce(
+        broker, TOPIC, [m for c in workload.changes(n_changes) for m in encoder.encode(c)]
+    )
 
 
 def _start(tmp_path: Path, broker: EmbeddedBroker, **kafka) -> tuple[subprocess.Popen, Path]:
@@ -132,16 +126,7 @@ def _check_exactly_once(tmp_path: Path, workload: Workload, ends: dict[int, int]
         covered = [o for first, last, _ in ranges for o in range(first, last + 1)]
         assert covered == list(range(end)), f"partition {p}: gap or overlap in {ranges}"
         assert all(n == last - first + 1 for first, last, n in ranges), "non-contiguous batch"
-    changelog = wh.read("changelog", system=True)
-    coords = list(
-        zip(
-            changelog["partition"].to_pylist(),
-            changelog["offset"].to_pylist(),
-            changelog["event_index"].to_pylist(),
-            strict=True,
-        )
-    )
-    assert len(coords) == len(set(coords)), "an event reached the changelog twice"
+    check_changelog_once(wh)
 
 
 def test_a_streaming_run_survives_a_45_s_broker_outage_and_applies_every_offset_once(tmp_path):

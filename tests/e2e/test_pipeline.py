@@ -51,20 +51,16 @@ class Crash(RuntimeError):
     pass
 
 
-def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path, monkeypatch):
-    """Crash after the changelog and one mirror were committed, before the rest; restart."""
-    fmt = "debezium-json"
-    s = Scenario(broker, fmt, seed=3)
-    s.produce(600)
-    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
-
+def _run_crashing_in_batch_1(spark, config, monkeypatch) -> None:
+    """Run the pipeline once; it crashes after the fifth mirror commit, the second mirror
+    of apply 1 (its changelog and first mirrors committed, the rest not)."""
     real = DeltaWarehouse.apply_mirror
     calls = {"n": 0}
 
     def crashing(self, target, net, types, key_columns, batch_id, **options):
         result = real(self, target, net, types, key_columns, batch_id, **options)
         calls["n"] += 1
-        if batch_id == 1 and calls["n"] == 5:  # second mirror of batch 1 committed, then crash
+        if batch_id == 1 and calls["n"] == 5:
             raise Crash("killed mid-batch")
         return result
 
@@ -72,6 +68,16 @@ def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path,
     with pytest.raises(Exception, match="killed mid-batch"):
         Pipeline(config, spark=spark).run(once=True)
     monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+
+
+def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path, monkeypatch):
+    """Crash after the changelog and one mirror were committed, before the rest; restart."""
+    fmt = "debezium-json"
+    s = Scenario(broker, fmt, seed=3)
+    s.produce(600)
+    config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
+
+    _run_crashing_in_batch_1(spark, config, monkeypatch)
 
     summary = Pipeline(config, spark=spark).run(once=True)
     replayed = [m for r in summary.reports[fmt] for m in r.mirrors if m.skipped_replay]
@@ -211,20 +217,7 @@ def test_a_crash_then_a_deleted_checkpoint_finishes_the_interrupted_apply(
     s = Scenario(broker, fmt, seed=9)
     s.produce(600)
     config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=250)
-    real = DeltaWarehouse.apply_mirror
-    calls = {"n": 0}
-
-    def crashing(self, target, net, types, key_columns, batch_id, **options):
-        result = real(self, target, net, types, key_columns, batch_id, **options)
-        calls["n"] += 1
-        if batch_id == 1 and calls["n"] == 5:
-            raise Crash("killed mid-batch")
-        return result
-
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", crashing)
-    with pytest.raises(Exception, match="killed mid-batch"):
-        Pipeline(config, spark=spark).run(once=True)
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+    _run_crashing_in_batch_1(spark, config, monkeypatch)
     shutil.rmtree(tmp_path / "ck")
     s.produce(200)
     summary = Pipeline(config, spark=spark).run(once=True)

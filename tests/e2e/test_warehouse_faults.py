@@ -5,7 +5,6 @@ find them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import subprocess
@@ -13,6 +12,7 @@ import sys
 
 import pytest
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
+from tests.volumes import fill, tmpfs, truncate_last_commit
 
 from cdcflow.demo import _target
 from cdcflow.errors import Code
@@ -23,12 +23,6 @@ from cdcflow.testing.workload import compare_with_mirror
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 FMT = "debezium-json"
-
-
-def _truncate_last_commit(table_path: str) -> None:
-    last = sorted((pathlib.Path(table_path) / "_delta_log").glob("*.json"))[-1]
-    data = last.read_bytes()
-    last.write_bytes(data[: len(data) // 2])
 
 
 def test_a_truncated_log_in_one_mirror_stops_that_table_and_the_others_apply(
@@ -43,7 +37,7 @@ def test_a_truncated_log_in_one_mirror_stops_that_table_and_the_others_apply(
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     targets = {spec.name: _target(FMT, s.workload, spec, s.options) for spec in s.workload.tables}
     damaged_name, damaged = sorted(targets.items())[0]
-    _truncate_last_commit(wh.table_path(damaged))
+    truncate_last_commit(wh.table_path(damaged))
 
     s.produce(300)
     summary = Pipeline(config, spark=spark).run(once=True)  # no exception: the stream goes on
@@ -74,30 +68,6 @@ def test_a_truncated_log_in_one_mirror_stops_that_table_and_the_others_apply(
     check_changelog_once(wh)
 
 
-@contextlib.contextmanager
-def _tmpfs(path: pathlib.Path, size: str):
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here to fill a volume: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _fill(volume: pathlib.Path) -> pathlib.Path:
-    filler = volume / "filler"
-    st = os.statvfs(volume)
-    with contextlib.suppress(OSError), open(filler, "wb") as f:
-        f.write(b"\0" * (st.f_bavail * st.f_frsize))
-    return filler
-
-
 def _run_cli(config_path: pathlib.Path, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     src = str(pathlib.Path(__file__).resolve().parents[2] / "src")
     return subprocess.run(
@@ -117,7 +87,7 @@ def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broke
 
     s = Scenario(broker, FMT, seed=22)
     s.produce(200)
-    with _tmpfs(tmp_path / "volume", "16m") as volume:
+    with tmpfs(tmp_path / "volume", "16m") as volume:
         config = tmp_path / "pipeline.yaml"
         config.write_text(
             "pipeline_id: full\n"
@@ -130,7 +100,7 @@ def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broke
         first = _run_cli(config, tmp_path)
         assert first.returncode == 0, first.stderr
         s.produce(200)
-        filler = _fill(volume)
+        filler = fill(volume)
         full = _run_cli(config, tmp_path)
         assert full.returncode == EXIT_STORAGE_ERROR == 74, full.stderr
         lines = [ln for ln in full.stderr.splitlines() if ln.startswith("cdcflow: ")]

@@ -392,9 +392,8 @@ def decode_records(decoder: Decoder, records: list[Record]) -> pa.RecordBatch:
 def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode one Arrow batch of Kafka records (Spark's Kafka-source columns) into one
     :data:`EVENT_SCHEMA` batch (collector paused, see :func:`decode_records`)."""
-    with _collector_paused():
-        records = records_from_kafka_batch(batch)
-        return flatten(decoder.decode_batch(records), decoder.state_items, records)
+    with _collector_paused():  # the records too; decode_records then leaves it paused
+        return decode_records(decoder, records_from_kafka_batch(batch))
 
 
 def load_decoder_state(path: str | None, key: str) -> list[Any]:
