@@ -473,6 +473,8 @@ def entry() -> None:
             session.stop()
     except ImportError:
         pass
+    except Exception as exc:  # noqa: BLE001 - e.g. the gateway gone after a signal
+        log.debug("could not stop the Spark session: %s", exc)
     gc.collect()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -378,10 +378,22 @@ class Pipeline:
             self._raise_failure(exc)
             raise
         finally:
-            for q in queries:
-                if q.isActive:
-                    q.stop()
+            _stop_queries(queries)
         return self.summary
+
+
+def _stop_queries(queries) -> None:
+    """Stop the queries still active. On the way out of Ctrl-C or SIGTERM the signal can
+    cut a py4j call in half and the gateway then stops answering (``Py4JNetworkError:
+    Answer from Java side is empty``); that must not hide the interrupt (exit 130) under a
+    traceback (exit 1), so a query that cannot be stopped is logged and left to the JVM's
+    own shutdown."""
+    for query in queries:
+        try:
+            if query.isActive:
+                query.stop()
+        except Exception as exc:  # noqa: BLE001 - the JVM is going away with the process
+            log.info("could not stop a streaming query: %s", exc)
 
 
 def _raise_source_error(exc: BaseException) -> None:

@@ -227,6 +227,7 @@ def test_call_raises_errors_that_are_not_transient_at_once():
     "code",
     [
         KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._TIMED_OUT,
         KafkaError._RESOLVE,

@@ -560,8 +560,11 @@ def _from_json(offsets: Mapping[str, Mapping[str, int]] | None) -> dict[TopicPar
 # of reach for a while. An unknown topic or partition is here too: the source asks only
 # about partitions the metadata just listed, so "unknown" means stale metadata or no
 # leader yet (librdkafka answers _UNKNOWN_PARTITION at once while its broker is down).
+# _DESTROY_BROKER fails the requests outstanding on a broker connection librdkafka tore
+# down; seen here when the broker went away mid-request (tests/e2e/test_broker_outage.py).
 _TRANSIENT_CODES = (
     "_TRANSPORT",
+    "_DESTROY_BROKER",
     "_ALL_BROKERS_DOWN",
     "_TIMED_OUT",
     "_TIMED_OUT_QUEUE",
