@@ -176,9 +176,7 @@ def run(
             log = root / "cdcflow.log"
             started = time.monotonic()
             with open(log, "wb") as out:
-                proc = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env()
-                )
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
             try:
                 with PeakRss(proc.pid) as mem:
                     while _applied(warehouse / "_cdcflow" / "batches") < produced:

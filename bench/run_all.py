@@ -12,7 +12,10 @@ carry over from one to the next):
 * ``debezium``: :mod:`e2e_debezium` -- ``--e2e-events`` Debezium events into one
   mirror, cdcflow vs a plain PySpark reference, with the peak RSS of each pipeline;
 * ``multitable``: :mod:`e2e_multitable` -- ``--multitable-events`` Canal JSON events of
-  20 tables in one topic.
+  20 tables in one topic;
+* ``freshness``: :mod:`freshness` -- a producer at ``--freshness-rate`` changes/s for
+  ``--freshness-seconds`` into a streaming ``cdcflow run`` with the default configuration;
+  p50/p95/max of (Delta commit time - source commit time).
 
 Then prints one table (figure, value, reference, ratio, target) and writes every row,
 with the sizes and the machine, to ``bench/results/latest.json`` (or ``--out``).
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, child_env, format_table, read_rows, write_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("decode", "debezium", "multitable")
+BENCHMARKS = ("decode", "debezium", "multitable", "freshness")
 
 
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -69,6 +72,13 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "--batch",
             n(args.batch),
         ],
+        "freshness": [
+            "freshness.py",
+            "--rate",
+            str(args.freshness_rate),
+            "--seconds",
+            str(max(10.0, args.freshness_seconds * args.scale)),
+        ],
     }
 
 
@@ -81,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-events", type=int, default=1_000_000)
     parser.add_argument("--multitable-events", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--freshness-rate", type=int, default=20_000, help="changes/s")
+    parser.add_argument("--freshness-seconds", type=float, default=120.0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this")
     parser.add_argument("--skip", action="append", choices=BENCHMARKS, default=[])
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))

@@ -22,7 +22,7 @@ GOOD = {
 def test_defaults_and_reader_options(tmp_path):
     cfg = parse_config(GOOD, base_dir=tmp_path)
     assert cfg.warehouse == str(tmp_path / "wh") and cfg.pipeline_id == "default"
-    assert cfg.trigger == "processing_time" and cfg.trigger_interval == "10 seconds"
+    assert cfg.trigger == "processing_time" and cfg.trigger_interval == "1 second"
     src = cfg.sources[0]
     assert (src.name, src.topics) == ("debezium-json", ("a", "b"))
     opts = cfg.kafka.reader_options()

@@ -6,7 +6,7 @@ Example (every key with its default where it has one)::
     warehouse: ./warehouse         # Delta tables (local folder or delta-rs URI)
     checkpoint: ./checkpoint       # Spark streaming checkpoints, one folder per source
     target_template: "{database}.{schema}.{table}"
-    trigger: {processing_time: "10 seconds"}   # or: available_now   (cdcflow run --once forces it)
+    trigger: {processing_time: "1 second"}    # or: available_now   (cdcflow run --once forces it)
     kafka:
       bootstrap_servers: 127.0.0.1:9092
       starting_offsets: earliest   # earliest | latest | Spark's per-partition JSON
@@ -137,7 +137,7 @@ class PipelineConfig:
     sources: tuple[SourceConfig, ...]
     target_template: str = "{database}.{schema}.{table}"
     trigger: str = "processing_time"  # processing_time | available_now
-    trigger_interval: str = "10 seconds"
+    trigger_interval: str = "1 second"
     tables: TableRules = field(default_factory=TableRules)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
 
@@ -251,7 +251,7 @@ class _Pipeline(_Strict):
     checkpoint: str
     target_template: str = "{database}.{schema}.{table}"
     trigger: _Trigger | Literal["available_now"] = Field(
-        default_factory=lambda: _Trigger(processing_time="10 seconds")
+        default_factory=lambda: _Trigger(processing_time="1 second")
     )
     kafka: _Kafka
     sources: list[_Source] = Field(min_length=1)
@@ -314,7 +314,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
     if trig == "available_now" or (isinstance(trig, _Trigger) and trig.available_now):
         trigger, interval = "available_now", ""
     else:
-        trigger, interval = "processing_time", (trig.processing_time or "10 seconds")
+        trigger, interval = "processing_time", (trig.processing_time or "1 second")
     names: set[str] = set()
     sources = []
     for s in model.sources:
