@@ -277,6 +277,9 @@ def run(
                 "events/s",
                 ref_steady,
                 name,
+                target=">= 250,000 events/s and >= 2x reference",
+                met=ours_steady >= 250_000
+                and (ref_steady is None or ours_steady >= 2 * ref_steady),
                 **extra,
             )
         )
@@ -299,6 +302,8 @@ def run(
             "GiB",
             ref["peak_rss_bytes"] / 2**30 if ref else None,
             name,
+            target=f"<= 2 GiB at {batch:,} events per micro-batch",
+            met=ours["peak_rss_bytes"] <= 2 * 2**30,
             **extra,
         )
     )

@@ -120,7 +120,15 @@ def run(events: int, tables: int, batch: int) -> list[dict[str, Any]]:
     rows = []
     if steady is not None:
         rows.append(
-            row("e2e-multitable", f"e2e {tables} tables past start-up", steady, "events/s", **extra)
+            row(
+                "e2e-multitable",
+                f"e2e {tables} tables past start-up",
+                steady,
+                "events/s",
+                target=">= 200,000 events/s",
+                met=steady >= 200_000,
+                **extra,
+            )
         )
     rows.append(
         row(
@@ -137,6 +145,8 @@ def run(events: int, tables: int, batch: int) -> list[dict[str, Any]]:
             f"peak RSS, e2e {tables} tables pipeline",
             out["peak_rss_bytes"] / 2**30,
             "GiB",
+            target="<= 2 GiB",
+            met=out["peak_rss_bytes"] <= 2 * 2**30,
             **extra,
         )
     )
