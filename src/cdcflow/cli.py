@@ -122,7 +122,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from cdcflow.apply.batch import BatchApplier, Router
-    from cdcflow.decode.batches import flatten, load_decoder_state
+    from cdcflow.decode.batches import decode_records, load_decoder_state
     from cdcflow.sinks.delta import DeltaWarehouse
 
     decoder = _decoder(args.format, args.primary_key, args.keyless)
@@ -131,8 +131,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id)
     )
     records = list(_records(args.format, args.files))
-    result = decoder.decode_batch(records)
-    events = pa.Table.from_batches([flatten(result, decoder.state_items, records)])
+    events = pa.Table.from_batches([decode_records(decoder, records)])
     report = BatchApplier(warehouse, Router(args.target_template)).apply(events)
     print(
         f"batch {report.batch_id}: {report.records} records, {report.events} events, "

@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
+from cdcflow.decode import batches as batches_module
+from cdcflow.decode.batches import decode_records, flatten
 from cdcflow.formats import debezium_json
 from cdcflow.formats.base import DecodeResult, Record
 from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
@@ -232,3 +234,143 @@ def test_both_ways_of_building_events_decode_alike(monkeypatch):
     monkeypatch.setattr(debezium_json, "_new_row_change", debezium_json._row_change_init)
     a, b = _both(records, DebeziumJsonOptions(), 100)
     assert a == b == expected
+
+
+# --------------------------------------------------------------------------- decode stage
+
+
+def _batches_both(records: list[Record], options: DebeziumJsonOptions, batch: int):
+    """EVENT_SCHEMA batches of the decode stage (``decode_records``: flat rows from
+    ``decode_flat``, the rest through ``decode_batch``) and of the general path alone
+    (``flatten(decode_batch)`` with the fast path off), ``batch`` records at a time."""
+    stage, general = DebeziumJsonDecoder(options), DebeziumJsonDecoder(options)
+    general._fast_ok = False
+    a, b = [], []
+    for i in range(0, len(records), batch):
+        part = records[i : i + batch]
+        a.append(decode_records(stage, part))
+        b.append(flatten(general.decode_batch(part), general.state_items, part))
+    return a, b
+
+
+@pytest.mark.parametrize("probe", ["windows", "every record"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_decode_stage_gives_the_batches_of_the_general_path(seed, probe, monkeypatch):
+    if probe == "every record":  # decode_flat asked for each record, however many decline
+        monkeypatch.setattr(batches_module, "_FLAT_PROBE", 0)
+    records = _stream(seed, 1500)
+    for options in (
+        DebeziumJsonOptions(),
+        DebeziumJsonOptions(primary_keys={"customers": ("id",), "inv.items": ("id", "a")}),
+        DebeziumJsonOptions(keyless="full_row", max_columns=6),
+        DebeziumJsonOptions(max_record_bytes=420),
+    ):
+        for batch in (1, 50, len(records)):
+            a, b = _batches_both(records, options, batch)
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                assert x.schema == y.schema
+                assert x.to_pylist() == y.to_pylist(), (seed, options, batch, i)
+
+
+def test_the_decode_stage_on_the_golden_inputs():
+    records: list[Record] = []
+    for expected in sorted(CASES.glob("*.expected.jsonl")):
+        case = load_case(expected)
+        if case.options and set(case.options) - {"primary_keys"}:
+            continue
+        records += case.records
+    records = [
+        Record(r.value, r.key, r.headers, Origin("golden", 0, i), r.timestamp_ms)
+        for i, r in enumerate(records)
+    ]
+    options = DebeziumJsonOptions(primary_keys={"*": ("id",)})
+    for batch in (1, 7, len(records)):
+        a, b = _batches_both(records, options, batch)
+        assert [x.to_pylist() for x in a] == [y.to_pylist() for y in b]
+
+
+def test_the_decode_stage_builds_most_rows_without_events(monkeypatch):
+    # the comparison above proves nothing if decode_flat answered for no record
+    records = _stream(1, 3000)
+    answered = []
+    original = DebeziumJsonDecoder.decode_flat
+
+    def counting(self, record):
+        parts = original(self, record)
+        answered.append(parts is not None)
+        return parts
+
+    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    monkeypatch.setattr(batches_module, "_FLAT_PROBE", 0)
+    decode_records(DebeziumJsonDecoder(), records)
+    assert 0.3 * len(records) < sum(answered) < 0.95 * len(records)
+
+
+def test_common_records_are_all_built_flat(monkeypatch):
+    # the bench's shape (benchmarks/e2e_debezium.py): every record but a table's first
+    records = [
+        Record(
+            orjson.dumps(
+                {
+                    "before": None,
+                    "after": {"id": i, "name": f"n{i}", "balance": i / 4, "ok": i % 2 == 0},
+                    "source": {
+                        "connector": "postgresql",
+                        "ts_ms": 1_700_000_000_000 + i,
+                        "db": "shop",
+                        "schema": "public",
+                        "table": "customers",
+                        "lsn": 1000 + i,
+                        "sequence": f'["{999 + i}","{1000 + i}"]',
+                        "txId": 7,
+                    },
+                    "op": "c",
+                    "ts_ms": 1_700_000_000_100 + i,
+                    "transaction": None,
+                }
+            ),
+            orjson.dumps({"id": i}),
+            (),
+            Origin("t", 0, i),
+            None,
+        )
+        for i in range(3000)
+    ]
+    answered = []
+    original = DebeziumJsonDecoder.decode_flat
+
+    def counting(self, record):
+        parts = original(self, record)
+        answered.append(parts is not None)
+        return parts
+
+    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    out = decode_records(DebeziumJsonDecoder(), records)
+    assert answered.count(False) == 1 and out.num_rows == 3000
+
+
+def test_a_batch_of_uncommon_records_goes_the_general_way_whole(monkeypatch):
+    # schema-ful messages: decode_flat declines; after the probe it is not asked again
+    records = [
+        Record(
+            orjson.dumps({"schema": {"type": "struct"}, "payload": {"op": "x"}}),
+            None,
+            (),
+            Origin("t", 0, i),
+            None,
+        )
+        for i in range(2000)
+    ]
+    asked = []
+    original = DebeziumJsonDecoder.decode_flat
+
+    def counting(self, record):
+        asked.append(1)
+        return original(self, record)
+
+    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    out = decode_records(DebeziumJsonDecoder(), records)
+    assert out.num_rows == 2000 and set(out.column("kind").to_pylist()) == {"dead"}
+    # each window of _FLAT_WINDOW records is probed, then handed over whole
+    windows = -(-len(records) // batches_module._FLAT_WINDOW)
+    assert len(asked) == windows * (batches_module._FLAT_PROBE // 2 + 1)

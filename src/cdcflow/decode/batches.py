@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from cdcflow.errors import Code
 from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
-from cdcflow.formats.base import Decoder, DecodeResult, Record
+from cdcflow.formats.base import Decoder, DecodeResult, FlatEvent, Record
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, dumps, json_default, seq_key
 from cdcflow.types import infer_type
 
@@ -112,6 +112,24 @@ class _ColumnsCache:
         return out
 
 
+class _FlatColumnsCache:
+    """Canonical ``columns`` JSON of a flat event's declared types (see
+    :data:`~cdcflow.formats.base.FlatEvent`: they name every non-null value of its
+    image, so they are the whole declaration) and whether one is ``time``."""
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple, tuple[str | None, bool]] = {}
+
+    def get(self, declared: dict[str, str]) -> tuple[str | None, bool]:
+        shape = tuple(declared.items())
+        cached = self._shapes.get(shape)
+        if cached is None:
+            cached = (_json(declared) if declared else None, "time" in declared.values())
+            if len(self._shapes) < 10_000:
+                self._shapes[shape] = cached
+        return cached
+
+
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -193,6 +211,54 @@ def _event_row(
     )
 
 
+def _flat_event_row(
+    parts: FlatEvent, o: Origin, idx: int, cache: _FlatColumnsCache
+) -> tuple[Any, ...]:
+    """The EVENT_SCHEMA values of a :data:`~cdcflow.formats.base.FlatEvent`: what
+    :func:`_event_row` gives for its :class:`ChangeEvent` (no meta, DDL, state or
+    partial update by the FlatEvent's contract), without building one.
+
+    Raises:
+        TypeError, ValueError, OverflowError: as :func:`_event_row`.
+    """
+    op, src, ek, eb, ea, declared, seq, ts_ms, txn = parts
+    decl, has_time = cache.get(declared)
+    image_json = _json_with_times if has_time else _json
+    moved = None
+    if eb is not None and ea is not None:
+        try:
+            before_key = {c: eb[c] for c in ek}
+        except KeyError:
+            before_key = None
+        if before_key is not None and before_key != ek:
+            moved = before_key
+    return (
+        op.value,
+        src.format,
+        src.database,
+        src.schema,
+        src.table,
+        image_json(ek),
+        image_json(moved),
+        image_json(eb),
+        image_json(ea),
+        False,
+        decl,
+        seq_key(seq),
+        _int64(ts_ms, "ts_ms"),
+        None if txn is None else txn.id,
+        None if txn is None else _int64(txn.order, "txn order"),
+        None if txn is None else txn.last,
+        None,
+        None,
+        o.topic,
+        o.partition,
+        o.offset,
+        idx,
+        None,
+    )
+
+
 _ROW_FIELDS = (
     "op",
     "format",
@@ -243,16 +309,21 @@ def flatten(
     cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
     index_in_record: dict[tuple[str, int, int], int] = {}
     cache = _ColumnsCache()
+    flat_cache = _FlatColumnsCache()
     declared_once: set[tuple[str, str, str, str, str | None]] = set()
     built: list[tuple[Any, ...]] = []
     failed: dict[tuple[str, int, int], str] = {}
     for e in result.events:
-        o = e.origin
+        flat = e.__class__ is tuple  # (FlatEvent, origin): see decode_records
+        o = e[1] if flat else e.origin
         pos = (o.topic, o.partition, o.offset)
         idx = index_in_record.get(pos, 0)
         index_in_record[pos] = idx + 1
         try:
-            built.append(_event_row(e, idx, cache, state_of))
+            if flat:
+                built.append(_flat_event_row(e[0], o, idx, flat_cache))
+            else:
+                built.append(_event_row(e, idx, cache, state_of))
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             failed.setdefault(pos, f"event cannot be stored: {type(exc).__name__}: {exc}")
     row_ops = {op.value for op in ROW_OPS}
@@ -265,13 +336,22 @@ def flatten(
         # row; other events (DDL, truncate) always keep theirs
         columns_at = _ROW_FIELDS.index("columns")
         decls = list(transposed[columns_at])
+        # the previous row event's (format, database, schema, table, declaration): a row
+        # holding the very same objects (the decoders' cached names, the columns cache's
+        # strings) has a declaration seen before, without hashing the five again
+        seen: tuple = (None,) * 5
         for i, (op, f, d, sc, t, decl) in enumerate(zip(*transposed[:5], decls, strict=True)):
-            if op in row_ops:
-                once = (f, d, sc, t, decl)
-                if once in declared_once:
-                    decls[i] = None
-                else:
-                    declared_once.add(once)
+            if decl is None or op not in row_ops:
+                continue  # nothing to drop / kept
+            if decl is seen[4] and t is seen[3] and sc is seen[2] and d is seen[1] and f is seen[0]:
+                decls[i] = None
+                continue
+            once = (f, d, sc, t, decl)
+            if once in declared_once:
+                decls[i] = None
+            else:
+                declared_once.add(once)
+            seen = once
         transposed[columns_at] = decls
         for name, values in zip(_ROW_FIELDS, transposed, strict=True):
             cols[name] = list(values)
@@ -295,7 +375,8 @@ def flatten(
             )
     if failed:
         raw = {(r.origin.topic, r.origin.partition, r.origin.offset): r for r in records or ()}
-        fmt = result.events[0].source.format if result.events else None
+        first = result.events[0]
+        fmt = (first[0][1] if first.__class__ is tuple else first.source).format
         for (t, part, off), message in failed.items():
             rec = raw.get((t, part, off))
             add(
@@ -384,9 +465,68 @@ def _collector_paused() -> Iterator[None]:
 
 
 def decode_records(decoder: Decoder, records: list[Record]) -> pa.RecordBatch:
-    """Decode Kafka records into one :data:`EVENT_SCHEMA` batch (collector paused)."""
+    """Decode Kafka records into one :data:`EVENT_SCHEMA` batch (collector paused).
+
+    Where the format answers :meth:`~cdcflow.formats.base.Decoder.decode_flat` for a
+    record (the common shape of its messages), its row is built from that answer
+    without a :class:`ChangeEvent`; the other records go through
+    :meth:`~cdcflow.formats.base.Decoder.decode_batch`, a run of them at a time, and
+    :func:`flatten`. The batch is the same either way (tests compare the two).
+    """
     with _collector_paused():
-        return flatten(decoder.decode_batch(records), decoder.state_items, records)
+        kind = type(decoder)
+        if kind.decode_flat is Decoder.decode_flat or kind.combine is not Decoder.combine:
+            return flatten(decoder.decode_batch(records), decoder.state_items, records)
+        return flatten(_decode_mixed(decoder, records), decoder.state_items, records)
+
+
+#: :func:`_decode_mixed` asks ``decode_flat`` window by window: when more than half of
+#: the first ``_FLAT_PROBE`` records of a window of ``_FLAT_WINDOW`` went the general way,
+#: the rest of that window goes to ``decode_batch`` whole.
+_FLAT_WINDOW = 1024
+_FLAT_PROBE = 64
+
+
+def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
+    """One :class:`DecodeResult` for ``records`` whose ``events`` hold, in record order,
+    ``(FlatEvent, origin)`` pairs for the records :meth:`Decoder.decode_flat` answered
+    and the events :meth:`Decoder.decode_batch` gave for the others (its skipped
+    records and dead letters are kept in order too).
+
+    A record ``decode_flat`` refuses is decoded at once, before the next one is asked:
+    the general way teaches the decoder what its fast way needs (a table first seen,
+    key columns from the options). Where most records take the general way anyway (a
+    format's uncommon shape: each would be parsed twice), a window of records is handed
+    to ``decode_batch`` whole once its first :data:`_FLAT_PROBE` records said so.
+    """
+    out = DecodeResult()
+    items: list[Any] = []
+    decode_flat = decoder.decode_flat
+    decode_batch = decoder.decode_batch
+
+    def general(run: list[Record]) -> None:
+        part = decode_batch(run)
+        items.extend(part.events)
+        out.decoded_origins.extend(part.decoded_origins)
+        out.skipped.extend(part.skipped)
+        out.dead_letters.extend(part.dead_letters)
+
+    for start in range(0, len(records), _FLAT_WINDOW):
+        window = records[start : start + _FLAT_WINDOW]
+        refused = 0
+        for i, record in enumerate(window):
+            parts = decode_flat(record)
+            if parts is not None:
+                items.append((parts, record.origin))
+                continue
+            general([record])
+            refused += 1
+            if i < _FLAT_PROBE and refused * 2 > _FLAT_PROBE:
+                if i + 1 < len(window):
+                    general(window[i + 1 :])
+                break
+    out.events = items
+    return out
 
 
 def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatch:

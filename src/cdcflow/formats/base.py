@@ -36,6 +36,7 @@ __all__ = [
     "Decoder",
     "DecoderOptions",
     "Encoder",
+    "FlatEvent",
     "Message",
     "Record",
     "SkipRecord",
@@ -228,6 +229,17 @@ def key_columns_for(
 # --------------------------------------------------------------------------- decoder
 
 
+#: One record's only event in the common flat shape, as :meth:`Decoder.decode_flat` gives
+#: it: ``(op, source, key, before, after, columns, seq, ts_ms, txn)`` -- an
+#: :class:`~cdcflow.model.Op` of a row change, the :class:`~cdcflow.model.SourceTable`,
+#: the key columns' values, the before and after images (dicts of ``str``, ``int``
+#: within 64 bits, ``float``, ``bool`` or ``None``; at least one of them present), the
+#: declared logical types (a type for every non-null value of the image the event keeps,
+#: and no column that image lacks), the sequence tuple, the source commit time in epoch
+#: ms (or ``None``) and the :class:`~cdcflow.model.Txn` (or ``None``).
+FlatEvent = tuple[Any, Any, dict, dict | None, dict | None, dict, tuple, int | None, Any]
+
+
 class Decoder(ABC):
     """Decodes the records of one format. Instances are picklable and stateless
     across records, except for what a format documents (e.g. Qlik metadata)."""
@@ -257,6 +269,20 @@ class Decoder(ABC):
             DecodeError: the record is malformed; its ``code`` is the dead-letter code.
             SkipRecord: the record is deliberately not applied.
         """
+
+    def decode_flat(self, record: Record) -> FlatEvent | None:
+        """The record's event as a :data:`FlatEvent`, or ``None`` (the default) to decode
+        it the general way (:meth:`decode_batch`).
+
+        A format may answer for the records of its most common shape, so that the decode
+        stage (:func:`cdcflow.decode.batches.decode_records`) builds their rows without a
+        :class:`~cdcflow.model.ChangeEvent` in between. It must give exactly what
+        :meth:`decode_batch` would: one event, no meta, no DDL, not a partial update, no
+        decoder state, within ``max_record_bytes`` and ``max_columns``, and a
+        :meth:`combine` that leaves it as it is. Anything else -- also a malformed record
+        -- returns ``None`` before any effect. Never raises.
+        """
+        return None
 
     def state_items(self, event: ChangeEvent) -> list[Any]:
         """What ``event`` taught this decoder that later records may need (JSON-able items).

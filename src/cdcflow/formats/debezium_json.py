@@ -62,6 +62,7 @@ from cdcflow.formats.base import (
     Decoder,
     DecoderOptions,
     Encoder,
+    FlatEvent,
     Message,
     Record,
     SkipRecord,
@@ -803,6 +804,8 @@ class DebeziumJsonDecoder(Decoder):
         self._schema_include = o.schema_include
         self._always_exact = o.float_as_decimal
         self._fast_ok = o.schema_include is not True
+        self._max_record_bytes = o.max_record_bytes
+        self._max_columns = o.max_columns
         self._keep_undeclared = o.undeclared_columns == UNDECLARED_KEEP
         ph = o.unavailable_value_placeholder
         ph_b64 = base64.b64encode(ph.encode()).decode()
@@ -859,7 +862,66 @@ class DebeziumJsonDecoder(Decoder):
         except _NeedExact:
             return self._decode(self._loads_exact(value), record, True)
 
+    def decode_flat(self, record: Record) -> FlatEvent | None:
+        """The record's one event as a :data:`~cdcflow.formats.base.FlatEvent`, when it
+        has the common shape :meth:`_fast_parts` reads (and is within the size and
+        column limits); ``None`` sends it the general way (:meth:`decode_batch`), which
+        gives the same event. See :meth:`Decoder.decode_flat`."""
+        value = record.value
+        if value is None or self._always_exact or not self._fast_ok:
+            return None
+        if len(value) > self._max_record_bytes:
+            return None
+        try:
+            obj = _loads(value)
+        except _JSONDecodeError:
+            return None
+        if obj.__class__ is not dict or "payload" in obj:
+            return None
+        parts = self._fast_parts(obj, record)
+        if parts is None:
+            return None
+        limit = self._max_columns
+        after, before, columns = parts[4], parts[3], parts[5]
+        if (
+            (after is not None and len(after) > limit)
+            or (before is not None and len(before) > limit)
+            or len(columns) > limit
+        ):
+            return None
+        return parts
+
     def _fast_row(self, payload: dict[str, Any], record: Record) -> ChangeEvent | None:
+        """The event of :meth:`_fast_parts`, or ``None``."""
+        parts = self._fast_parts(payload, record)
+        if parts is None:
+            return None
+        op, table, key, before, after, columns, seq, ts_ms, txn = parts
+        if _new_row_change is not _row_change:  # ChangeEvent's fields changed
+            event = _row_change_init(
+                op, table, before, after, columns, seq, ts_ms, txn, record.origin
+            )
+            event.key = key
+            return event
+        # _row_change inlined: one call less per record
+        e = _object_new(ChangeEvent)
+        e.op = op
+        e.source = table
+        e.key = key
+        e.before = before
+        e.after = after
+        e.columns = columns
+        e.seq = seq
+        e.ts_ms = ts_ms
+        e.txn = txn
+        e.ddl = None
+        e.changed = None
+        e.origin = record.origin
+        e.meta = None
+        e.partial = None
+        return e
+
+    def _fast_parts(self, payload: dict[str, Any], record: Record) -> FlatEvent | None:
         """The common case -- a schemaless c/u/d/r event with flat scalar images, an
         integer ``ts_ms``, a PostgreSQL or MySQL source, a flat JSON key (or configured
         key columns), no transaction block and no headers -- decoded with as few
@@ -982,29 +1044,7 @@ class DebeziumJsonDecoder(Decoder):
 
         if new_txn:
             self._last_txid, self._last_txn = tid, txn
-        if _new_row_change is not _row_change:  # ChangeEvent's fields changed
-            event = _row_change_init(
-                op, table, before, after, columns, seq, ts_ms, txn, record.origin
-            )
-            event.key = key
-            return event
-        # _row_change inlined: one call less per record
-        e = _object_new(ChangeEvent)
-        e.op = op
-        e.source = table
-        e.key = key
-        e.before = before
-        e.after = after
-        e.columns = columns
-        e.seq = seq
-        e.ts_ms = ts_ms
-        e.txn = txn
-        e.ddl = None
-        e.changed = None
-        e.origin = record.origin
-        e.meta = None
-        e.partial = None
-        return e
+        return op, table, key, before, after, columns, seq, ts_ms, txn
 
     def _flat_types(self, image: dict[str, Any]) -> dict[str, str] | None:
         """Inferred column types of an image of plain scalars, or ``None`` when the
