@@ -46,6 +46,10 @@ _ORDER = [
 ]
 
 
+#: What the net change keeps of each key's last change (``_seq``: for partial moves).
+_LAST_COLUMNS = ["key", "is_delete", "seq", "ts_ms", "after", "partial", "old_key", "_seq"]
+
+
 def net_change(events: pa.Table) -> NetChange:
     """Collapse one table's :data:`~cdcflow.decode.batches.EVENT_SCHEMA` event rows.
 
@@ -132,20 +136,24 @@ def net_change(events: pa.Table) -> NetChange:
         )
         return NetChange(empty, truncate_seq, 0, 0)
 
-    t = t.sort_by([("key", "ascending"), *_ORDER])
-    keys = t["key"].combine_chunks()
+    # sorted by key, then source order: the order is computed on the narrow columns, and
+    # only the last change of each key is gathered (the images are most of the bytes)
+    sort_keys = [("key", "ascending"), *_ORDER]
+    order = pc.sort_indices(t.select([k for k, _ in sort_keys]), sort_keys=sort_keys)
+    keys = t["key"].take(order).combine_chunks()
     n = t.num_rows
     if n > 1:
         differs = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
         last_mask = pa.concat_arrays([differs, pa.array([True])])
     else:
         last_mask = pa.array([True])
-    last = t.filter(last_mask)
+    last = t.select(_LAST_COLUMNS).take(order.filter(last_mask))
 
     after = last["after"]
     partial = pc.fill_null(last["partial"], False)
     moved_from = pa.nulls(last.num_rows, pa.string())
     if pc.any(partial).as_py():
+        t = t.take(order)  # whole groups: the earlier images of the same key
         after, partial = _fold_partials(t, last, last_mask)
         if pc.any(pc.and_(partial, pc.is_valid(last["old_key"]))).as_py():
             after, partial, moved_from = _fold_moves(t, last, after, partial)

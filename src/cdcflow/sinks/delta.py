@@ -45,7 +45,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from cdcflow.errors import ApplyError, Code
-from cdcflow.images import logical_from_arrow, rows_to_arrow
+from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
 from cdcflow.model import NetChange, dumps
 from cdcflow.sinks.faults import storage_error
 from cdcflow.types import arrow_type
@@ -214,6 +214,37 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 def arrow_schema(table: DeltaTable) -> pa.Schema:
     """The table's schema as a pyarrow schema (delta-rs returns an arro3 one)."""
     return pa.schema(table.schema().to_arrow())
+
+
+def _images_read(
+    upserts: pa.Table, deletes: pa.Table, types: Mapping[str, str], columns: Sequence[str]
+) -> pa.Table | None:
+    """The merge source's typed rows read columnar (:func:`~cdcflow.images.rows_from_json`):
+    the upserts' after images with their key columns taken from their key JSON, then the
+    deletes' key JSON; ``None`` where the exact way must decide (a type the reader does
+    not read, a value it refuses, a key JSON with other members than the key columns or
+    without one of them)."""
+    keys = upserts["key"]
+    if not len(keys):
+        key_columns: list[str] = []
+    else:
+        key_columns = list(orjson.loads(keys[0].as_py()))
+    if any(c not in columns for c in key_columns):
+        return None
+    after = rows_from_json(upserts["after"], types, columns)
+    if after is None:
+        return None
+    if key_columns:
+        # members other than the key columns would override the after image too: refused
+        key_values = rows_from_json(keys, types, key_columns, unexpected="error")
+        if key_values is None or any(key_values[c].null_count for c in key_columns):
+            return None
+        for c in key_columns:
+            after = after.set_column(after.schema.get_field_index(c), c, key_values[c])
+    removed = rows_from_json(deletes["key"], types, columns)
+    if removed is None:
+        return None
+    return pa.concat_tables([after, removed]).combine_chunks()
 
 
 def _q(name: str) -> str:
@@ -703,14 +734,16 @@ class DeltaWarehouse:
         columns: Sequence[str],
         key_columns: Sequence[str],
     ) -> pa.Table:
-        after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
-        key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
-        # the key comes from the key JSON (it may differ from the after image's columns)
-        for row, key in zip(after_rows, upserts["key"].to_pylist(), strict=True):
-            row.update(orjson.loads(key))
-        rows = after_rows + key_rows
-        data = rows_to_arrow(rows, types, columns)
-        n_up, n_del = len(after_rows), len(key_rows)
+        n_up, n_del = upserts.num_rows, deletes.num_rows
+        partial = upserts["partial"].to_pylist()
+        data = None if any(partial) else _images_read(upserts, deletes, types, columns)
+        if data is None:  # the exact way: a dict per row
+            after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
+            key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
+            # the key comes from the key JSON (it may differ from the after image's columns)
+            for row, key in zip(after_rows, upserts["key"].to_pylist(), strict=True):
+                row.update(orjson.loads(key))
+            data = rows_to_arrow(after_rows + key_rows, types, columns)
         data = data.append_column(
             SEQ_COLUMN,
             pa.concat_arrays(
@@ -732,7 +765,6 @@ class DeltaWarehouse:
         data = data.append_column(
             _DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
         )
-        partial = upserts["partial"].to_pylist()
         if any(partial):
             for c in columns:
                 if c in key_columns:
