@@ -57,17 +57,22 @@ def test_the_hot_path_builds_events_without_the_generated_init():
     assert debezium_json._new_row_change is debezium_json._row_change
 
 
-def test_golden_inputs_in_one_stream_decode_alike():
+def _golden_stream() -> list[Record]:
+    """The golden inputs without options beyond primary keys, as one stream."""
     records: list[Record] = []
     for expected in sorted(CASES.glob("*.expected.jsonl")):
         case = load_case(expected)
         if case.options and set(case.options) - {"primary_keys"}:
             continue  # other options: decoded alone by test_debezium_json
         records += case.records
-    records = [
+    return [
         Record(r.value, r.key, r.headers, Origin("golden", 0, i), r.timestamp_ms)
         for i, r in enumerate(records)
     ]
+
+
+def test_golden_inputs_in_one_stream_decode_alike():
+    records = _golden_stream()
     options = DebeziumJsonOptions(primary_keys={"*": ("id",)})
     for batch in (1, 7, len(records)):
         a, b = _both(records, options, batch)
@@ -253,6 +258,20 @@ def _batches_both(records: list[Record], options: DebeziumJsonOptions, batch: in
     return a, b
 
 
+def _count_decode_flat(monkeypatch) -> list[bool]:
+    """Whether ``decode_flat`` answered, per call, from now on."""
+    answered: list[bool] = []
+    original = DebeziumJsonDecoder.decode_flat
+
+    def counting(self, record):
+        parts = original(self, record)
+        answered.append(parts is not None)
+        return parts
+
+    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    return answered
+
+
 @pytest.mark.parametrize("probe", ["windows", "every record"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_decode_stage_gives_the_batches_of_the_general_path(seed, probe, monkeypatch):
@@ -273,16 +292,7 @@ def test_the_decode_stage_gives_the_batches_of_the_general_path(seed, probe, mon
 
 
 def test_the_decode_stage_on_the_golden_inputs():
-    records: list[Record] = []
-    for expected in sorted(CASES.glob("*.expected.jsonl")):
-        case = load_case(expected)
-        if case.options and set(case.options) - {"primary_keys"}:
-            continue
-        records += case.records
-    records = [
-        Record(r.value, r.key, r.headers, Origin("golden", 0, i), r.timestamp_ms)
-        for i, r in enumerate(records)
-    ]
+    records = _golden_stream()
     options = DebeziumJsonOptions(primary_keys={"*": ("id",)})
     for batch in (1, 7, len(records)):
         a, b = _batches_both(records, options, batch)
@@ -292,15 +302,7 @@ def test_the_decode_stage_on_the_golden_inputs():
 def test_the_decode_stage_builds_most_rows_without_events(monkeypatch):
     # the comparison above proves nothing if decode_flat answered for no record
     records = _stream(1, 3000)
-    answered = []
-    original = DebeziumJsonDecoder.decode_flat
-
-    def counting(self, record):
-        parts = original(self, record)
-        answered.append(parts is not None)
-        return parts
-
-    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    answered = _count_decode_flat(monkeypatch)
     monkeypatch.setattr(batches_module, "_FLAT_PROBE", 0)
     decode_records(DebeziumJsonDecoder(), records)
     assert 0.3 * len(records) < sum(answered) < 0.95 * len(records)
@@ -336,15 +338,7 @@ def test_common_records_are_all_built_flat(monkeypatch):
         )
         for i in range(3000)
     ]
-    answered = []
-    original = DebeziumJsonDecoder.decode_flat
-
-    def counting(self, record):
-        parts = original(self, record)
-        answered.append(parts is not None)
-        return parts
-
-    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    answered = _count_decode_flat(monkeypatch)
     out = decode_records(DebeziumJsonDecoder(), records)
     assert answered.count(False) == 1 and out.num_rows == 3000
 
@@ -361,14 +355,7 @@ def test_a_batch_of_uncommon_records_goes_the_general_way_whole(monkeypatch):
         )
         for i in range(2000)
     ]
-    asked = []
-    original = DebeziumJsonDecoder.decode_flat
-
-    def counting(self, record):
-        asked.append(1)
-        return original(self, record)
-
-    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
+    asked = _count_decode_flat(monkeypatch)
     out = decode_records(DebeziumJsonDecoder(), records)
     assert out.num_rows == 2000 and set(out.column("kind").to_pylist()) == {"dead"}
     # each window of _FLAT_WINDOW records is probed, then handed over whole

@@ -897,29 +897,9 @@ class DebeziumJsonDecoder(Decoder):
         if parts is None:
             return None
         op, table, key, before, after, columns, seq, ts_ms, txn = parts
-        if _new_row_change is not _row_change:  # ChangeEvent's fields changed
-            event = _row_change_init(
-                op, table, before, after, columns, seq, ts_ms, txn, record.origin
-            )
-            event.key = key
-            return event
-        # _row_change inlined: one call less per record
-        e = _object_new(ChangeEvent)
-        e.op = op
-        e.source = table
-        e.key = key
-        e.before = before
-        e.after = after
-        e.columns = columns
-        e.seq = seq
-        e.ts_ms = ts_ms
-        e.txn = txn
-        e.ddl = None
-        e.changed = None
-        e.origin = record.origin
-        e.meta = None
-        e.partial = None
-        return e
+        event = _new_row_change(op, table, before, after, columns, seq, ts_ms, txn, record.origin)
+        event.key = key
+        return event
 
     def _fast_parts(self, payload: dict[str, Any], record: Record) -> FlatEvent | None:
         """The common case -- a schemaless c/u/d/r event with flat scalar images, an
