@@ -374,20 +374,34 @@ class DeltaWarehouse:
         """
         if data.num_rows == 0 or self.committed(path, batch_id):
             return False
+        table = self._tables.get(path)  # refreshed by committed()
         try:
-            self._add_missing_columns(self._tables.get(path), data.schema)  # refreshed now
+            self._add_missing_columns(table, data.schema)
+            self._write_append(
+                path, table, data, self.commit_properties(batch_id, extra=transactions)
+            )
+        except (DeltaError, OSError) as exc:
+            self._tables.pop(path, None)
+            raise storage_error(exc, path, self._target_of(path)) from exc
+        return True
+
+    def _write_append(
+        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties
+    ) -> None:
+        """Append ``data`` through the cached handle of the table at ``path`` when there is
+        one: delta-rs then commits on the snapshot it holds instead of replaying the log
+        again (the handle moves to the new version, and :meth:`open` refreshes it before
+        any later read); a new table is created from ``path``."""
+        if table is None:
             write_deltalake(
                 path,
                 data,
                 mode="append",
-                commit_properties=self.commit_properties(batch_id, extra=transactions),
+                commit_properties=commit,
                 storage_options=self.storage_options or None,
             )
-        except (DeltaError, OSError) as exc:
-            raise storage_error(exc, path, self._target_of(path)) from exc
-        finally:
-            self._tables.pop(path, None)
-        return True
+            return
+        write_deltalake(table, data, mode="append", commit_properties=commit)
 
     @staticmethod
     def _add_missing_columns(table: DeltaTable | None, schema: pa.Schema) -> None:
@@ -966,17 +980,10 @@ class DeltaWarehouse:
                 return
         try:
             self._add_missing_columns(table, data.schema)
-            write_deltalake(
-                path,
-                data,
-                mode="append",
-                commit_properties=self.commit_properties(batch_id, app_id=app),
-                storage_options=self.storage_options or None,
-            )
+            self._write_append(path, table, data, self.commit_properties(batch_id, app_id=app))
         except (DeltaError, OSError) as exc:
-            raise storage_error(exc, path) from exc
-        finally:
             self._tables.pop(path, None)
+            raise storage_error(exc, path) from exc
 
     def purge_tombstones(self, retention_hours: float, now_ms: int | None = None) -> int:
         """Delete key tombstones committed more than ``retention_hours`` ago.
