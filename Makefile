@@ -31,7 +31,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka, end to end)
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka
 	$(BIN)/python -m pytest -m "not spark and not kafka"
 
-bench: $(STAMP) ## benchmark suite: decode per core for every format, e2e Debezium vs plain PySpark, 20-table Canal, peak RSS; table + bench/results/latest.json (BENCH_ARGS="--scale 0.1" for a quick look)
+bench: $(STAMP) ## benchmark suite: decode per core for every format, e2e Debezium vs plain PySpark, 20-table Canal, freshness at 20k/s, peak RSS; table + bench/results/latest.json (BENCH_ARGS="--scale 0.1" for a quick look)
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 soak: $(STAMP) ## fault soak: 1M Debezium events with duplicates, replays, bad records; the pipeline SIGKILLed and restarted 5 times; all checked
