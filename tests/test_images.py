@@ -109,3 +109,15 @@ def test_a_key_image_with_other_members_is_declined_when_asked():
     images = pa.array(['{"id": 1, "a": 2}'])
     assert rows_from_json(images, {"id": "int64"}, ["id"], unexpected="error") is None
     assert rows_from_json(images, {"id": "int64"}, ["id"]).to_pylist() == [{"id": 1}]
+
+
+@pytest.mark.parametrize("value", [1.5, -0.25, 1e300])
+def test_a_fraction_is_not_truncated_into_an_integer_column(value):
+    with pytest.raises(ApplyError) as exc:
+        rows_to_arrow([{"c": 1}, {"c": value}], {"c": "int64"}, ["c"])
+    assert exc.value.code == "TYPE_CONFLICT" and "'c'" in exc.value.message
+
+
+def test_a_whole_float_fits_an_integer_column():
+    table = rows_to_arrow([{"c": 1.0}, {"c": 2}, {"c": None}], {"c": "int64"}, ["c"])
+    assert table["c"].to_pylist() == [1, 2, None] and table["c"].type == pa.int64()

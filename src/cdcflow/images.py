@@ -61,6 +61,10 @@ def arrow_column(name: str, values: Sequence[Any], logical_type: str) -> pa.Arra
             return pa.array(values, type=target)
         if any(isinstance(v, str) for v in values):  # numbers carried as text
             return pa.array(_to_text(values), type=pa.string()).cast(target)
+        if pa.types.is_integer(target) and any(type(v) is float for v in values):
+            # pa.array truncates a float given for an integer type (1.5 -> 1); a safe cast
+            # keeps 1.0 -> 1 and refuses 1.5
+            return pa.array(values, type=pa.float64()).cast(target)
         return pa.array(values, type=target)
     except (
         pa.ArrowInvalid,
