@@ -336,22 +336,13 @@ def flatten(
         # row; other events (DDL, truncate) always keep theirs
         columns_at = _ROW_FIELDS.index("columns")
         decls = list(transposed[columns_at])
-        # the previous row event's (format, database, schema, table, declaration): a row
-        # holding the very same objects (the decoders' cached names, the columns cache's
-        # strings) has a declaration seen before, without hashing the five again
-        seen: tuple = (None,) * 5
         for i, (op, f, d, sc, t, decl) in enumerate(zip(*transposed[:5], decls, strict=True)):
-            if decl is None or op not in row_ops:
-                continue  # nothing to drop / kept
-            if decl is seen[4] and t is seen[3] and sc is seen[2] and d is seen[1] and f is seen[0]:
-                decls[i] = None
-                continue
-            once = (f, d, sc, t, decl)
-            if once in declared_once:
-                decls[i] = None
-            else:
-                declared_once.add(once)
-            seen = once
+            if op in row_ops:
+                once = (f, d, sc, t, decl)
+                if once in declared_once:
+                    decls[i] = None
+                else:
+                    declared_once.add(once)
         transposed[columns_at] = decls
         for name, values in zip(_ROW_FIELDS, transposed, strict=True):
             cols[name] = list(values)
