@@ -81,6 +81,7 @@ class _ColumnsCache:
 
     def __init__(self) -> None:
         self._shapes: dict[tuple, tuple[str | None, bool]] = {}
+        self._declared: dict[tuple, tuple[str | None, bool]] = {}
 
     def get(
         self, declared: dict[str, str] | None, image: dict[str, Any] | None
@@ -111,22 +112,16 @@ class _ColumnsCache:
             self._shapes[shape] = out
         return out
 
-
-class _FlatColumnsCache:
-    """Canonical ``columns`` JSON of a flat event's declared types (see
-    :data:`~cdcflow.formats.base.FlatEvent`: they name every non-null value of its
-    image, so they are the whole declaration) and whether one is ``time``."""
-
-    def __init__(self) -> None:
-        self._shapes: dict[tuple, tuple[str | None, bool]] = {}
-
-    def get(self, declared: dict[str, str]) -> tuple[str | None, bool]:
+    def of_declared(self, declared: dict[str, str]) -> tuple[str | None, bool]:
+        """:meth:`get` for a flat event (:data:`~cdcflow.formats.base.FlatEvent`), whose
+        declared types name every non-null value of its image: they are the whole
+        declaration, so the image's shape is not needed for the key."""
         shape = tuple(declared.items())
-        cached = self._shapes.get(shape)
+        cached = self._declared.get(shape)
         if cached is None:
             cached = (_json(declared) if declared else None, "time" in declared.values())
-            if len(self._shapes) < 10_000:
-                self._shapes[shape] = cached
+            if len(self._declared) < 10_000:
+                self._declared[shape] = cached
         return cached
 
 
@@ -172,12 +167,7 @@ def _event_row(
     image_json = _json_with_times if has_time else _json
     moved = None
     if ek is not None and eb is not None and ea is not None:
-        try:
-            before_key = {c: eb[c] for c in ek}
-        except KeyError:
-            before_key = None
-        if before_key is not None and before_key != ek:
-            moved = before_key
+        moved = _moved_from(ek, eb)
     txn = e.txn
     meta = None
     if e.meta or e.changed:
@@ -211,9 +201,17 @@ def _event_row(
     )
 
 
-def _flat_event_row(
-    parts: FlatEvent, o: Origin, idx: int, cache: _FlatColumnsCache
-) -> tuple[Any, ...]:
+def _moved_from(key: dict[str, Any], before: dict[str, Any]) -> dict[str, Any] | None:
+    """The old key of an update whose before image holds another key (a row that moved),
+    else ``None`` (same key, or a before image without the key columns)."""
+    try:
+        before_key = {c: before[c] for c in key}
+    except KeyError:
+        return None
+    return before_key if before_key != key else None
+
+
+def _flat_event_row(parts: FlatEvent, o: Origin, idx: int, cache: _ColumnsCache) -> tuple[Any, ...]:
     """The EVENT_SCHEMA values of a :data:`~cdcflow.formats.base.FlatEvent`: what
     :func:`_event_row` gives for its :class:`ChangeEvent` (no meta, DDL, state or
     partial update by the FlatEvent's contract), without building one.
@@ -222,16 +220,9 @@ def _flat_event_row(
         TypeError, ValueError, OverflowError: as :func:`_event_row`.
     """
     op, src, ek, eb, ea, declared, seq, ts_ms, txn = parts
-    decl, has_time = cache.get(declared)
+    decl, has_time = cache.of_declared(declared)
     image_json = _json_with_times if has_time else _json
-    moved = None
-    if eb is not None and ea is not None:
-        try:
-            before_key = {c: eb[c] for c in ek}
-        except KeyError:
-            before_key = None
-        if before_key is not None and before_key != ek:
-            moved = before_key
+    moved = _moved_from(ek, eb) if eb is not None and ea is not None else None
     return (
         op.value,
         src.format,
@@ -309,7 +300,6 @@ def flatten(
     cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
     index_in_record: dict[tuple[str, int, int], int] = {}
     cache = _ColumnsCache()
-    flat_cache = _FlatColumnsCache()
     declared_once: set[tuple[str, str, str, str, str | None]] = set()
     built: list[tuple[Any, ...]] = []
     failed: dict[tuple[str, int, int], str] = {}
@@ -321,7 +311,7 @@ def flatten(
         index_in_record[pos] = idx + 1
         try:
             if flat:
-                built.append(_flat_event_row(e[0], o, idx, flat_cache))
+                built.append(_flat_event_row(e[0], o, idx, cache))
             else:
                 built.append(_event_row(e, idx, cache, state_of))
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
