@@ -474,6 +474,8 @@ def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
     and the events :meth:`Decoder.decode_batch` gave for the others (its skipped
     records and dead letters are kept in order too).
 
+    Records the general way rejects on their size (``max_record_bytes``) or column count
+    (``max_columns``) go to it, whatever ``decode_flat`` says, so the dead letter is its.
     A record ``decode_flat`` refuses is decoded at once, before the next one is asked:
     the general way teaches the decoder what its fast way needs (a table first seen,
     key columns from the options). Where most records take the general way anyway (a
@@ -484,6 +486,8 @@ def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
     items: list[Any] = []
     decode_flat = decoder.decode_flat
     decode_batch = decoder.decode_batch
+    max_bytes = decoder.options.max_record_bytes
+    max_columns = decoder.options.max_columns
 
     def general(run: list[Record]) -> None:
         part = decode_batch(run)
@@ -496,10 +500,18 @@ def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
         window = records[start : start + _FLAT_WINDOW]
         refused = 0
         for i, record in enumerate(window):
-            parts = decode_flat(record)
+            value = record.value
+            # the limits decode_batch enforces (TOO_LARGE, TOO_MANY_COLUMNS) are left to it
+            parts = None if value is None or len(value) > max_bytes else decode_flat(record)
             if parts is not None:
-                items.append((parts, record.origin))
-                continue
+                before, after, columns = parts[3], parts[4], parts[5]
+                if (
+                    (after is None or len(after) <= max_columns)
+                    and (before is None or len(before) <= max_columns)
+                    and len(columns) <= max_columns
+                ):
+                    items.append((parts, record.origin))
+                    continue
             general([record])
             refused += 1
             if i < _FLAT_PROBE and refused * 2 > _FLAT_PROBE:

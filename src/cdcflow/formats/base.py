@@ -278,9 +278,10 @@ class Decoder(ABC):
         stage (:func:`cdcflow.decode.batches.decode_records`) builds their rows without a
         :class:`~cdcflow.model.ChangeEvent` in between. It must give exactly what
         :meth:`decode_batch` would: one event, no meta, no DDL, not a partial update, no
-        decoder state, within ``max_record_bytes`` and ``max_columns``, and a
-        :meth:`combine` that leaves it as it is. Anything else -- also a malformed record
-        -- returns ``None`` before any effect. Never raises.
+        decoder state, and a :meth:`combine` that leaves it as it is. Anything else --
+        also a malformed record -- returns ``None`` before any effect. Never raises. The
+        size and column limits (``max_record_bytes``, ``max_columns``) are the decode
+        stage's to check, as :meth:`decode_batch` checks them for every format.
         """
         return None
 

@@ -804,8 +804,6 @@ class DebeziumJsonDecoder(Decoder):
         self._schema_include = o.schema_include
         self._always_exact = o.float_as_decimal
         self._fast_ok = o.schema_include is not True
-        self._max_record_bytes = o.max_record_bytes
-        self._max_columns = o.max_columns
         self._keep_undeclared = o.undeclared_columns == UNDECLARED_KEEP
         ph = o.unavailable_value_placeholder
         ph_b64 = base64.b64encode(ph.encode()).decode()
@@ -864,13 +862,11 @@ class DebeziumJsonDecoder(Decoder):
 
     def decode_flat(self, record: Record) -> FlatEvent | None:
         """The record's one event as a :data:`~cdcflow.formats.base.FlatEvent`, when it
-        has the common shape :meth:`_fast_parts` reads (and is within the size and
-        column limits); ``None`` sends it the general way (:meth:`decode_batch`), which
-        gives the same event. See :meth:`Decoder.decode_flat`."""
+        has the common shape :meth:`_fast_parts` reads; ``None`` sends it the general way
+        (:meth:`decode_batch`), which gives the same event. See
+        :meth:`Decoder.decode_flat`."""
         value = record.value
         if value is None or self._always_exact or not self._fast_ok:
-            return None
-        if len(value) > self._max_record_bytes:
             return None
         try:
             obj = _loads(value)
@@ -878,18 +874,7 @@ class DebeziumJsonDecoder(Decoder):
             return None
         if obj.__class__ is not dict or "payload" in obj:
             return None
-        parts = self._fast_parts(obj, record)
-        if parts is None:
-            return None
-        limit = self._max_columns
-        after, before, columns = parts[4], parts[3], parts[5]
-        if (
-            (after is not None and len(after) > limit)
-            or (before is not None and len(before) > limit)
-            or len(columns) > limit
-        ):
-            return None
-        return parts
+        return self._fast_parts(obj, record)
 
     def _fast_row(self, payload: dict[str, Any], record: Record) -> ChangeEvent | None:
         """The event of :meth:`_fast_parts`, or ``None``."""
