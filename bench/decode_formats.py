@@ -14,6 +14,12 @@ process pinned to one core, best of ``--repeats`` after a warm-up run:
 * the reference on the same message values: ``orjson.loads`` per message for the JSON
   formats, ``fastavro.schemaless_reader`` with the decoder's schema for the Avro ones.
 
+All three run with Python's cyclic garbage collector paused, as the decode stage runs
+(decision 27). Before 0.3.0's last bench fix the reference ran with it on: its 20,000
+decoded documents stayed alive, so the collector's passes cost it up to 58% (Debezium
+with schemas: 17.7k msg/s with the collector on, 42.0k off) and the ratios flattered
+cdcflow.
+
 Targets (issue 9): JSON formats decode at >= 1.5x the rate of ``orjson.loads``; Avro
 formats at >= 100,000 msg/s per core. Printed beside each figure, met or not.
 """
@@ -21,6 +27,7 @@ formats at >= 100,000 msg/s per core. Printed beside each figure, met or not.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import sys
 from collections.abc import Callable
@@ -134,9 +141,15 @@ def bench_format(fmt: str, n: int, repeats: int) -> list[dict[str, Any]]:
     def one_executor_step() -> None:
         decode_kafka_batch(decoder_for(fmt, options or None), batch)
 
-    ref_rate = n / best_of(lambda: ref(values), repeats)
-    batch_rate = n / best_of(one_decode_batch, repeats)
-    step_rate = n / best_of(one_executor_step, repeats)
+    enabled = gc.isenabled()
+    gc.disable()  # as the decode stage does; the same footing for all three
+    try:
+        ref_rate = n / best_of(lambda: ref(values), repeats)
+        batch_rate = n / best_of(one_decode_batch, repeats)
+        step_rate = n / best_of(one_executor_step, repeats)
+    finally:
+        if enabled:
+            gc.enable()
     avg_bytes = sum(len(v) for v in values) / n
     if type(decoder).binary_values:
         target, met = f">= {AVRO_TARGET_MSG_S:,} msg/s", step_rate >= AVRO_TARGET_MSG_S
