@@ -11,6 +11,10 @@ the pipeline checks that the checkpoint belongs to this source (:mod:`cdcflow.ch
 finishes an apply a crash interrupted by re-reading its exact offset ranges from Kafka, and
 starts a new (or deleted) checkpoint at the warehouse's offsets, so losing the checkpoint
 loses and duplicates nothing.
+
+A micro-batch's apply runs on a thread of its own (:class:`ApplyLane`): once its records
+are covered by the warehouse's intent, Spark decodes the next micro-batch while the
+tables are written (decision 32).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,7 +37,7 @@ from cdcflow.errors import CdcflowError, ConfigError, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.sinks.delta import DeltaWarehouse
 
-__all__ = ["Pipeline", "RunSummary", "source_error_of"]
+__all__ = ["ApplyLane", "Pipeline", "RunSummary", "source_error_of"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,64 @@ class RunSummary:
         return out
 
 
+class ApplyLane:
+    """One source's applies, one at a time, each on a thread of its own, so that Spark
+    decodes micro-batch N+1 while micro-batch N is written (decision 32).
+
+    :meth:`start` returns once the apply says its records are durable (the warehouse's
+    intent holds their offset ranges: a crash from there on is finished from Kafka at
+    the next start), so Spark commits the micro-batch to its checkpoint only then. The
+    next :meth:`start` (or :meth:`wait`) first waits for the running apply and raises
+    its error, so a failure stops the query one micro-batch later at the latest, with
+    that micro-batch not committed.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Block until the running apply has finished.
+
+        Raises:
+            whatever the apply raised.
+        """
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def start(self, work: Callable[[Callable[[], None]], None]) -> None:
+        """Run ``work(on_durable)`` on a new thread once the previous apply has finished;
+        return when ``work`` has called ``on_durable`` or ended.
+
+        Raises:
+            the previous apply's error; ``work``'s own when it failed before its records
+            were durable (or before this returned).
+        """
+        self.wait()
+        durable = threading.Event()
+
+        def run() -> None:
+            try:
+                work(durable.set)
+            except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the caller
+                self._error = exc
+            finally:
+                durable.set()
+
+        thread = threading.Thread(target=run, name=f"cdcflow-apply-{self.name}", daemon=True)
+        self._thread = thread
+        thread.start()
+        durable.wait()
+        if not thread.is_alive():
+            self.wait()
+
+
 class Pipeline:
     """Runs the configured sources as streaming queries.
 
@@ -120,6 +183,8 @@ class Pipeline:
         self.summary = RunSummary()
         #: source -> the cdcflow error that failed its query's micro-batch
         self._failures: dict[str, CdcflowError] = {}
+        #: source -> its applies (one running at a time, beside Spark's next micro-batch)
+        self._lanes: dict[str, ApplyLane] = {}
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id."""
@@ -208,8 +273,10 @@ class Pipeline:
             shutil.rmtree(staging)  # no batch is in flight before the query starts
         reports = self.summary.reports.setdefault(source.name, [])
         on_batch = self.on_batch
+        lane = self._lanes.setdefault(source.name, ApplyLane(source.name))
 
         def apply_batch(df, batch_id: int) -> None:
+            manifest = None
             if staging is not None:
                 from cdcflow.source.changes import read_staged
 
@@ -217,19 +284,22 @@ class Pipeline:
                 events = read_staged(manifest)
             else:
                 events = df.toArrow()
-            try:
-                report = applier.apply(events, delivery_id=batch_id)
-            except CdcflowError as exc:  # kept to be raised as itself, not as Spark's wrapper
-                self._failures.setdefault(source.name, exc)
-                raise
-            if staging is not None:
-                del events
-                for path in manifest["staged_path"].to_pylist():
-                    os.remove(path)
-            reports.append(report)
-            log.info("source %s micro-batch %s: %s", source.name, batch_id, report.as_dict())
-            if on_batch is not None:
-                on_batch(source.name, report)
+
+            def work(on_durable: Callable[[], None]) -> None:
+                try:
+                    report = applier.apply(events, delivery_id=batch_id, on_durable=on_durable)
+                except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
+                    self._failures.setdefault(source.name, exc)
+                    raise
+                if manifest is not None:
+                    for path in manifest["staged_path"].to_pylist():
+                        os.remove(path)
+                reports.append(report)
+                log.info("source %s micro-batch %s: %s", source.name, batch_id, report.as_dict())
+                if on_batch is not None:
+                    on_batch(source.name, report)
+
+            lane.start(work)
 
         writer = (
             decoded.writeStream.queryName(f"cdcflow-{self.config.pipeline_id}-{source.name}")
@@ -364,8 +434,10 @@ class Pipeline:
                 try:
                     query.awaitTermination()
                 except Exception as exc:
+                    self._settle(source.name)
                     self._raise_failure(exc)
                     raise
+                self._lanes[source.name].wait()  # the last micro-batch's apply
                 if query.exception() is not None:
                     exc = query.exception()
                     self._raise_failure(exc)
@@ -375,11 +447,27 @@ class Pipeline:
         try:
             self.spark.streams.awaitAnyTermination()
         except Exception as exc:
+            for name in list(self._lanes):
+                self._settle(name)
             self._raise_failure(exc)
             raise
         finally:
             _stop_queries(queries)
+        for name in list(self._lanes):
+            self._lanes[name].wait()
         return self.summary
+
+    def _settle(self, name: str) -> None:
+        """Let a failed query's running apply finish (it was durable already); its own
+        error, if any, is kept in ``_failures`` when it is cdcflow's, and raised by
+        :meth:`_raise_failure` before the query's."""
+        lane = self._lanes.get(name)
+        if lane is None:
+            return
+        try:
+            lane.wait()
+        except Exception as exc:  # noqa: BLE001 - the query's failure is raised instead
+            log.warning("source %s: the running apply failed too: %s", name, exc)
 
 
 def _stop_queries(queries) -> None:

@@ -214,7 +214,12 @@ class BatchApplier:
         self._schema_rows: list[dict[str, Any]] = []
         self._schema_log: pa.Table | None = None
 
-    def apply(self, events: pa.Table, delivery_id: int | None = None) -> BatchReport:
+    def apply(
+        self,
+        events: pa.Table,
+        delivery_id: int | None = None,
+        on_durable: Callable[[], None] | None = None,
+    ) -> BatchReport:
         """Apply the records of one delivery (a micro-batch) that the warehouse lacks.
 
         Idempotent on Kafka offsets, not on the delivery: records below their partition's
@@ -226,6 +231,12 @@ class BatchApplier:
         Args:
             events: :data:`~cdcflow.decode.batches.EVENT_SCHEMA` rows of the delivery.
             delivery_id: Spark's micro-batch id (recorded, never trusted).
+            on_durable: called once no record of the delivery can be lost any more if
+                the process dies: each is applied already or covered by the intent of
+                the apply now running (finished from Kafka at the next start, see
+                :meth:`~cdcflow.apply.offsets.OffsetLedger.pending`). The pipeline lets
+                Spark go on to the next micro-batch from there (decision 32). Called
+                before the tables are written; not called when the apply fails first.
 
         Returns:
             The report of what was applied (``batch_id`` is the warehouse's apply id;
@@ -254,8 +265,12 @@ class BatchApplier:
                 ranges = offset_ranges(fresh)
             apply_id = ledger.completed_id() + 1
             ledger.begin(apply_id, ranges, delivery_id)
+            if on_durable is not None:
+                on_durable()
             reports.append(self._apply(fresh, apply_id, delivery_id, ranges))
             applied_rows += fresh.num_rows
+        elif on_durable is not None:
+            on_durable()
         report = _combined(reports, delivery_id, ledger.completed_id())
         if applied_rows < events.num_rows:  # some records were applied before
             report.replayed = _records_of(events).num_rows - report.records
