@@ -16,7 +16,8 @@ micro-batch size into a fresh Delta table:
 Prints events/s (whole run, start-up included, and past start-up = after the first
 micro-batch), the peak RSS of each pipeline's own processes (its driver Python, JVM and
 Python workers: the child process tree, sampled every 100 ms; the broker and the
-generator are not in it), and the ratios cdcflow / reference. Both mirrors are checked
+generator are not in it; PSS beside it, which counts the pages forked workers share once),
+and the ratios cdcflow / reference. Both mirrors are checked
 against the generated source's final state.
 """
 
@@ -304,6 +305,17 @@ def run(
             name,
             target=f"<= 2 GiB at {batch:,} events per micro-batch",
             met=ours["peak_rss_bytes"] <= 2 * 2**30,
+            **extra,
+        )
+    )
+    rows.append(
+        row(
+            "memory",
+            "peak PSS, e2e debezium pipeline",
+            ours["peak_pss_bytes"] / 2**30,
+            "GiB",
+            ref["peak_pss_bytes"] / 2**30 if ref else None,
+            name,
             **extra,
         )
     )

@@ -259,6 +259,9 @@ def run(
     )
     rows.append(row("freshness", f"{label} max", worst or float("nan"), "s", **extra))
     rows.append(row("memory", "peak RSS, streaming run", mem.peak_bytes / 2**30, "GiB", **extra))
+    rows.append(
+        row("memory", "peak PSS, streaming run", mem.peak_pss_bytes / 2**30, "GiB", **extra)
+    )
     return rows
 
 
