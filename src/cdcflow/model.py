@@ -60,6 +60,7 @@ __all__ = [
     "event_to_json_dict",
     "json_default",
     "seq_key",
+    "seq_key_columns",
     "seq_keys",
 ]
 
@@ -257,7 +258,6 @@ def seq_keys(seqs: Sequence[tuple[int, ...] | None]) -> list[str | None]:
     Raises:
         what :func:`seq_key` raises for a part that is not an integer.
     """
-    global _ARROW_PREFIX
     import numpy as np
 
     if len(seqs) < 64:
@@ -269,18 +269,31 @@ def seq_keys(seqs: Sequence[tuple[int, ...] | None]) -> list[str | None]:
     if parts.dtype != np.int64 or parts.ndim != 2 or parts.shape[1] == 0 or (parts < 0).any():
         return [seq_key(s) for s in seqs]
     import pyarrow as pa
+
+    return seq_key_columns([pa.array(parts[:, j]) for j in range(parts.shape[1])]).to_pylist()
+
+
+def seq_key_columns(parts: Sequence[pa.Array]) -> pa.Array:
+    """:func:`seq_key` of sequences given as columns: ``parts[j][i]`` is part ``j`` of
+    sequence ``i``; every part a non-negative ``int64`` (not checked), none null.
+
+    Returns:
+        A ``pyarrow`` string array, one key per sequence.
+    """
+    global _ARROW_PREFIX
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if _ARROW_PREFIX is None:
         _ARROW_PREFIX = pa.array([f"{n:02d}" for n in range(21)])
     encoded = []
-    for j in range(parts.shape[1]):
-        digits = pa.array(parts[:, j]).cast(pa.string())
+    for part in parts:
+        digits = part.cast(pa.string())
         prefix = _ARROW_PREFIX.take(pc.binary_length(digits))
         encoded.append(pc.binary_join_element_wise(prefix, digits, ""))
     if len(encoded) == 1:
-        return encoded[0].to_pylist()
-    return pc.binary_join_element_wise(*encoded, ".").to_pylist()
+        return encoded[0]
+    return pc.binary_join_element_wise(*encoded, ".")
 
 
 # --------------------------------------------------------------------------- JSON form

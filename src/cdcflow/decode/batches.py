@@ -20,13 +20,21 @@ import gc
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.errors import Code
 from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
-from cdcflow.formats.base import Decoder, DecodeResult, FlatEvent, Record, new_record
+from cdcflow.formats.base import (
+    ColumnarEvents,
+    Decoder,
+    DecodeResult,
+    FlatEvent,
+    Record,
+    new_record,
+)
 from cdcflow.model import (
     ROW_OPS,
     ChangeEvent,
@@ -489,7 +497,111 @@ def decode_records(decoder: Decoder, records: list[Record]) -> pa.RecordBatch:
         kind = type(decoder)
         if kind.decode_flat is Decoder.decode_flat or kind.combine is not Decoder.combine:
             return flatten(decoder.decode_batch(records), decoder.state_items, records)
+        if kind.decode_columnar is not Decoder.decode_columnar:
+            return _decode_columnar_first(decoder, records)
         return flatten(_decode_mixed(decoder, records), decoder.state_items, records)
+
+
+#: records per window asked of :meth:`~cdcflow.formats.base.Decoder.decode_columnar`
+_COLUMNAR_WINDOW = 4096
+
+
+def _decode_columnar_first(decoder: Decoder, records: list[Record]) -> pa.RecordBatch:
+    """Windows of ``records`` decoded as columns while the format answers for them; from
+    the first window it declines on, the rest record by record (:func:`_decode_mixed`).
+
+    The batch equals :func:`flatten` of the records decoded record by record: the
+    columnar windows hold one event per record and nothing else, so their rows followed
+    by ``flatten``'s rows of the rest (its events, then its skipped and dead-lettered
+    records) are in ``flatten``'s order; each declaration is then kept on its first row
+    event of the whole batch (:func:`_declared_once`).
+    """
+    parts: list[pa.RecordBatch] = []
+    done = 0
+    while done < len(records):
+        window = records[done : done + _COLUMNAR_WINDOW]
+        events = decoder.decode_columnar(window)
+        if events is None:
+            break
+        parts.append(_columnar_rows(events, window))
+        done += len(window)
+    if not parts:
+        return flatten(_decode_mixed(decoder, records), decoder.state_items, records)
+    if done < len(records):
+        rest = records[done:]
+        parts.append(flatten(_decode_mixed(decoder, rest), decoder.state_items, rest))
+    return _declared_once(parts)
+
+
+def _columnar_rows(events: ColumnarEvents, records: list[Record]) -> pa.RecordBatch:
+    """The :data:`EVENT_SCHEMA` rows of a window's :class:`ColumnarEvents` (every row an
+    event; ``columns`` still on every row)."""
+    n = len(records)
+    at = pa.array(events.table_index)
+
+    def of_tables(attr: str) -> pa.Array:
+        return pa.array([getattr(t, attr) for t in events.tables], pa.string()).take(at)
+
+    origins = [r.origin for r in records]
+    values = {
+        "kind": pa.repeat(pa.scalar(KIND_EVENT), n),
+        "op": events.op,
+        "format": of_tables("format"),
+        "database": of_tables("database"),
+        "schema": of_tables("schema"),
+        "table": of_tables("table"),
+        "key": events.key,
+        "old_key": events.old_key,
+        "before": events.before,
+        "after": events.after,
+        "partial": pa.repeat(pa.scalar(False), n),
+        "columns": events.columns,
+        "seq": events.seq,
+        "ts_ms": events.ts_ms,
+        "txn_id": events.txn_id,
+        "topic": pa.array([o.topic for o in origins], pa.string()),
+        "partition": pa.array([o.partition for o in origins], pa.int32()),
+        "offset": pa.array([o.offset for o in origins], pa.int64()),
+        "event_index": pa.repeat(pa.scalar(0, pa.int32()), n),
+    }
+    return pa.RecordBatch.from_arrays(
+        [
+            values[f.name].cast(f.type) if f.name in values else pa.nulls(n, f.type)
+            for f in EVENT_SCHEMA
+        ],
+        schema=EVENT_SCHEMA,
+    )
+
+
+def _declared_once(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of ``parts`` whose ``columns`` is kept on the first row event of each
+    (format, database, schema, table, declaration) only, as :func:`flatten` keeps it."""
+    table = pa.Table.from_batches(parts, schema=EVENT_SCHEMA).combine_chunks()
+    n = table.num_rows
+    if n == 0:
+        return parts[0]
+    decl = table["columns"]
+    row_ops = pa.array([op.value for op in ROW_OPS], pa.string())
+    candidate = pc.and_(
+        pc.and_(pc.equal(table["kind"], KIND_EVENT), pc.is_in(table["op"], row_ops)),
+        pc.is_valid(decl),
+    )
+    rows = np.flatnonzero(candidate.to_numpy(zero_copy_only=False))
+    if len(rows):
+        picked = table.select(["format", "database", "schema", "table", "columns"]).take(rows)
+        picked = picked.append_column("row", pa.array(rows))
+        first = picked.group_by(["format", "database", "schema", "table", "columns"]).aggregate(
+            [("row", "min")]
+        )["row_min"]
+        keep = np.ones(n, bool)
+        keep[rows] = False
+        keep[first.to_numpy()] = True
+        table = table.set_column(
+            table.schema.get_field_index("columns"),
+            EVENT_SCHEMA.field("columns"),
+            pc.if_else(pa.array(keep), decl, pa.scalar(None, pa.string())),
+        )
+    return table.combine_chunks().to_batches(max_chunksize=n)[0]
 
 
 #: :func:`_decode_mixed` asks ``decode_flat`` window by window: when more than half of

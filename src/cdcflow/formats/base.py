@@ -36,6 +36,7 @@ __all__ = [
     "Decoder",
     "DecoderOptions",
     "Encoder",
+    "ColumnarEvents",
     "FlatEvent",
     "Message",
     "Record",
@@ -267,6 +268,38 @@ def key_columns_for(
 FlatEvent = tuple[Any, Any, dict, dict | None, dict | None, dict, tuple, int | None, Any]
 
 
+@dataclass
+class ColumnarEvents:
+    """One row-change event per record of a window, as columns (what
+    :meth:`Decoder.decode_columnar` gives; the decode stage adds each record's
+    coordinates). Every field but ``tables`` holds one value per record, in record order.
+
+    Attributes:
+        op: ``pyarrow`` strings, :class:`~cdcflow.model.Op` values of row changes.
+        tables: the distinct source tables of the window.
+        table_index: ``numpy`` integers, each record's position in ``tables``.
+        key, old_key, before, after: ``pyarrow`` strings, the canonical JSON texts of
+            :func:`cdcflow.decode.batches.flatten` (null where it has none).
+        columns: ``pyarrow`` strings, each event's declaration as ``flatten`` writes it
+            on a table's first event (the decode stage keeps it once per batch).
+        seq: ``pyarrow`` strings, :func:`~cdcflow.model.seq_key` of each sequence.
+        ts_ms: ``pyarrow`` int64, source commit time (epoch ms) or null.
+        txn_id: ``pyarrow`` strings, transaction id or null.
+    """
+
+    op: Any
+    tables: list[SourceTable]
+    table_index: Any
+    key: Any
+    old_key: Any
+    before: Any
+    after: Any
+    columns: Any
+    seq: Any
+    ts_ms: Any
+    txn_id: Any
+
+
 class Decoder(ABC):
     """Decodes the records of one format. Instances are picklable and stateless
     across records, except for what a format documents (e.g. Qlik metadata)."""
@@ -309,6 +342,19 @@ class Decoder(ABC):
         also a malformed record -- returns ``None`` before any effect. Never raises. The
         size and column limits (``max_record_bytes``, ``max_columns``) are the decode
         stage's to check, as :meth:`decode_batch` checks them for every format.
+        """
+        return None
+
+    def decode_columnar(self, records: Sequence[Record]) -> ColumnarEvents | None:
+        """The events of a whole window of records as columns, or ``None`` (the default)
+        to decode the window record by record.
+
+        A format may answer for windows whose every record has its most common shape.
+        The contract is :meth:`decode_flat`'s, for every record of the window at once:
+        exactly the rows :meth:`decode_batch` and :func:`cdcflow.decode.batches.flatten`
+        would give, one event per record, or ``None`` before any effect -- also when a
+        single record differs. Never raises. The size and column limits are checked here
+        (the decode stage hands over any window).
         """
         return None
 

@@ -50,7 +50,7 @@ import datetime as dt
 import decimal
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,7 @@ import orjson
 from cdcflow import types as T
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import (
+    ColumnarEvents,
     Decoder,
     DecoderOptions,
     Encoder,
@@ -875,6 +876,14 @@ class DebeziumJsonDecoder(Decoder):
         if obj.__class__ is not dict or "payload" in obj:
             return None
         return self._fast_parts(obj, record)
+
+    def decode_columnar(self, records: Sequence[Record]) -> ColumnarEvents | None:
+        """The window's events as columns when every record has the common shape
+        (:mod:`cdcflow.formats.debezium_columnar`); ``None`` sends it record by record.
+        See :meth:`Decoder.decode_columnar`."""
+        from cdcflow.formats.debezium_columnar import decode_columnar
+
+        return decode_columnar(self, records)
 
     def _fast_row(self, payload: dict[str, Any], record: Record) -> ChangeEvent | None:
         """The event of :meth:`_fast_parts`, or ``None``."""
