@@ -95,8 +95,12 @@ class ApplyLane:
     that micro-batch not committed.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_failure: Callable[[], None] | None = None) -> None:
         self.name = name
+        #: called (on a thread of its own) when an apply fails after :meth:`start`
+        #: returned: the pipeline stops the source's query, so a failure is not left
+        #: waiting for the next micro-batch of an idle topic
+        self.on_failure = on_failure
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -130,6 +134,10 @@ class ApplyLane:
                 work(durable.set)
             except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the caller
                 self._error = exc
+                if durable.is_set() and self.on_failure is not None:
+                    # not on this thread: stopping the query waits for the micro-batch
+                    # that may be waiting for this thread
+                    threading.Thread(target=self.on_failure, daemon=True).start()
             finally:
                 durable.set()
 
@@ -310,7 +318,9 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=self.config.trigger_interval)
-        return writer.start()
+        query = writer.start()
+        lane.on_failure = lambda: _stop_queries([query])
+        return query
 
     # ------------------------------------------------------------------ start-up
 

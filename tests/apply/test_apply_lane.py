@@ -132,3 +132,30 @@ def test_a_crash_after_durable_is_finished_with_exactly_its_records(tmp_path):
     assert _ids(wh2) == {1: "b", 2: "c"}
     assert second.ledger.pending() is None
     assert second.apply(batch, 8).replayed == 3
+
+
+def test_a_failure_after_durable_calls_on_failure_at_once_and_one_before_does_not():
+    """An idle topic brings no next micro-batch to raise the error: the pipeline's
+    ``on_failure`` stops the query instead (and then raises the error itself)."""
+    called = threading.Event()
+    lane = ApplyLane("s", on_failure=called.set)
+
+    def fails_early(on_durable) -> None:
+        raise OSError("before durable")
+
+    with pytest.raises(OSError):
+        lane.start(fails_early)
+    assert not called.wait(0.2)
+
+    go = threading.Event()
+
+    def fails_late(on_durable) -> None:
+        on_durable()
+        go.wait(5)
+        raise OSError("after durable")
+
+    lane.start(fails_late)
+    go.set()
+    assert called.wait(5)
+    with pytest.raises(OSError, match="after durable"):
+        lane.wait()

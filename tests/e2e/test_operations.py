@@ -306,3 +306,64 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         )
     finally:
         _kill_session(first)
+
+
+def test_an_apply_failing_after_its_intent_stops_an_idle_streaming_run_at_once(broker, tmp_path):
+    """Decision 32: a micro-batch's tables are written beside the next micro-batch, once
+    its offsets are in the warehouse's intent. When that write fails, the run must stop
+    with its one line at once -- not when the next record reaches an idle topic -- and the
+    next run must finish the apply from Kafka, losing and duplicating nothing."""
+    import shutil
+
+    s = Scenario(broker, FORMAT, seed=33)
+    s.produce(100)
+    config = tmp_path / "pipeline.yaml"
+    raw = config_dict(
+        tmp_path,
+        broker,
+        FORMAT,
+        s.topic,
+        pipeline_id="e2e-lane",
+        trigger={"processing_time": "1 second"},
+    )
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    wh = DeltaWarehouse(raw["warehouse"])
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        run = _cdcflow("run", str(config), stdout=subprocess.PIPE, stderr=out)
+    try:
+        _wait_applied(wh, s.produced, run, log, timeout_s=120)
+        # the changelog, written after the mirrors, cannot be written any more: its
+        # folder becomes a file (a fault no table can escape, decision 25)
+        changelog = Path(wh.system_path("changelog"))
+        kept = tmp_path / "changelog-kept"
+        shutil.copytree(changelog, kept)
+        shutil.rmtree(changelog)
+        changelog.write_text("not a table")
+        s.produce(40)  # one micro-batch; then the topic stays idle
+        t0 = time.monotonic()
+        try:
+            run.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the failed apply did not stop the idle run:\n{log.read_text()[-3000:]}")
+        stopped_s = time.monotonic() - t0
+    finally:
+        _kill_session(run)
+    err = log.read_text()
+    lines = [ln for ln in err.splitlines() if ln.startswith("cdcflow: ")]
+    print(f"stopped {stopped_s:.1f} s after the produce, exit {run.returncode}: {lines}")
+    assert run.returncode not in (0, None), err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("cdcflow: ["), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+    changelog.unlink()
+    shutil.copytree(kept, changelog)
+    again = _cdcflow("run", "--once", str(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _, err2 = again.communicate(timeout=300)
+    finally:
+        _kill_session(again)
+    assert again.returncode == 0, err2.decode()[-3000:]
+    s.check_mirrors(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
