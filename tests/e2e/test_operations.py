@@ -198,6 +198,24 @@ def _cdcflow(*args: str, **kwargs) -> subprocess.Popen:
     )
 
 
+def _streaming_config(
+    tmp_path: Path, broker, s: Scenario, pipeline_id: str
+) -> tuple[Path, dict, DeltaWarehouse]:
+    """A streaming pipeline's YAML file (1-second trigger) over ``s``'s topic: its path,
+    its content and its warehouse."""
+    config = tmp_path / "pipeline.yaml"
+    raw = config_dict(
+        tmp_path,
+        broker,
+        FORMAT,
+        s.topic,
+        pipeline_id=pipeline_id,
+        trigger={"processing_time": "1 second"},
+    )
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config, raw, DeltaWarehouse(raw["warehouse"])
+
+
 def _applied(wh: DeltaWarehouse) -> int:
     table = wh.open(wh.system_path("batches"))
     if table is None:
@@ -229,17 +247,7 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
     """
     s = Scenario(broker, FORMAT, seed=31)
     s.produce(100)
-    config = tmp_path / "pipeline.yaml"
-    raw = config_dict(
-        tmp_path,
-        broker,
-        FORMAT,
-        s.topic,
-        pipeline_id="e2e-lease",
-        trigger={"processing_time": "1 second"},
-    )
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    wh = DeltaWarehouse(raw["warehouse"])
+    config, raw, wh = _streaming_config(tmp_path, broker, s, "e2e-lease")
     log = tmp_path / "first.log"
 
     t0 = time.monotonic()
@@ -317,17 +325,7 @@ def test_an_apply_failing_after_its_intent_stops_an_idle_streaming_run_at_once(b
 
     s = Scenario(broker, FORMAT, seed=33)
     s.produce(100)
-    config = tmp_path / "pipeline.yaml"
-    raw = config_dict(
-        tmp_path,
-        broker,
-        FORMAT,
-        s.topic,
-        pipeline_id="e2e-lane",
-        trigger={"processing_time": "1 second"},
-    )
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    wh = DeltaWarehouse(raw["warehouse"])
+    config, _, wh = _streaming_config(tmp_path, broker, s, "e2e-lane")
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         run = _cdcflow("run", str(config), stdout=subprocess.PIPE, stderr=out)
