@@ -459,9 +459,10 @@ class Kill:
     Attributes:
         cycle: 0 for the first process, 1 for the first restart, ...
         after_s: seconds since that process started.
-        committed: last batch id in Spark's checkpoint ``commits`` (-1: none) at the kill.
-        in_flight: the batch being processed (planned in ``offsets``, not committed), or
-            ``None`` if the stream was idle.
+        committed: last batch id done at the kill (-1: none): committed in Spark's
+            checkpoint ``commits`` and its apply completed in the warehouse.
+        in_flight: the oldest batch not done (planned in ``offsets``; its apply may run
+            beside the next batch's decode), or ``None`` if the stream was idle.
         stage: where the in-flight batch was: ``"before-apply"`` (start-up, or Spark
             reading and decoding; no Delta commit of the batch yet), ``"apply"`` (some of
             its Delta commits made, not all), ``"checkpoint"`` (all made, Spark's commit
@@ -627,9 +628,10 @@ def run_with_kills(
 
     Each process is ``python -m cdcflow.cli -v run CONFIG`` (the real command line) in a
     session of its own, so the kill reaches Spark's JVM and its Python workers too. The
-    moment of each kill is read from Spark's checkpoint of the config's first source (a
-    batch is in flight when ``offsets/N`` exists and ``commits/N`` does not) and from the
-    changelog's Delta log (the apply of a batch has begun). Each process is killed:
+    moment of each kill is read from Spark's checkpoint of the config's first source and
+    the warehouse (a batch is in flight when ``offsets/N`` exists and either ``commits/N``
+    or the warehouse's completion of apply N does not) and from the changelog's Delta log
+    (the apply of a batch has begun). Each process is killed:
 
     * with probability ``early_kill_probability`` (restarted processes only): before its
       first commit, at a random moment of the time the first batch of a process took
@@ -734,7 +736,7 @@ def run_with_kills(
         _kill_session(proc)  # anything left over (workers, a JVM) goes too
     run.drain_exit_code = proc.returncode
     run.drain_output = _tail(log, 5)
-    run.committed = killer.checkpoint.state()[0]
+    run.committed = killer.state()[0]
     run.seconds = time.monotonic() - started
     return run
 
@@ -765,6 +767,20 @@ class _Killer:
         self.applies: list[float] = []  # batch's changelog commit -> batch committed
         self.run = KillRun()
         self._last_rss = 0.0
+        self._batches = warehouse.system_path("batches")
+        self._applied = -1  # the last apply id the warehouse completed, as last seen
+
+    def state(self) -> tuple[int, int]:
+        """``(last batch done, last batch planned)``: done when Spark's checkpoint has
+        committed it *and* the warehouse completed its apply. Spark commits a micro-batch
+        once its offsets are in the warehouse's intent, and its tables are written after
+        that, beside the next micro-batch (decision 32): a batch is in flight until both."""
+        committed, planned = self.checkpoint.state()
+        done = min(self._applied, committed)
+        while done < committed and self.warehouse.committed(self._batches, done + 1):
+            done += 1
+        self._applied = done
+        return done, planned
 
     def sample_rss(self, proc: subprocess.Popen) -> None:
         now = time.monotonic()
@@ -791,7 +807,7 @@ class _Killer:
         """Wait for the moment (``aim``: early, batch or apply), SIGKILL, describe the kill."""
         ck, rng = self.checkpoint, self.rng
         t0 = time.time()
-        base, _ = ck.state()
+        base, _ = self.state()
         last_committed = base
         target: int | None = None  # the batch the kill is aimed at
         kill_at: float | None = None
@@ -806,12 +822,10 @@ class _Killer:
                     f"{cycle}; log {log}:\n{_tail(log)}"
                 )
             self.sample_rss(proc)
-            committed, planned = ck.state()
+            committed, planned = self.state()
             if committed > last_committed:  # progress: learn how long batches take
                 if target is not None and committed >= target and apply_began is not None:
-                    done = ck.committed_at(target)
-                    if done is not None:
-                        self.applies.append(max(0.0, done - apply_began))
+                    self.applies.append(max(0.0, now - apply_began))  # seen done now
                 if last_committed == base:
                     self.first_commit_s.append((ck.committed_at(base + 1) or now) - t0)
                 for b in range(max(last_committed + 1, base + 2), committed + 1):
@@ -824,30 +838,32 @@ class _Killer:
             in_flight = planned > committed
             if in_flight:
                 idle_since = now
-            if in_flight and committed - base >= want and target != planned:
-                target, kill_at, apply_began = planned, None, None
+            # the oldest batch not done (its apply may run beside the next one's decode)
+            oldest = committed + 1
+            if in_flight and committed - base >= want and target != oldest:
+                target, kill_at, apply_began = oldest, None, None
                 applies_before = self._changelog_commits()[0]
                 if aim == "early":
                     expected = _median(self.first_commit_s, default=15.0)
                     kill_at = t0 + rng.uniform(0.5, 1.0) * expected
                 elif aim == "batch":
                     expected = _median(self.durations[-5:], default=1.0)
-                    kill_at = max(ck.planned_at(planned) or now, t0) + rng.uniform(0, expected)
-            if target == planned and apply_began is None:
+                    kill_at = max(ck.planned_at(oldest) or now, t0) + rng.uniform(0, expected)
+            if target == oldest and apply_began is None:
                 n, at = self._changelog_commits()
                 if n > applies_before:  # the batch's apply has begun: its first commit
                     apply_began = at
                     if aim == "apply" and kill_at is None:
                         expected = _median(self.applies[-5:], default=0.1)
                         kill_at = at + rng.uniform(0.0, 1.0) * expected
-            fire = in_flight and target == planned and kill_at is not None and now >= kill_at
+            fire = in_flight and target == oldest and kill_at is not None and now >= kill_at
             # the stream ran dry after this process made progress: kill it idle
             idle = committed > base and not in_flight and now - idle_since > self.idle_timeout_s
             if fire or idle:
                 after_s = now - t0
                 _kill_session(proc)
-                committed, planned = ck.state()  # the final state, after the kill
-                batch = planned if planned > committed else None
+                committed, planned = self.state()  # the final state, after the kill
+                batch = committed + 1 if planned > committed else None
                 return Kill(
                     cycle=cycle,
                     after_s=after_s,
