@@ -68,7 +68,9 @@ ODD = [
 ]
 
 
-def _record(rng: random.Random, i: int, rows: dict, odd: str | None) -> Record:
+def _record(
+    rng: random.Random, i: int, rows: dict, odd: str | None, connector: str = "postgresql"
+) -> Record:
     key = rng.randint(1, 60)
     before = rows.get(key)
     op = rng.choice(["c", "c", "c", "r"] if before is None else ["u"] * 6 + ["d", "c"])
@@ -92,6 +94,18 @@ def _record(rng: random.Random, i: int, rows: dict, odd: str | None) -> Record:
         "lsn": lsn,
         "xmin": None,
     }
+    if connector != "postgresql":  # MySQL/MariaDB: a binlog position, no schema level
+        for member in ("sequence", "schema", "txId", "lsn", "xmin"):
+            del source[member]
+        source.update(
+            connector=connector,
+            file=f"mysql-bin.{3 + i // 300:06d}",
+            pos=4 + 100 * i,
+            row=rng.choice([0, 0, 1]),
+            server_id=223344,
+            gtid=None,
+            thread=7,
+        )
     envelope: dict[str, Any] = {
         "before": before if op == "d" or (op == "u" and rng.random() < 0.9) else None,
         "after": after,
@@ -141,6 +155,10 @@ def _record(rng: random.Random, i: int, rows: dict, odd: str | None) -> Record:
         source["sequence"] = rng.choice(['["٣","1"]', '["' + "9" * 21 + '","1"]', "x", '[""]'])
     elif odd == "ts zero":
         source["ts_ms"] = 0
+    elif odd == "odd binlog position" and connector != "postgresql":
+        source.update(
+            rng.choice([{"file": "binlog"}, {"file": None}, {"pos": None}, {"row": None}])
+        )
     elif odd == "truncate":
         envelope.update(op="t", before=None, after=None)
     elif odd == "delete without before":
@@ -160,11 +178,12 @@ def _record(rng: random.Random, i: int, rows: dict, odd: str | None) -> Record:
     return Record(value, raw_key, headers, Origin("gen", 0, i), None)
 
 
-def _stream(seed: int, n: int, odd_rate: float) -> list[Record]:
+def _stream(seed: int, n: int, odd_rate: float, connector: str = "postgresql") -> list[Record]:
     rng = random.Random(seed)
     rows: dict[int, dict] = {}
+    kinds = ODD if connector == "postgresql" else [*ODD, "odd binlog position"]
     return [
-        _record(rng, i, rows, rng.choice(ODD) if rng.random() < odd_rate else None)
+        _record(rng, i, rows, rng.choice(kinds) if rng.random() < odd_rate else None, connector)
         for i in range(n)
     ]
 
@@ -202,12 +221,15 @@ def _count_columnar(monkeypatch) -> list[bool]:
     return answered
 
 
+@pytest.mark.parametrize("connector", ["postgresql", "mysql", "mariadb"])
 @pytest.mark.parametrize("odd_rate", [0.0, 0.003, 0.03])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_the_columnar_path_gives_the_batches_of_the_general_path(seed, odd_rate, monkeypatch):
+def test_the_columnar_path_gives_the_batches_of_the_general_path(
+    seed, odd_rate, connector, monkeypatch
+):
     monkeypatch.setattr(batches_module, "_COLUMNAR_WINDOW", 40)
     answered = _count_columnar(monkeypatch)
-    records = _stream(seed, 1600, odd_rate)
+    records = _stream(seed, 1600, odd_rate, connector)
     for options in (
         DebeziumJsonOptions(),
         DebeziumJsonOptions(primary_keys={"items": ("id",)}),
@@ -305,3 +327,17 @@ def test_strings_of_any_characters_decode_alike(texts):
             Record(orjson.dumps(envelope), orjson.dumps({"id": i}), (), Origin("t", 0, i))
         )
     _assert_as_general(records)
+
+
+@pytest.mark.parametrize("position", [{"file": "binlog"}, {"file": None}, {"pos": None}])
+def test_an_odd_binlog_position_is_declined_and_decoded_alike(position, monkeypatch):
+    monkeypatch.setattr(batches_module, "_COLUMNAR_WINDOW", 16)
+    answered = _count_columnar(monkeypatch)
+    rng = random.Random(4)
+    rows: dict[int, dict] = {}
+    records = [_record(rng, i, rows, None, "mysql") for i in range(60)]
+    envelope = orjson.loads(records[37].value)
+    envelope["source"].update(position)
+    records[37] = Record(orjson.dumps(envelope), records[37].key, (), records[37].origin, None)
+    _compare(records, DebeziumJsonOptions(), len(records))
+    assert answered == [True, True, False]  # windows 0-15, 16-31; 32-47 declined

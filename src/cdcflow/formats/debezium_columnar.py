@@ -3,8 +3,9 @@
 
 It answers for windows whose every record is what the record-by-record fast path
 (``_fast_parts``) answers for, in its most common form -- a schemaless c/u/d/r event of
-the PostgreSQL connector with flat scalar images, a flat JSON key (or configured key
-columns), no transaction block, no headers -- and gives the same rows. The envelope is
+the PostgreSQL, MySQL or MariaDB connector (one of them per window) with flat scalar
+images, a flat JSON key (or configured key columns), no transaction block, no headers --
+and gives the same rows. The envelope is
 read by msgspec with the images kept as raw slices; each table's images are read by
 Arrow's JSON reader and proven equal to the exact reading by their canonical text
 (:mod:`cdcflow.formats.columnar`). Any record outside that shape declines the whole
@@ -44,6 +45,7 @@ __all__ = ["decode_columnar"]
 
 _NULL = msgspec.Raw(b"null")
 _ABSENT = msgspec.Raw(b"")
+_CONNECTORS = ("postgresql", "mysql", "mariadb")
 _OP_CODES = pa.array(["c", "u", "d", "r"], pa.string())
 _OP_VALUES = pa.array(
     [Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value, Op.SNAPSHOT.value], pa.string()
@@ -63,6 +65,9 @@ class _Source(msgspec.Struct):
     lsn: int | None = None
     sequence: str | None = None
     txId: int | None = None  # noqa: N815 - Debezium's member name
+    file: str | None = None  # MySQL/MariaDB binlog position
+    pos: int | None = None
+    row: int | None = None
 
 
 class _Envelope(msgspec.Struct):
@@ -116,7 +121,9 @@ def _decode(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> ColumnarEven
         raise _Declined
     if not all(t is _NULL or t == _NULL for t in [e.transaction for e in envelopes]):
         raise _Declined
-    if [s.connector for s in sources].count("postgresql") != n:
+    connectors = [s.connector for s in sources]
+    connector = connectors[0]
+    if connector not in _CONNECTORS or connectors.count(connector) != n:
         raise _Declined
 
     # one table per window: Debezium writes one topic per table, so the records of one
@@ -152,7 +159,7 @@ def _decode(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> ColumnarEven
     before_raws = [e.before for e, yes in zip(envelopes, has_before, strict=True) if yes]
 
     names = _key_names(dec, records, table)
-    seq = _sequences(sources)
+    seq = _sequences(sources) if connector == "postgresql" else _binlog_positions(dec, sources)
     source_ts = pa.array([s.ts_ms for s in sources], pa.int64())
     envelope_ts = pa.array([e.ts_ms for e in envelopes], pa.int64())
     # the exact way's `source.ts_ms or ts_ms`: the envelope's where the source's is 0/null
@@ -233,6 +240,22 @@ def _sequences(sources: list[_Source]) -> pa.Array:
         raise _Declined
     last = pc.if_else(unset, pa.scalar(0, pa.int64()), pc.cast(last, pa.int64()))
     return seq_key_columns([_non_negative(last), _non_negative(lsn)])
+
+
+def _binlog_positions(dec: DebeziumJsonDecoder, sources: list[_Source]) -> pa.Array:
+    """:func:`~cdcflow.model.seq_key` of each record's ``(binlog file number, pos, row)``
+    (MySQL, MariaDB), the file numbers as the exact way reads them (``_seq_mysql``:
+    ``mysql-bin.000003`` is 3; a name without a number declines)."""
+    files = [s.file for s in sources]
+    numbers: dict[str, int] = {}
+    for name in set(files):
+        if name.__class__ is not str:
+            raise _Declined
+        numbers[name] = dec._seq_mysql({"file": name}, False)[0]  # DecodeError: declined
+    number = pa.array([numbers[f] for f in files], pa.int64())  # type: ignore[index]
+    pos = pa.array([s.pos for s in sources], pa.int64())
+    row = pa.array([s.row for s in sources], pa.int64())
+    return seq_key_columns([_non_negative(number), _non_negative(pos), _non_negative(row)])
 
 
 def _non_negative(values: pa.Array) -> pa.Array:
