@@ -574,12 +574,11 @@ def _columnar_rows(events: ColumnarEvents, records: list[Record]) -> pa.RecordBa
 
 
 def _declared_once(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch of ``parts`` whose ``columns`` is kept on the first row event of each
-    (format, database, schema, table, declaration) only, as :func:`flatten` keeps it."""
+    """One batch of ``parts`` (a columnar window first, so never empty) whose ``columns``
+    is kept on the first row event of each (format, database, schema, table,
+    declaration) only, as :func:`flatten` keeps it."""
     table = pa.Table.from_batches(parts, schema=EVENT_SCHEMA).combine_chunks()
     n = table.num_rows
-    if n == 0:
-        return parts[0]
     decl = table["columns"]
     row_ops = pa.array([op.value for op in ROW_OPS], pa.string())
     candidate = pc.and_(

@@ -166,8 +166,8 @@ def _decode(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> ColumnarEven
     ts_ms = pc.if_else(pc.fill_null(pc.not_equal(source_ts, 0), False), source_ts, envelope_ts)
     txn_id = pa.array([s.txId for s in sources], pa.int64()).cast(pa.string())
 
-    after_all = _images(dec, after_raws) if after_raws else None
-    before_all = _images(dec, before_raws) if before_raws else None
+    after_all = _images(dec, after_raws, afters.filter(has_after)) if after_raws else None
+    before_all = _images(dec, before_raws, befores.filter(has_before)) if before_raws else None
     columns = _Columns(n, has_after, has_before)
     after_text = columns.scatter(after_all.text, has_after) if after_all is not None else _nulls(n)
     before_text = (
@@ -264,12 +264,14 @@ def _non_negative(values: pa.Array) -> pa.Array:
     return values
 
 
-def _images(dec: DebeziumJsonDecoder, raws: list[bytes]) -> ImageTexts:
+def _images(dec: DebeziumJsonDecoder, raws: list[Any], raw_array: pa.Array) -> ImageTexts:
+    """The images ``raws`` read and proven against their raw slices (``raw_array``: the
+    same bytes as an Arrow array), or declined."""
     table = read_images(raws)
     if table is None or table.num_columns > dec.options.max_columns:
         raise _Declined
     texts = image_texts(table, dec._ph_values)
-    if texts is None or not same_text(texts, binary_array(raws)):
+    if texts is None or not same_text(texts, raw_array):
         raise _Declined
     return texts
 
