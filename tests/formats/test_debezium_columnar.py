@@ -18,6 +18,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.formats.helpers import count_answers
 
 from cdcflow.decode import batches as batches_module
 from cdcflow.decode.batches import decode_records, flatten
@@ -208,19 +209,6 @@ def _assert_as_general(records: list[Record]) -> None:
     assert got.to_pylist() == want.to_pylist()
 
 
-def _count_columnar(monkeypatch) -> list[bool]:
-    answered: list[bool] = []
-    original = DebeziumJsonDecoder.decode_columnar
-
-    def counting(self, records):
-        events = original(self, records)
-        answered.append(events is not None)
-        return events
-
-    monkeypatch.setattr(DebeziumJsonDecoder, "decode_columnar", counting)
-    return answered
-
-
 @pytest.mark.parametrize("connector", ["postgresql", "mysql", "mariadb"])
 @pytest.mark.parametrize("odd_rate", [0.0, 0.003, 0.03])
 @pytest.mark.parametrize("seed", [1, 2])
@@ -228,7 +216,7 @@ def test_the_columnar_path_gives_the_batches_of_the_general_path(
     seed, odd_rate, connector, monkeypatch
 ):
     monkeypatch.setattr(batches_module, "_COLUMNAR_WINDOW", 40)
-    answered = _count_columnar(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_columnar")
     records = _stream(seed, 1600, odd_rate, connector)
     for options in (
         DebeziumJsonOptions(),
@@ -247,7 +235,7 @@ def test_the_columnar_path_gives_the_batches_of_the_general_path(
 @pytest.mark.parametrize("odd", ODD)
 def test_each_odd_record_is_declined_and_decoded_alike(odd, monkeypatch):
     monkeypatch.setattr(batches_module, "_COLUMNAR_WINDOW", 16)
-    answered = _count_columnar(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_columnar")
     rng = random.Random(3)
     rows: dict[int, dict] = {}
     records = [_record(rng, i, rows, odd if i == 37 else None) for i in range(100)]
@@ -260,7 +248,7 @@ def test_each_odd_record_is_declined_and_decoded_alike(odd, monkeypatch):
 def test_a_fresh_decoder_answers_for_the_first_window(monkeypatch):
     # the table registry and key columns are filled as the general way fills them, so a
     # Spark task's first chunk is columnar too
-    answered = _count_columnar(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_columnar")
     _assert_as_general(_stream(5, 300, 0.0))
     assert answered == [True]
 
@@ -332,7 +320,7 @@ def test_strings_of_any_characters_decode_alike(texts):
 @pytest.mark.parametrize("position", [{"file": "binlog"}, {"file": None}, {"pos": None}])
 def test_an_odd_binlog_position_is_declined_and_decoded_alike(position, monkeypatch):
     monkeypatch.setattr(batches_module, "_COLUMNAR_WINDOW", 16)
-    answered = _count_columnar(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_columnar")
     rng = random.Random(4)
     rows: dict[int, dict] = {}
     records = [_record(rng, i, rows, None, "mysql") for i in range(60)]

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.formats.helpers import count_answers
 
 from cdcflow.decode import batches as batches_module
 from cdcflow.decode.batches import decode_records, flatten
@@ -258,20 +259,6 @@ def _batches_both(records: list[Record], options: DebeziumJsonOptions, batch: in
     return a, b
 
 
-def _count_decode_flat(monkeypatch) -> list[bool]:
-    """Whether ``decode_flat`` answered, per call, from now on."""
-    answered: list[bool] = []
-    original = DebeziumJsonDecoder.decode_flat
-
-    def counting(self, record):
-        parts = original(self, record)
-        answered.append(parts is not None)
-        return parts
-
-    monkeypatch.setattr(DebeziumJsonDecoder, "decode_flat", counting)
-    return answered
-
-
 @pytest.mark.parametrize("probe", ["windows", "every record"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_decode_stage_gives_the_batches_of_the_general_path(seed, probe, monkeypatch):
@@ -302,7 +289,7 @@ def test_the_decode_stage_on_the_golden_inputs():
 def test_the_decode_stage_builds_most_rows_without_events(monkeypatch):
     # the comparison above proves nothing if decode_flat answered for no record
     records = _stream(1, 3000)
-    answered = _count_decode_flat(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_flat")
     monkeypatch.setattr(batches_module, "_FLAT_PROBE", 0)
     decode_records(DebeziumJsonDecoder(), records)
     assert 0.3 * len(records) < sum(answered) < 0.95 * len(records)
@@ -340,7 +327,7 @@ def test_common_records_are_all_built_flat(monkeypatch):
         )
         for i in range(3000)
     ]
-    answered = _count_decode_flat(monkeypatch)
+    answered = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_flat")
     out = decode_records(DebeziumJsonDecoder(), records)
     assert answered.count(False) == 1 and out.num_rows == 3000
 
@@ -357,7 +344,7 @@ def test_a_batch_of_uncommon_records_goes_the_general_way_whole(monkeypatch):
         )
         for i in range(2000)
     ]
-    asked = _count_decode_flat(monkeypatch)
+    asked = count_answers(monkeypatch, DebeziumJsonDecoder, "decode_flat")
     out = decode_records(DebeziumJsonDecoder(), records)
     assert out.num_rows == 2000 and set(out.column("kind").to_pylist()) == {"dead"}
     # each window of _FLAT_WINDOW records is probed, then handed over whole
