@@ -25,7 +25,9 @@ install: $(STAMP) ## create .venv and install cdcflow with its test tools
 demo: $(STAMP) ## run the main job on the embedded default (broker, local Spark, Delta in ./demo-warehouse)
 	$(BIN)/cdcflow demo --warehouse demo-warehouse
 
-test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka, end to end)
+test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apache Kafka, end to end)
+	@command -v mvn >/dev/null || { echo "make test needs Maven for Apache Kafka's jars (apt-get install maven)"; exit 1; }
+	$(BIN)/python -m cdcflow.testing.apache_kafka
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka

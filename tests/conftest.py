@@ -1,4 +1,9 @@
-"""Shared fixtures: one local SparkSession for the whole run, one embedded broker."""
+"""Shared fixtures: one local SparkSession for the whole run, one broker of each kind.
+
+``broker`` is the embedded tansu broker. Test folders that run on Apache Kafka as well
+override it in their own ``conftest.py`` with ``tests.brokers.broker_of`` (one run per
+broker).
+"""
 
 from __future__ import annotations
 
@@ -30,12 +35,28 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def broker():
+def tansu_broker():
     """The real embedded Kafka-compatible broker (tansu) on 127.0.0.1 with a free port."""
     from cdcflow.testing.broker import EmbeddedBroker
 
     with EmbeddedBroker() as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def apache_kafka():
+    """A real Apache Kafka broker (KRaft, one node) on 127.0.0.1 with free ports, from
+    Maven Central's jars (``cdcflow.testing.apache_kafka``)."""
+    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
+
+    with ApacheKafkaBroker() as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def broker(tansu_broker):
+    """The default broker of the tests: tansu (see the module docstring)."""
+    return tansu_broker
 
 
 _exit_status: list[int] = []

@@ -1,6 +1,7 @@
-"""The Kafka source across broker outages: the real tansu broker taken down and brought
-back on the same port, its records kept on durable (s3) storage. No Spark: the reader's
-driver methods and the executor read are called directly.
+"""The Kafka source across broker outages: a real broker taken down and brought back on
+the same port with its records kept -- tansu on durable (s3) storage, and Apache Kafka,
+whose log folder outlives its process. No Spark: the reader's driver methods and the
+executor read are called directly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cdcflow.source.kafka import (
     parse_options,
     read_partition,
 )
+from cdcflow.testing.apache_kafka import ApacheKafkaBroker
 from cdcflow.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.kafka]
@@ -34,23 +36,26 @@ SMALL_FETCHES = {
 }
 
 
-@pytest.fixture(scope="module")
-def s3_broker():
-    with EmbeddedBroker(storage="s3") as broker:
+@pytest.fixture(scope="module", params=["tansu-s3", "apache-kafka"])
+def durable_broker(request):
+    """A broker of its own (these tests take it down) that keeps its records across a
+    restart."""
+    broker = EmbeddedBroker(storage="s3") if request.param == "tansu-s3" else ApacheKafkaBroker()
+    with broker:
         yield broker
 
 
 @pytest.fixture(scope="module")
-def topic(s3_broker):
+def topic(durable_broker):
     """A one-partition topic of 400 records in 8 record batches (4 produce calls); the
     tests only read it."""
     name = f"outage-{uuid.uuid4().hex[:8]}"
-    s3_broker.create_topic(name)
+    durable_broker.create_topic(name)
     for i in range(4):
-        s3_broker.produce(
+        durable_broker.produce(
             name, [(b"k%d" % n, b"value %d" % n) for n in range(i * 100, (i + 1) * 100)]
         )
-    assert s3_broker.end_offsets(name) == {0: 400}
+    assert durable_broker.end_offsets(name) == {0: 400}
     return name
 
 
@@ -71,14 +76,14 @@ def _outage_lines(caplog) -> list[str]:
 
 
 def test_a_read_waits_out_an_outage_and_its_records_arrive_complete_and_in_order(
-    s3_broker, topic, caplog
+    durable_broker, topic, caplog
 ):
     caplog.set_level(logging.WARNING, logger="cdcflow.source.outage")
-    opts = parse_options(_options(s3_broker, topic, maxRecordsPerBatch=20, **SMALL_FETCHES))
+    opts = parse_options(_options(durable_broker, topic, maxRecordsPerBatch=20, **SMALL_FETCHES))
     reading = read_partition(opts, KafkaInputPartition(topic, 0, 0, 400))
     batches = [next(reading)]
     started = time.monotonic()
-    outage = s3_broker.pause_for(5)
+    outage = durable_broker.pause_for(5)
     batches.extend(reading)
     took = time.monotonic() - started
     outage.join()
@@ -97,22 +102,22 @@ def test_a_read_waits_out_an_outage_and_its_records_arrive_complete_and_in_order
 
 
 def test_a_read_that_starts_during_an_outage_reads_everything_once_the_broker_is_back(
-    s3_broker, topic
+    durable_broker, topic
 ):
-    opts = parse_options(_options(s3_broker, topic, maxRecordsPerBatch=64, **SMALL_FETCHES))
-    outage = s3_broker.pause_for(3)
+    opts = parse_options(_options(durable_broker, topic, maxRecordsPerBatch=64, **SMALL_FETCHES))
+    outage = durable_broker.pause_for(3)
     batches = list(read_partition(opts, KafkaInputPartition(topic, 0, 150, 400)))
     outage.join()
     assert _offsets(batches) == list(range(150, 400))
 
 
-def test_latest_offset_and_partitions_wait_out_an_outage(s3_broker, topic):
-    reader = KafkaStreamReader(parse_options(_options(s3_broker, topic)))
+def test_latest_offset_and_partitions_wait_out_an_outage(durable_broker, topic):
+    reader = KafkaStreamReader(parse_options(_options(durable_broker, topic)))
     try:
         start = {topic: {"0": 0}}
         assert reader.latestOffset(start, None) == {topic: {"0": 400}}
         started = time.monotonic()
-        outage = s3_broker.pause_for(4)
+        outage = durable_broker.pause_for(4)
         end = reader.latestOffset(start, None)
         took = time.monotonic() - started
         outage.join()
@@ -123,11 +128,11 @@ def test_latest_offset_and_partitions_wait_out_an_outage(s3_broker, topic):
         reader.stop()
 
 
-def test_a_spent_budget_is_source_unavailable_in_one_line(s3_broker, topic):
-    options = _options(s3_broker, topic, outageBudgetMs=3000)
+def test_a_spent_budget_is_source_unavailable_in_one_line(durable_broker, topic):
+    options = _options(durable_broker, topic, outageBudgetMs=3000)
     reader = KafkaStreamReader(parse_options(options))
     start = reader.initialOffset()
-    s3_broker.pause()
+    durable_broker.pause()
     try:
         errors = []
         for what, call in [
@@ -151,7 +156,7 @@ def test_a_spent_budget_is_source_unavailable_in_one_line(s3_broker, topic):
             text = str(error)
             assert "\n" not in text
             assert text.startswith(
-                f"[SOURCE_UNAVAILABLE] Kafka brokers {s3_broker.bootstrap_servers} unavailable "
+                f"[SOURCE_UNAVAILABLE] Kafka brokers {durable_broker.bootstrap_servers} unavailable "
                 "for 3 s ("
             )
             assert f"kafka.outage_budget_s=3) while {what}; last error: _" in text
@@ -160,7 +165,7 @@ def test_a_spent_budget_is_source_unavailable_in_one_line(s3_broker, topic):
         print(*errors, sep="\n")
     finally:
         reader.stop()
-        s3_broker.resume()
+        durable_broker.resume()
 
 
 def test_errors_that_are_not_transient_are_not_retried(broker):

@@ -1,11 +1,12 @@
-"""The Python Kafka streaming source ``cdcflow_kafka`` against the embedded tansu broker.
+"""The Python Kafka streaming source ``cdcflow_kafka``, on the embedded tansu broker and
+on Apache Kafka (``tests/source/conftest.py`` runs each broker test on both).
 
 Spark tests run real streaming queries (``Trigger.AvailableNow`` into ``foreachBatch``)
 on the session SparkSession. Tansu cannot delete records (``DeleteRecords`` is not
-implemented), so the "start offset below the low watermark" case is tested through
+implemented), so here the "start offset below the low watermark" case is tested through
 :func:`resolve_start_offset` and through the stream reader with the watermark lookup
-replaced; the "offsets went backwards" case (topic deleted and re-created) runs end to
-end through Spark.
+replaced; ``test_kafka_real_broker.py`` deletes records on Apache Kafka for real. The
+"offsets went backwards" case (topic deleted and re-created) runs end to end through Spark.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The embedded tansu broker: start/stop, topics, produce that leaves nothing invisible."""
+"""The test brokers (tansu and Apache Kafka, ``tests/testing/conftest.py``): start/stop,
+topics, produce that leaves nothing invisible."""
 
 from __future__ import annotations
 
@@ -79,20 +80,32 @@ def test_produce_makes_every_message_visible(broker):
     assert all(vs == sorted(vs) for vs in by_key.values())
 
 
-def test_raw_multi_record_batches_hide_the_tail(broker):
-    """The tansu quirk produce() works around. If this fails, tansu changed: the
-    single-message final batch in EmbeddedBroker.produce may no longer be needed."""
+def _produce_raw(broker, topic: str) -> None:
+    """100 records in multi-record batches, with a plain producer."""
     from confluent_kafka import Producer
 
-    topic = _topic("quirk")
-    broker.create_topic(topic)
     producer = Producer(broker.client_config(**{"linger.ms": 50}))
     for i in range(100):
         producer.produce(topic, value=b"%d" % i, partition=0)
     producer.flush(10)
-    assert broker.end_offsets(topic) == {0: 1}  # base offset of the batch + 1
-    broker.produce(topic, [(None, b"last")])
-    assert broker.end_offsets(topic) == {0: 101}
+
+
+def test_raw_multi_record_batches_hide_the_tail_on_tansu(tansu_broker):
+    """The tansu quirk produce() works around. If this fails, tansu changed: the
+    single-message final batch in EmbeddedBroker.produce may no longer be needed."""
+    topic = _topic("quirk")
+    tansu_broker.create_topic(topic)
+    _produce_raw(tansu_broker, topic)
+    assert tansu_broker.end_offsets(topic) == {0: 1}  # base offset of the batch + 1
+    tansu_broker.produce(topic, [(None, b"last")])
+    assert tansu_broker.end_offsets(topic) == {0: 101}
+
+
+def test_apache_kafka_reports_the_true_end_of_multi_record_batches(apache_kafka):
+    topic = _topic("no-quirk")
+    apache_kafka.create_topic(topic)
+    _produce_raw(apache_kafka, topic)
+    assert apache_kafka.end_offsets(topic) == {0: 100}
 
 
 def test_message_objects_round_trip_with_headers_tombstones_timestamps(broker):

