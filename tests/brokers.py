@@ -16,3 +16,16 @@ def broker_of(request: Any) -> Any:
         return broker_of(request)
     """
     return request.getfixturevalue(BROKERS[request.param])
+
+
+#: brokers that keep their records across a restart (for outage and restart tests)
+DURABLE_BROKERS = ("tansu-s3", "apache-kafka")
+
+
+def durable_broker(kind: str) -> Any:
+    """A new, not yet started broker of ``kind`` (one of :data:`DURABLE_BROKERS`) whose
+    records outlive its process: tansu on S3 storage, or Apache Kafka (its log folder)."""
+    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
+    from cdcflow.testing.broker import EmbeddedBroker
+
+    return EmbeddedBroker(storage="s3") if kind == "tansu-s3" else ApacheKafkaBroker()

@@ -61,7 +61,7 @@ def pipeline_config(tmp_path, broker, fmt, topic, options=None, batch=100_000) -
 class Scenario:
     """A format, a topic and a workload over the demo tables."""
 
-    def __init__(self, broker, fmt, seed=11):
+    def __init__(self, broker, fmt, seed=11, topic_config=None):
         self.fmt = fmt
         self.broker = broker
         self.encoder = encoder_for(fmt)
@@ -72,7 +72,7 @@ class Scenario:
             seed=seed,
         )
         self.topic = f"e2e.{fmt}.{next(_topics)}"
-        broker.create_topic(self.topic, partitions=PARTITIONS)
+        broker.create_topic(self.topic, partitions=PARTITIONS, config=topic_config)
         self.options: dict = {}
         self.produced = 0
 

@@ -1,6 +1,7 @@
 """End to end across broker outages: ``cdcflow run CONFIG`` (the real command, in a process
-of its own) streams from the real tansu broker on durable (s3) storage while the broker is
-taken down and brought back on the same port.
+of its own) streams from a real broker that keeps its records (tansu on durable (s3)
+storage, and Apache Kafka) while the broker is taken down and brought back on the same
+port.
 
 * A 45 s outage mid-stream (issue 8, item 4): the run survives with one warning line per
   retry; after more records are produced, every mirror equals the source and every Kafka
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.brokers import DURABLE_BROKERS, durable_broker
 from tests.e2e.helpers import PARTITIONS, check_changelog_once, produce
 
 from cdcflow.cli import EXIT_SOURCE_UNAVAILABLE
@@ -129,9 +131,12 @@ def _check_exactly_once(tmp_path: Path, workload: Workload, ends: dict[int, int]
     check_changelog_once(wh)
 
 
-def test_a_streaming_run_survives_a_45_s_broker_outage_and_applies_every_offset_once(tmp_path):
+@pytest.mark.parametrize("kind", DURABLE_BROKERS)
+def test_a_streaming_run_survives_a_45_s_broker_outage_and_applies_every_offset_once(
+    tmp_path, kind
+):
     workload = Workload(tables_for(encoder_for(FORMAT).exact_types), seed=45)
-    with EmbeddedBroker(storage="s3") as broker:
+    with durable_broker(kind) as broker:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         produced = _produce(broker, workload, 1200)
         # several micro-batches of 150 records: a backlog is left when the broker goes down
@@ -173,9 +178,10 @@ def test_a_streaming_run_survives_a_45_s_broker_outage_and_applies_every_offset_
     assert not [line for line in lines if "Traceback" in line or " ERROR " in line]
 
 
-def test_a_run_exits_69_with_one_line_when_the_budget_is_spent(tmp_path):
+@pytest.mark.parametrize("kind", DURABLE_BROKERS)
+def test_a_run_exits_69_with_one_line_when_the_budget_is_spent(tmp_path, kind):
     workload = Workload(tables_for(encoder_for(FORMAT).exact_types), seed=69)
-    with EmbeddedBroker(storage="s3") as broker:
+    with durable_broker(kind) as broker:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         _produce(broker, workload, 100)
         proc, stderr = _start(tmp_path, broker, outage_budget_s=5)

@@ -1,5 +1,6 @@
-"""End to end across a broker restart: the real tansu broker on durable (s3) storage is
-stopped and started between two runs of the pipeline from one checkpoint.
+"""End to end across a broker restart: a real broker that keeps its records (tansu on
+durable (s3) storage, and Apache Kafka) is stopped and started between two runs of the
+pipeline from one checkpoint.
 
 Half the workload is produced and applied, the broker restarts (same port, same storage),
 the other half is produced and the pipeline resumes from its checkpoint. Every mirror must
@@ -11,6 +12,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+from tests.brokers import DURABLE_BROKERS, durable_broker
 
 from cdcflow.config import parse_config
 from cdcflow.demo import _target
@@ -41,9 +43,10 @@ def _produce(broker: EmbeddedBroker, workload: Workload, n_changes: int) -> int:
     return sum(len(ms) for ms in by_partition.values())
 
 
-def test_the_pipeline_resumes_from_its_checkpoint_after_a_broker_restart(spark, tmp_path):
+@pytest.mark.parametrize("kind", DURABLE_BROKERS)
+def test_the_pipeline_resumes_from_its_checkpoint_after_a_broker_restart(spark, tmp_path, kind):
     workload = Workload(tables_for(encoder_for(FORMAT).exact_types), seed=31)
-    with EmbeddedBroker(storage="s3") as broker:
+    with durable_broker(kind) as broker:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         config = parse_config(
             {

@@ -113,15 +113,18 @@ def test_a_100000_column_record_is_one_dead_letter_and_the_stream_goes_on(spark,
 
     * producer (librdkafka): ``message.max.bytes`` raised from 1,000,000 to 16 MiB, or
       the 11.8 MB record is refused locally (``MSG_SIZE_TOO_LARGE``) and never sent.
-    * broker: nothing for the embedded tansu 0.6, which stored and served 12 MB records
-      with no size setting. A real Kafka broker needs the topic's ``max.message.bytes``
-      (default ~1 MB) raised above the record's size.
+    * broker: the topic's ``max.message.bytes`` (Apache Kafka's default is ~1 MB) raised
+      above the record's size; Apache Kafka refuses the record otherwise
+      (``MSG_SIZE_TOO_LARGE`` from the broker). The embedded tansu 0.6 stored and served
+      12 MB records with no size setting.
     * cdcflow: nothing. Its Kafka source asks for ``fetch.max.bytes`` 64 MiB and
       ``max.partition.fetch.bytes`` 16 MiB (a larger first batch is returned anyway), and
       ``sources[].options.max_record_bytes`` defaults to 16 MiB, so the record is parsed
       and refused for its width by ``max_columns`` (default 4,096), not for its size.
     """
-    s = Scenario(broker, FORMAT, seed=13)
+    s = Scenario(
+        broker, FORMAT, seed=13, topic_config={"max.message.bytes": str(PRODUCER_MESSAGE_MAX_BYTES)}
+    )
     s.produce(150)
     wide = _wide_messages()
     coordinates = _produce_large(broker, s.topic, wide)

@@ -647,7 +647,13 @@ class EmbeddedBroker:
 
     # ------------------------------------------------------------------ admin
 
-    def create_topic(self, name: str, partitions: int = 1, exist_ok: bool = False) -> None:
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        exist_ok: bool = False,
+        config: Mapping[str, str] | None = None,
+    ) -> None:
         """Create a topic and wait until its metadata shows ``partitions`` partitions and
         each partition's leader answers offset requests (Apache Kafka elects them a
         moment after the topic appears; until then it answers ``NOT_LEADER_FOR_PARTITION``).
@@ -656,6 +662,8 @@ class EmbeddedBroker:
             name: topic name.
             partitions: number of partitions (>= 1).
             exist_ok: do not fail if the topic exists already.
+            config: topic configuration, e.g. ``{"max.message.bytes": "16777216"}``
+                (Apache Kafka applies it; tansu 0.6 accepts and ignores it).
 
         Raises:
             BrokerError: the broker refused the topic.
@@ -664,7 +672,14 @@ class EmbeddedBroker:
         from confluent_kafka.admin import NewTopic
 
         futures = self._admin_client().create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            [
+                NewTopic(
+                    name,
+                    num_partitions=partitions,
+                    replication_factor=1,
+                    config=dict(config or {}),
+                )
+            ],
             request_timeout=self.request_timeout_s,
         )
         try:
