@@ -26,8 +26,10 @@ demo: $(STAMP) ## run the main job on the embedded default (broker, local Spark,
 	$(BIN)/cdcflow demo --warehouse demo-warehouse
 
 test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apache Kafka, end to end)
-	@command -v mvn >/dev/null || { echo "make test needs Maven for Apache Kafka's jars (apt-get install maven)"; exit 1; }
+	@command -v mvn >/dev/null || { echo "make test needs Maven for the Java parts' jars (apt-get install maven)"; exit 1; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "installing PostgreSQL's server (Debian package postgresql) for the capture tests"; apt-get install -y -q postgresql >/dev/null; } || { echo "make test needs PostgreSQL's server: apt-get install postgresql"; exit 1; }
 	$(BIN)/python -m cdcflow.testing.apache_kafka
+	$(BIN)/python -m cdcflow.testing.kafka_connect postgres
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka

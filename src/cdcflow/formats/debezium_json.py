@@ -1150,10 +1150,17 @@ class DebeziumJsonDecoder(Decoder):
             raise self._image_error("after", after)
 
         columns: dict[str, str] | None = None
+        partial = None
         struct = None if schema is None else self._compile(_envelope_row(schema))
         if struct is None:
             if after is not None:
+                width = len(after)
                 after, columns = self._infer(after, exact)
+                if len(after) < width:
+                    # a column left out for its unavailable-value placeholder (an
+                    # unchanged TOASTed value): without a schema nothing declares it, so
+                    # the event says it is partial, and the stored value is kept
+                    partial = True
                 if before is not None:
                     before = self._infer(before, exact)[0]
             elif before is not None:
@@ -1187,6 +1194,8 @@ class DebeziumJsonDecoder(Decoder):
             txn = self._txn(payload, source, exact)
 
         event = _new_row_change(op, table, before, after, columns, seq, ts_ms, txn, record.origin)
+        if partial:
+            event.partial = True
         if block is not None:
             order = block.get("data_collection_order")
             if order is not None:

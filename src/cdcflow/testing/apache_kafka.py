@@ -33,36 +33,16 @@ import uuid
 from pathlib import Path
 
 from cdcflow.testing.broker import BrokerError, EmbeddedBroker, _free_port
+from cdcflow.testing.maven import MavenError, maven_libs
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "kafka_libs"]
 
 #: the Apache Kafka release the tests run (``org.apache.kafka:kafka_2.13``)
 KAFKA_VERSION = "4.4.0"
 #: the SLF4J binding that sends the broker's log through Log4j 2 to its log file
-_LOG4J_VERSION = "2.24.3"
+LOG4J_VERSION = "2.24.3"
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>io.cdcflow.testing</groupId>
-  <artifactId>apache-kafka-broker</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_2.13</artifactId>
-      <version>{kafka}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId>
-      <version>{log4j}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
-_LOG4J2 = """status = error
+LOG4J2 = """status = error
 appender.out.type = Console
 appender.out.name = out
 appender.out.layout.type = PatternLayout
@@ -96,56 +76,24 @@ log.cleaner.backoff.ms=1000
 _JVM_OPTIONS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("CDCFLOW_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    return Path(base) / "cdcflow" if base else Path.home() / ".cache" / "cdcflow"
-
-
 def kafka_libs(version: str = KAFKA_VERSION) -> Path:
-    """The folder holding Apache Kafka ``version``'s broker jars and their dependencies,
-    resolved from Maven Central with ``mvn`` on first use and kept in the cache folder
-    (``$CDCFLOW_CACHE/cdcflow``, else ``$XDG_CACHE_HOME/cdcflow``, else
-    ``~/.cache/cdcflow``).
+    """The folder holding Apache Kafka ``version``'s broker jars and their dependencies
+    (``org.apache.kafka:kafka_2.13`` and an SLF4J binding for its log), resolved from
+    Maven Central on first use (:func:`cdcflow.testing.maven.maven_libs`).
 
     Raises:
-        BrokerError: ``mvn`` is missing or could not resolve the artifacts (its output's
-            tail is in the message).
+        BrokerError: ``mvn`` is missing or could not resolve the artifacts.
     """
-    home = _cache_root() / f"kafka_2.13-{version}"
-    libs = home / "libs"
-    done = home / ".resolved"
-    if done.exists():
-        return libs
-    if shutil.which("mvn") is None:
-        raise BrokerError(
-            "Apache Kafka's jars are resolved with Maven: install it (apt-get install maven) "
-            f"or put the jars of org.apache.kafka:kafka_2.13:{version} in {libs}"
+    try:
+        return maven_libs(
+            f"kafka_2.13-{version}",
+            [
+                f"org.apache.kafka:kafka_2.13:{version}",
+                f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+            ],
         )
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "pom.xml").write_text(_POM.format(kafka=version, log4j=_LOG4J_VERSION))
-    tmp = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
-    cmd = [
-        "mvn",
-        "-q",
-        "-B",
-        "-f",
-        str(home / "pom.xml"),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={tmp}",
-        "-DincludeScope=runtime",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
-        raise BrokerError(
-            f"mvn could not resolve org.apache.kafka:kafka_2.13:{version} "
-            f"(exit {run.returncode}): {' | '.join(tail)}"
-        )
-    shutil.rmtree(libs, ignore_errors=True)
-    tmp.rename(libs)
-    done.touch()
-    return libs
+    except MavenError as exc:
+        raise BrokerError(str(exc)) from exc
 
 
 def _cluster_id() -> str:
@@ -227,7 +175,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
             )
         )
         log4j = data / "log4j2.properties"
-        log4j.write_text(_LOG4J2.format(level=self.log_level))
+        log4j.write_text(LOG4J2.format(level=self.log_level))
         base = [
             self.java,
             *_JVM_OPTIONS,

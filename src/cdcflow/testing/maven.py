@@ -1,0 +1,99 @@
+"""Jars from Maven Central for the test kit's Java parts (Apache Kafka, Kafka Connect,
+Debezium), resolved once with ``mvn`` into a cache folder.
+
+The cache folder is ``$CDCFLOW_CACHE/cdcflow``, else ``$XDG_CACHE_HOME/cdcflow``, else
+``~/.cache/cdcflow``; each set of artifacts gets a folder of its own with the ``pom.xml``
+that resolved it and a ``libs`` folder of jars (the artifacts and their runtime
+dependencies, ``mvn dependency:copy-dependencies``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from cdcflow.errors import CdcflowError
+
+__all__ = ["MavenError", "cache_root", "maven_libs"]
+
+_POM_HEAD = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>io.cdcflow.testing</groupId>
+  <artifactId>{name}</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+"""
+_DEPENDENCY = """    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>
+"""
+_POM_TAIL = """  </dependencies>
+</project>
+"""
+
+
+class MavenError(CdcflowError):
+    """Maven is missing, or could not resolve the artifacts."""
+
+
+def cache_root() -> Path:
+    """The folder the test kit keeps downloaded parts in (module docstring)."""
+    base = os.environ.get("CDCFLOW_CACHE") or os.environ.get("XDG_CACHE_HOME")
+    return Path(base) / "cdcflow" if base else Path.home() / ".cache" / "cdcflow"
+
+
+def maven_libs(name: str, artifacts: Sequence[str]) -> Path:
+    """The folder of the jars of ``artifacts`` (``group:artifact:version``) and their
+    runtime dependencies, resolved with ``mvn`` on first use under :func:`cache_root`
+    ``/name``.
+
+    Raises:
+        MavenError: ``mvn`` is missing or could not resolve the artifacts (the tail of its
+            output is in the message).
+    """
+    home = cache_root() / name
+    libs = home / "libs"
+    done = home / ".resolved"
+    if done.exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise MavenError(
+            f"the jars of {', '.join(artifacts)} are resolved with Maven: install it "
+            f"(apt-get install maven), or put them in {libs} and create {done}"
+        )
+    home.mkdir(parents=True, exist_ok=True)
+    deps = []
+    for coordinates in artifacts:
+        group, artifact, version = coordinates.split(":")
+        deps.append(_DEPENDENCY.format(group=group, artifact=artifact, version=version))
+    (home / "pom.xml").write_text(_POM_HEAD.format(name=name) + "".join(deps) + _POM_TAIL)
+    tmp = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
+    cmd = [
+        "mvn",
+        "-q",
+        "-B",
+        "-f",
+        str(home / "pom.xml"),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={tmp}",
+        "-DincludeScope=runtime",
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
+        raise MavenError(
+            f"mvn could not resolve {', '.join(artifacts)} (exit {run.returncode}): "
+            f"{' | '.join(tail)}"
+        )
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    done.touch()
+    return libs
