@@ -18,28 +18,37 @@ Debezium publishes for it (a date as days since 1970-01-01, a timestamp as micro
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import decimal
 import json
+import os
 import random
 import string
 import time
 import uuid
 
-import numpy as np
-import pyarrow as pa
 import pytest
+from tests.capture.helpers import (
+    GOLDEN,
+    TYPED,
+    compare,
+    database_rows,
+    expected_schemaless,
+    expected_typed,
+    mirror_rows,
+    save_capture,
+)
 
 from cdcflow.config import parse_config
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.kafka_connect import ConnectStandalone
+from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSION, ConnectStandalone
 from cdcflow.testing.postgres import LocalPostgres
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
-PREFIX = "pg"
+#: Debezium's ``topic.prefix`` of each run (its topics are ``<prefix>.public.<table>``)
+PREFIXES = {True: "pg_schemas", False: "pg_schemaless"}
 SCHEMA_SQL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
 CREATE TABLE customers (
@@ -149,7 +158,7 @@ def _snapshot_rows(pg: LocalPostgres) -> None:
         c.execute("ALTER TABLE order_lines REPLICA IDENTITY FULL")
 
 
-def _connector(pg: LocalPostgres, slot: str, **extra: str) -> dict[str, str]:
+def _connector(pg: LocalPostgres, slot: str, prefix: str, **extra: str) -> dict[str, str]:
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -158,7 +167,7 @@ def _connector(pg: LocalPostgres, slot: str, **extra: str) -> dict[str, str]:
         "database.user": pg.user,
         "database.password": "unused",
         "database.dbname": pg.database,
-        "topic.prefix": PREFIX,
+        "topic.prefix": prefix,
         "plugin.name": "pgoutput",
         "slot.name": slot,
         "publication.name": f"{slot}_pub",
@@ -168,11 +177,11 @@ def _connector(pg: LocalPostgres, slot: str, **extra: str) -> dict[str, str]:
     }
 
 
-def _wait_captured(broker, timeout_s: float = 120.0) -> dict[str, int]:
+def _wait_captured(broker, prefix: str, timeout_s: float = 120.0) -> dict[str, int]:
     """Wait until the sentinel row's event is in Kafka and the topics stop growing;
     returns each topic's record count."""
     deadline = time.monotonic() + timeout_s
-    topic = f"{PREFIX}.public.sentinel"
+    topic = f"{prefix}.public.sentinel"
     while topic not in broker.topics() or not sum(broker.end_offsets(topic).values()):
         assert time.monotonic() < deadline, "Debezium did not publish the sentinel row"
         time.sleep(0.5)
@@ -181,7 +190,7 @@ def _wait_captured(broker, timeout_s: float = 120.0) -> dict[str, int]:
         now = {
             t: sum(broker.end_offsets(t).values())
             for t in broker.topics()
-            if t.startswith(f"{PREFIX}.")
+            if t.startswith(f"{prefix}.")
         }
         if now == last:
             return now
@@ -190,7 +199,9 @@ def _wait_captured(broker, timeout_s: float = 120.0) -> dict[str, int]:
         time.sleep(1.0)
 
 
-def _run_cdcflow(spark, broker, tmp_path, schemas: bool):
+def run_cdcflow(spark, broker, tmp_path, schemas: bool, topic_pattern: str):
+    """``cdcflow run --once`` (in this process) of the topics ``topic_pattern`` into
+    ``tmp_path/wh``, reading them as Debezium JSON with or without schemas."""
     config = parse_config(
         {
             "pipeline_id": f"capture-{'schemas' if schemas else 'schemaless'}",
@@ -202,7 +213,7 @@ def _run_cdcflow(spark, broker, tmp_path, schemas: bool):
             "sources": [
                 {
                     "format": "debezium-json",
-                    "topic_pattern": rf"{PREFIX}\.public\..*",
+                    "topic_pattern": topic_pattern,
                     "options": {"schema_include": schemas},
                 }
             ],
@@ -212,136 +223,49 @@ def _run_cdcflow(spark, broker, tmp_path, schemas: bool):
     return summary, DeltaWarehouse(str(tmp_path / "wh"))
 
 
-def _database_rows(pg: LocalPostgres, table: str, key: str) -> tuple[list[dict], list]:
-    with pg.connect() as c:
-        cur = c.execute(f"SELECT * FROM {table} ORDER BY {key}")
-        names = [d.name for d in cur.description]
-        types = [d.type_code for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()], types
-
-
-# What the mirror's column type is for each PostgreSQL column, read through Debezium's
-# schemas (decimal.handling.mode=precise, time.precision.mode=adaptive: its defaults).
-TYPED = {
-    "id": pa.int64(),
-    "name": pa.string(),
-    "email": pa.string(),
-    "balance": pa.decimal128(12, 2),
-    "score": pa.float64(),
-    "ratio": pa.float32(),
-    "visits": pa.int32(),
-    "small": pa.int32(),  # int16 is stored as int32
-    "active": pa.bool_(),
-    "born": pa.date32(),
-    "wake": pa.string(),  # see _expected_typed: time has no Delta type
-    "created_at": pa.timestamp("us"),
-    "updated_at": pa.timestamp("us", tz="UTC"),
-    "avatar": pa.binary(),
-    "doc": pa.string(),
-    "uid": pa.string(),
-    "feeling": pa.string(),
-    "tags": pa.string(),
-    "notes": pa.string(),
-    "tier": pa.int32(),
-}
-
-
-def _expected_typed(name: str, value):
-    """The mirror value of a database value, through Debezium's schemas."""
-    if value is None:
-        return None
-    if name == "doc":
-        return value  # compared parsed, below
-    if name in ("uid",):
-        return str(value)
-    if name == "tags":
-        return value
-    if name == "wake":
-        return value.isoformat()
-    if name == "avatar":
-        return bytes(value)
-    if name == "ratio":
-        # Debezium writes a real as Java's shortest text of the float32, which a reader
-        # without the schema takes for a double
-        return float(str(np.float32(value)))
-    return value
-
-
-def _mirror_rows(wh: DeltaWarehouse, target: str, key: list[str]) -> tuple[list[dict], pa.Schema]:
-    table = wh.read(target)
-    user = [n for n in table.column_names if not n.startswith("_")]
-    rows = table.select(user).to_pylist()
-    rows.sort(key=lambda r: tuple(r[k] for k in key))
-    return rows, table.select(user).schema
-
-
-def _compare(db_rows, mirror_rows, expected) -> list[str]:
-    problems = []
-    if len(db_rows) != len(mirror_rows):
-        problems.append(f"{len(mirror_rows)} rows in the mirror, {len(db_rows)} in the database")
-    for want, got in zip(db_rows, mirror_rows, strict=False):
-        for name, value in want.items():
-            exp = expected(name, value)
-            have = got.get(name)
-            if name in ("doc", "tags") and have is not None and exp is not None:
-                have = json.loads(have)
-                if name == "doc" and isinstance(exp, str):
-                    exp = json.loads(exp)
-            if have != exp:
-                problems.append(f"row {want.get('id', want)}: {name}: mirror {have!r} != {exp!r}")
-    return problems
-
-
 @pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
 def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, tmp_path, schemas):
     slot = f"cdcflow_{uuid.uuid4().hex[:8]}"
     extra = {} if schemas else {"decimal.handling.mode": "string"}
+    prefix = PREFIXES[schemas]
     with LocalPostgres() as pg:
         _snapshot_rows(pg)
-        connectors = {"pg-source": _connector(pg, slot, **extra)}
+        connectors = {"pg-source": _connector(pg, slot, prefix, **extra)}
         with ConnectStandalone(apache_kafka.bootstrap_servers, connectors, schemas=schemas):
             _workload(pg)
-            counts = _wait_captured(apache_kafka)
-        summary, wh = _run_cdcflow(spark, apache_kafka, tmp_path, schemas)
+            counts = _wait_captured(apache_kafka, prefix)
+        pattern = rf"{prefix}\.public\..*"
+        summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, schemas, pattern)
         print(f"captured {counts}; {summary}")
+        if os.environ.get("CDCFLOW_SAVE_CAPTURE") == "1":  # refresh the golden files
+            tables = {
+                "customers": (["id"], *database_rows(pg, "customers", "id")),
+                "order_lines": (
+                    ["order_id", "line_no"],
+                    *database_rows(pg, "order_lines", "order_id, line_no"),
+                ),
+            }
+            about = {
+                "tool": f"Debezium {DEBEZIUM_VERSION} PostgresConnector (pgoutput) on Kafka "
+                f"Connect {CONNECT_VERSION} standalone, JsonConverter schemas.enable={schemas}",
+                "database": pg.version(),
+                "connector": {k: v for k, v in connectors["pg-source"].items() if "port" not in k},
+                "schemas": schemas,
+            }
+            save_capture(
+                GOLDEN / f"debezium-postgres-{prefix}", apache_kafka, prefix, tables, about
+            )
 
-        db, _ = _database_rows(pg, "customers", "id")
-        got, schema = _mirror_rows(wh, "shop.public.customers", ["id"])
+        db, _ = database_rows(pg, "customers", "id")
+        got, schema = mirror_rows(wh, "shop.public.customers", ["id"])
         if schemas:
             for f in schema:
                 assert f.type == TYPED[f.name], f"customers.{f.name}: {f.type} != {TYPED[f.name]}"
-            problems = _compare(db, got, _expected_typed)
+            problems = compare(db, got, expected_typed)
         else:
-            problems = _compare(db, got, _expected_schemaless)
+            problems = compare(db, got, expected_schemaless)
         assert problems == [], "\n".join(problems[:20])
 
-        db, _ = _database_rows(pg, "order_lines", "order_id, line_no")
-        got, _ = _mirror_rows(wh, "shop.public.order_lines", ["order_id", "line_no"])
+        db, _ = database_rows(pg, "order_lines", "order_id, line_no")
+        got, _ = mirror_rows(wh, "shop.public.order_lines", ["order_id", "line_no"])
         assert got == db
-
-
-def _expected_schemaless(name: str, value):
-    """The mirror value of a database value when Debezium's messages carry no schema:
-    the JSON value Debezium writes, typed by cdcflow from the JSON alone."""
-    if value is None:
-        return None
-    epoch = dt.date(1970, 1, 1)
-    if name == "balance":
-        return str(value)  # decimal.handling.mode=string
-    if name == "born":
-        return (value - epoch).days
-    if name == "wake":
-        return (value.hour * 3600 + value.minute * 60 + value.second) * 10**6 + value.microsecond
-    if name == "created_at":
-        return (value - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
-    if name == "updated_at":
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
-    if name == "avatar":
-        return base64.b64encode(bytes(value)).decode()
-    if name == "uid":
-        return str(value)
-    if name == "ratio":
-        # Debezium writes a real as Java's shortest text of the float32, which a reader
-        # without the schema takes for a double
-        return float(str(np.float32(value)))
-    return value

@@ -204,6 +204,11 @@ class LocalPostgres:
             f"host={self.host} port={self.port} user={self.user} dbname={database or self.database}"
         )
 
+    def version(self) -> str:
+        """The server's ``SELECT version()``."""
+        with self.connect() as conn:
+            return str(conn.execute("SELECT version()").fetchone()[0])
+
     def connect(self, database: str | None = None) -> Any:
         """A psycopg connection in autocommit mode (each statement its own transaction
         unless the caller opens one with ``conn.transaction()``)."""
