@@ -28,8 +28,9 @@ demo: $(STAMP) ## run the main job on the embedded default (broker, local Spark,
 test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apache Kafka, end to end)
 	@command -v mvn >/dev/null || { echo "make test needs Maven for the Java parts' jars (apt-get install maven)"; exit 1; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "installing PostgreSQL's server (Debian package postgresql) for the capture tests"; apt-get install -y -q postgresql >/dev/null; } || { echo "make test needs PostgreSQL's server: apt-get install postgresql"; exit 1; }
+	@command -v mariadb-install-db >/dev/null || { echo "installing MariaDB's server (Debian package mariadb-server) for the capture tests"; apt-get install -y -q mariadb-server >/dev/null; } || { echo "make test needs MariaDB's server: apt-get install mariadb-server"; exit 1; }
 	$(BIN)/python -m cdcflow.testing.apache_kafka
-	$(BIN)/python -m cdcflow.testing.kafka_connect postgres
+	$(BIN)/python -m cdcflow.testing.kafka_connect postgres mariadb
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka

@@ -7,6 +7,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,31 @@ def expected_schemaless(name: str, value):
         # without the schema takes for a double
         return float(str(np.float32(value)))
     return value
+
+
+def wait_captured(
+    broker: Any, prefix: str, sentinel: str, connect: Any, timeout_s: float = 240.0
+) -> dict[str, int]:
+    """Wait until the event of the row inserted last (into the table ``sentinel``, e.g.
+    ``public.sentinel``) is in Kafka and the tool's topics stop growing; returns each
+    topic's record count. ``connect``: the :class:`ConnectStandalone` running the tool."""
+    deadline = time.monotonic() + timeout_s
+    topic = f"{prefix}.{sentinel}"
+    while topic not in broker.topics() or not sum(broker.end_offsets(topic).values()):
+        assert time.monotonic() < deadline, (
+            f"Debezium did not publish the sentinel row; status "
+            f"{[connect.status(n) for n in connect.connectors]}; log: {connect.log_path}"
+        )
+        time.sleep(0.5)
+    last: dict[str, int] = {}
+    while True:
+        now = {
+            t: sum(broker.end_offsets(t).values())
+            for t in broker.topics()
+            if t.startswith(f"{prefix}.")
+        }
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "Debezium's topics kept growing"
+        last = now
+        time.sleep(1.0)

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import string
-import time
 import uuid
 
 import pytest
@@ -37,6 +36,7 @@ from tests.capture.helpers import (
     expected_typed,
     mirror_rows,
     save_capture,
+    wait_captured,
 )
 
 from cdcflow.config import parse_config
@@ -177,28 +177,6 @@ def _connector(pg: LocalPostgres, slot: str, prefix: str, **extra: str) -> dict[
     }
 
 
-def _wait_captured(broker, prefix: str, timeout_s: float = 120.0) -> dict[str, int]:
-    """Wait until the sentinel row's event is in Kafka and the topics stop growing;
-    returns each topic's record count."""
-    deadline = time.monotonic() + timeout_s
-    topic = f"{prefix}.public.sentinel"
-    while topic not in broker.topics() or not sum(broker.end_offsets(topic).values()):
-        assert time.monotonic() < deadline, "Debezium did not publish the sentinel row"
-        time.sleep(0.5)
-    last: dict[str, int] = {}
-    while True:
-        now = {
-            t: sum(broker.end_offsets(t).values())
-            for t in broker.topics()
-            if t.startswith(f"{prefix}.")
-        }
-        if now == last:
-            return now
-        assert time.monotonic() < deadline, "Debezium's topics kept growing"
-        last = now
-        time.sleep(1.0)
-
-
 def run_cdcflow(spark, broker, tmp_path, schemas: bool, topic_pattern: str):
     """``cdcflow run --once`` (in this process) of the topics ``topic_pattern`` into
     ``tmp_path/wh``, reading them as Debezium JSON with or without schemas."""
@@ -231,9 +209,11 @@ def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, 
     with LocalPostgres() as pg:
         _snapshot_rows(pg)
         connectors = {"pg-source": _connector(pg, slot, prefix, **extra)}
-        with ConnectStandalone(apache_kafka.bootstrap_servers, connectors, schemas=schemas):
+        with ConnectStandalone(
+            apache_kafka.bootstrap_servers, connectors, schemas=schemas
+        ) as connect:
             _workload(pg)
-            counts = _wait_captured(apache_kafka, prefix)
+            counts = wait_captured(apache_kafka, prefix, "public.sentinel", connect)
         pattern = rf"{prefix}\.public\..*"
         summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, schemas, pattern)
         print(f"captured {counts}; {summary}")

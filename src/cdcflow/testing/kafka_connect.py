@@ -31,13 +31,26 @@ from cdcflow.testing.apache_kafka import LOG4J2, LOG4J_VERSION
 from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
 from cdcflow.testing.maven import maven_libs
 
-__all__ = ["CONNECT_VERSION", "DEBEZIUM_VERSION", "ConnectStandalone", "connect_libs"]
+__all__ = [
+    "CONNECT_VERSION",
+    "DEBEZIUM_VERSION",
+    "DEBEZIUM_VERSIONS",
+    "ConnectStandalone",
+    "connect_libs",
+]
 
 #: Kafka Connect's release (``org.apache.kafka:connect-runtime``): the Kafka line
 #: Debezium 3.6 is built and tested with
 CONNECT_VERSION = "4.1.1"
 #: Debezium's release (the newest whose connectors all resolve from Maven Central here)
 DEBEZIUM_VERSION = "3.6.1.Final"
+#: the release of each Debezium connector: the MariaDB connector is served only up to
+#: 3.5.0.Final (3.6 is not on Maven Central here)
+DEBEZIUM_VERSIONS = {
+    "postgres": DEBEZIUM_VERSION,
+    "mysql": DEBEZIUM_VERSION,
+    "mariadb": "3.5.0.Final",
+}
 
 _WORKER = """bootstrap.servers={bootstrap}
 key.converter=org.apache.kafka.connect.json.JsonConverter
@@ -54,17 +67,19 @@ _JVM_OPTIONS = ["-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLev
 
 def connect_libs(connector: str = "postgres") -> Path:
     """The jars of Kafka Connect's runtime, its JSON converter and Debezium's ``connector``
-    (``postgres`` or ``mysql``), resolved from Maven Central on first use.
+    (``postgres``, ``mysql`` or ``mariadb``: :data:`DEBEZIUM_VERSIONS`), resolved from
+    Maven Central on first use.
 
     Raises:
         cdcflow.testing.maven.MavenError: Maven is missing or could not resolve them.
     """
+    version = DEBEZIUM_VERSIONS[connector]
     return maven_libs(
-        f"connect-{CONNECT_VERSION}-debezium-{connector}-{DEBEZIUM_VERSION}",
+        f"connect-{CONNECT_VERSION}-debezium-{connector}-{version}",
         [
             f"org.apache.kafka:connect-runtime:{CONNECT_VERSION}",
             f"org.apache.kafka:connect-json:{CONNECT_VERSION}",
-            f"io.debezium:debezium-connector-{connector}:{DEBEZIUM_VERSION}",
+            f"io.debezium:debezium-connector-{connector}:{version}",
             f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
         ],
     )
@@ -216,7 +231,7 @@ class ConnectStandalone:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        self.stop(keep_log=exc_info[0] is not None)  # a failed test keeps the worker's log
 
 
 if __name__ == "__main__":  # python -m cdcflow.testing.kafka_connect: resolve the jars

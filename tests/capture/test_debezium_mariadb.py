@@ -1,0 +1,238 @@
+"""Debezium's MariaDB connector (Kafka Connect standalone, reading the row-based binlog)
+captures a workload on a real MariaDB 10.11 into Apache Kafka; ``cdcflow run --once``
+mirrors the topics; every mirror is compared with ``SELECT *``, value by value and, with
+schemas, type by type.
+
+The workload: a snapshot, inserts, updates, deletes, a primary-key change, a TRUNCATE, an
+``ALTER TABLE ... ADD COLUMN``, NULLs, a transaction over two tables, and the common
+MariaDB column types: BIGINT, INT, SMALLINT, TINYINT(1), DECIMAL, DOUBLE, FLOAT, VARCHAR,
+TEXT, DATE, TIME(6), DATETIME(6), TIMESTAMP(6), BLOB, JSON, ENUM, SET.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+import uuid
+
+import pyarrow as pa
+import pytest
+from tests.capture.helpers import wait_captured
+from tests.capture.test_debezium_postgres import run_cdcflow
+
+from cdcflow.testing.kafka_connect import ConnectStandalone
+from cdcflow.testing.mariadb import LocalMariaDB
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
+
+SCHEMA_SQL = [
+    """CREATE TABLE customers (
+        id BIGINT PRIMARY KEY,
+        name VARCHAR(100) NOT NULL,
+        visits INT,
+        small SMALLINT,
+        active TINYINT(1),
+        balance DECIMAL(12, 2),
+        score DOUBLE,
+        ratio FLOAT,
+        born DATE,
+        wake TIME(6),
+        created_at DATETIME(6),
+        updated_at TIMESTAMP(6) NULL DEFAULT NULL,
+        avatar BLOB,
+        doc JSON,
+        feeling ENUM('sad', 'ok', 'happy'),
+        perms SET('read', 'write', 'admin'),
+        notes TEXT
+    )""",
+    """CREATE TABLE order_lines (
+        order_id INT,
+        line_no INT,
+        sku VARCHAR(40),
+        qty INT,
+        PRIMARY KEY (order_id, line_no)
+    )""",
+    "CREATE TABLE sentinel (id INT PRIMARY KEY)",
+]
+
+
+def _workload(db: LocalMariaDB) -> None:
+    rng = random.Random(5)
+    with db.connect() as c, c.cursor() as cur:
+        for i in range(3, 30):
+            cur.execute(
+                "INSERT INTO customers VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s)",
+                (
+                    i,
+                    f"name {i} ünïcødé" if i % 7 == 0 else f"name {i}",
+                    rng.randint(-(2**31), 2**31 - 1),
+                    rng.randint(-(2**15), 2**15 - 1),
+                    None if i % 9 == 0 else i % 2,
+                    None if i % 6 == 0 else decimal.Decimal(rng.randint(-(10**9), 10**9)) / 100,
+                    None if i % 4 == 0 else rng.uniform(-1e6, 1e6),
+                    rng.uniform(0, 1) if i % 3 else None,
+                    dt.date(1950, 1, 1) + dt.timedelta(days=rng.randint(0, 30000)),
+                    dt.timedelta(seconds=rng.randint(0, 86399), microseconds=i),
+                    dt.datetime(2020, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 10**14)),
+                    dt.datetime(2021, 6, 1) + dt.timedelta(microseconds=rng.randint(0, 10**14)),
+                    bytes(rng.randrange(256) for _ in range(i)),
+                    json.dumps({"n": i, "tags": ["a", "b"]}),
+                    ["sad", "ok", "happy"][i % 3],
+                    ["read", "read,write", "", "admin,read"][i % 4],
+                    None if i % 5 == 0 else f"notes {i}",
+                ),
+            )
+        cur.execute(
+            "UPDATE customers SET balance = balance + 1.01, visits = visits DIV 2 WHERE id < 20"
+        )
+        cur.execute("UPDATE customers SET doc = NULL, notes = NULL WHERE id % 8 = 0")
+        cur.execute("DELETE FROM customers WHERE id IN (4, 11)")
+        cur.execute("UPDATE customers SET id = 1000 WHERE id = 12")
+        cur.execute("ALTER TABLE customers ADD COLUMN tier INT")
+        cur.execute("UPDATE customers SET tier = id % 3 WHERE id > 20")
+        cur.execute("INSERT INTO customers (id, name, tier) VALUES (2000, 'after alter', 9)")
+        for o in range(1, 6):
+            for line in range(1, 4):
+                cur.execute(
+                    "INSERT INTO order_lines VALUES (%s, %s, %s, %s)",
+                    (o, line, f"sku-{o}-{line}", o * line),
+                )
+        cur.execute("TRUNCATE order_lines")
+        cur.execute("INSERT INTO order_lines VALUES (7, 1, 'after truncate', 1)")
+        cur.execute("UPDATE order_lines SET line_no = 2 WHERE order_id = 7")
+        c.begin()
+        cur.execute("INSERT INTO order_lines VALUES (8, 1, 'in txn', 5)")
+        cur.execute("UPDATE customers SET visits = 0 WHERE id = 3")
+        c.commit()
+        cur.execute("INSERT INTO sentinel VALUES (1)")
+
+
+def _snapshot_rows(db: LocalMariaDB) -> None:
+    with db.connect() as c, c.cursor() as cur:
+        for statement in SCHEMA_SQL:
+            cur.execute(statement)
+        cur.execute(
+            "INSERT INTO customers (id, name, balance, born) VALUES "
+            "(1, 'snap one', 1.50, '1999-12-31'), (2, 'snap two', NULL, NULL)"
+        )
+
+
+def _connector(db: LocalMariaDB, prefix: str, history: str) -> dict[str, str]:
+    return {
+        "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",
+        "tasks.max": "1",
+        "database.hostname": db.host,
+        "database.port": str(db.port),
+        "database.user": db.user,
+        "database.password": db.password,
+        "database.server.id": str(random.Random().randint(1000, 9999)),
+        "database.include.list": db.database,
+        "database.ssl.mode": "disable",
+        "topic.prefix": prefix,
+        "include.schema.changes": "false",
+        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+        "schema.history.internal.file.filename": history,
+        "skipped.operations": "none",
+    }
+
+
+def _rows(db: LocalMariaDB, table: str, key: str, exact: tuple[str, ...] = ()) -> list[dict]:
+    """``SELECT *``; the ``exact`` FLOAT columns read as ``CAST(... AS DOUBLE)``: the text
+    protocol prints a FLOAT with 6 significant digits, the binlog (and the mirror) has
+    the float32 itself."""
+    with db.connect() as c, c.cursor() as cur:
+        extra = "".join(f", CAST({col} AS DOUBLE) AS `{col}:exact`" for col in exact)
+        cur.execute(f"SELECT *{extra} FROM {table} ORDER BY {key}")
+        names = [d[0] for d in cur.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    for row in rows:
+        for col in exact:
+            row[col] = row.pop(f"{col}:exact")
+    return rows
+
+
+def _mirror(wh, target: str, key: list[str]) -> tuple[list[dict], pa.Schema]:
+    table = wh.read(target)
+    user = [n for n in table.column_names if not n.startswith("_")]
+    rows = table.select(user).to_pylist()
+    rows.sort(key=lambda r: tuple(r[k] for k in key))
+    return rows, table.select(user).schema
+
+
+#: the mirror's type of each column with Debezium's schemas (its defaults:
+#: decimal.handling.mode=precise, time.precision.mode=adaptive_time_microseconds)
+TYPED = {
+    "id": pa.int64(),
+    "name": pa.string(),
+    "visits": pa.int32(),
+    "small": pa.int32(),
+    "active": pa.int32(),  # TINYINT(1) is an int16 in Debezium's schema
+    "balance": pa.decimal128(12, 2),
+    "score": pa.float64(),
+    "ratio": pa.float32(),
+    "born": pa.date32(),
+    "wake": pa.string(),
+    "created_at": pa.timestamp("us"),
+    "updated_at": pa.timestamp("us", tz="UTC"),
+    "avatar": pa.binary(),
+    "doc": pa.string(),
+    "feeling": pa.string(),
+    "perms": pa.string(),
+    "notes": pa.string(),
+    "tier": pa.int32(),
+}
+
+
+def _expected(name: str, value):
+    """The mirror value of a PyMySQL value, through Debezium's schemas."""
+    if value is None:
+        return None
+    if name == "wake":  # PyMySQL gives a TIME as a timedelta
+        return (dt.datetime.min + value).time().isoformat()
+    if name == "updated_at":  # TIMESTAMP: UTC (the session's time zone)
+        return value.replace(tzinfo=dt.UTC)
+    if name == "doc":
+        return json.loads(value)
+    if name == "avatar":
+        return bytes(value)
+    return value
+
+
+def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_path):
+    prefix = f"maria_{uuid.uuid4().hex[:6]}"
+    with LocalMariaDB() as db:
+        _snapshot_rows(db)
+        connectors = {"maria-source": _connector(db, prefix, str(tmp_path / "history.dat"))}
+        with ConnectStandalone(
+            apache_kafka.bootstrap_servers, connectors, schemas=True, connector="mariadb"
+        ) as connect:
+            _workload(db)
+            counts = wait_captured(apache_kafka, prefix, "shop.sentinel", connect)
+        summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, True, rf"{prefix}\.shop\..*")
+        print(f"captured {counts}; {summary}")
+        report = summary.reports["debezium-json"]
+        assert not any(b.dead_letters for b in report), report
+
+        want = _rows(db, "customers", "id", exact=("ratio",))
+        got, schema = _mirror(wh, "shop.customers", ["id"])
+        for f in schema:
+            assert f.type == TYPED[f.name], f"customers.{f.name}: {f.type} != {TYPED[f.name]}"
+        assert len(got) == len(want)
+        problems = []
+        for w, g in zip(want, got, strict=True):
+            for name, value in w.items():
+                have = g.get(name)
+                if name == "doc" and have is not None:
+                    have = json.loads(have)
+                if have != _expected(name, value):
+                    problems.append(
+                        f"row {w['id']}: {name}: {have!r} != {_expected(name, value)!r}"
+                    )
+        assert problems == [], "\n".join(problems[:20])
+
+        want = _rows(db, "order_lines", "order_id, line_no")
+        got, _ = _mirror(wh, "shop.order_lines", ["order_id", "line_no"])
+        assert got == want
