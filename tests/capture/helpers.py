@@ -44,14 +44,26 @@ def database_rows(pg: Any, table: str, key: str) -> tuple[list[dict], dict[str, 
 # settings that produced them, and each table's columns, types, key and final rows).
 
 
+#: column types (PostgreSQL's udt_name, MariaDB's DATA_TYPE) kept as text in the files
+_DECIMAL = ("numeric", "decimal")
+_TIMES = {
+    "date": dt.date,
+    "time": dt.time,
+    "timestamp": dt.datetime,
+    "timestamptz": dt.datetime,
+    "datetime": dt.datetime,
+}
+_BINARY = ("bytea", "blob", "longblob", "mediumblob", "tinyblob", "binary", "varbinary")
+
+
 def _to_json(udt: str, value: Any) -> Any:
     if value is None:
         return None
-    if udt == "numeric":
+    if udt in _DECIMAL:
         return str(value)
-    if udt in ("date", "time", "timestamp", "timestamptz"):
+    if udt in _TIMES:
         return value.isoformat()
-    if udt == "bytea":
+    if udt in _BINARY:
         return base64.b64encode(bytes(value)).decode()
     if udt == "uuid":
         return str(value)
@@ -61,15 +73,11 @@ def _to_json(udt: str, value: Any) -> Any:
 def _from_json(udt: str, value: Any) -> Any:
     if value is None:
         return None
-    if udt == "numeric":
+    if udt in _DECIMAL:
         return decimal.Decimal(value)
-    if udt == "date":
-        return dt.date.fromisoformat(value)
-    if udt == "time":
-        return dt.time.fromisoformat(value)
-    if udt in ("timestamp", "timestamptz"):
-        return dt.datetime.fromisoformat(value)
-    if udt == "bytea":
+    if udt in _TIMES:
+        return _TIMES[udt].fromisoformat(value)
+    if udt in _BINARY:
         return base64.b64decode(value)
     if udt == "uuid":
         return uuid.UUID(value)
@@ -162,6 +170,30 @@ TYPED = {
     "uid": pa.string(),
     "feeling": pa.string(),
     "tags": pa.string(),
+    "notes": pa.string(),
+    "tier": pa.int32(),
+}
+
+
+#: MariaDB: the mirror's type of each column with Debezium's schemas (its defaults:
+#: decimal.handling.mode=precise, time.precision.mode=adaptive_time_microseconds)
+TYPED_MARIADB = {
+    "id": pa.int64(),
+    "name": pa.string(),
+    "visits": pa.int32(),
+    "small": pa.int32(),
+    "active": pa.int32(),  # TINYINT(1) is an int16 in Debezium's schema
+    "balance": pa.decimal128(12, 2),
+    "score": pa.float64(),
+    "ratio": pa.float32(),
+    "born": pa.date32(),
+    "wake": pa.string(),  # time has no Delta type: its ISO text
+    "created_at": pa.timestamp("us"),
+    "updated_at": pa.timestamp("us", tz="UTC"),
+    "avatar": pa.binary(),
+    "doc": pa.string(),
+    "feeling": pa.string(),
+    "perms": pa.string(),
     "notes": pa.string(),
     "tier": pa.int32(),
 }

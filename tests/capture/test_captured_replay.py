@@ -15,6 +15,7 @@ import pytest
 from tests.capture.helpers import (
     GOLDEN,
     TYPED,
+    TYPED_MARIADB,
     compare,
     expected_schemaless,
     expected_typed,
@@ -33,6 +34,7 @@ CAPTURES = sorted(p.name for p in GOLDEN.iterdir() if (p / "messages.jsonl").exi
 def test_the_golden_captures_are_there():
     assert "debezium-postgres-pg_schemas" in CAPTURES
     assert "debezium-postgres-pg_schemaless" in CAPTURES
+    assert "debezium-mariadb" in CAPTURES
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
@@ -60,12 +62,14 @@ def test_a_golden_capture_replayed_mirrors_its_database(spark, broker, tmp_path,
     assert sum(b.records for b in report) == len(messages)
     assert not any(b.dead_letters for b in report)
 
+    source = state.get("source", "postgres")
+    typed, schema_name = (TYPED, "public.") if source == "postgres" else (TYPED_MARIADB, "")
     customers = state["tables"]["customers"]
-    got, schema = mirror_rows(wh, "shop.public.customers", customers["key"])
+    got, schema = mirror_rows(wh, f"shop.{schema_name}customers", customers["key"])
     if schemas:
-        assert {f.name: f.type for f in schema} == {c: TYPED[c] for c in customers["types"]}
+        assert {f.name: f.type for f in schema} == {c: typed[c] for c in customers["types"]}
     problems = compare(customers["rows"], got, expected_typed if schemas else expected_schemaless)
     assert problems == [], "\n".join(problems[:20])
     lines = state["tables"]["order_lines"]
-    got, _ = mirror_rows(wh, "shop.public.order_lines", lines["key"])
+    got, _ = mirror_rows(wh, f"shop.{schema_name}order_lines", lines["key"])
     assert got == lines["rows"]

@@ -14,15 +14,23 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import os
 import random
 import uuid
 
-import pyarrow as pa
 import pytest
-from tests.capture.helpers import wait_captured
+from tests.capture.helpers import (
+    GOLDEN,
+    TYPED_MARIADB,
+    compare,
+    expected_typed,
+    mirror_rows,
+    save_capture,
+    wait_captured,
+)
 from tests.capture.test_debezium_postgres import run_cdcflow
 
-from cdcflow.testing.kafka_connect import ConnectStandalone
+from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSIONS, ConnectStandalone
 from cdcflow.testing.mariadb import LocalMariaDB
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -139,66 +147,37 @@ def _connector(db: LocalMariaDB, prefix: str, history: str) -> dict[str, str]:
     }
 
 
-def _rows(db: LocalMariaDB, table: str, key: str, exact: tuple[str, ...] = ()) -> list[dict]:
-    """``SELECT *``; the ``exact`` FLOAT columns read as ``CAST(... AS DOUBLE)``: the text
-    protocol prints a FLOAT with 6 significant digits, the binlog (and the mirror) has
-    the float32 itself."""
+def mariadb_rows(
+    db: LocalMariaDB, table: str, key: str, exact: tuple[str, ...] = ()
+) -> tuple[list[dict], dict[str, str]]:
+    """``SELECT *`` ordered by ``key``, with PyMySQL's values made the ones the mirror
+    stands for: a TIME (a ``timedelta``) as a time of day, a TIMESTAMP (UTC, the session's
+    zone) as an aware datetime; the ``exact`` FLOAT columns read as
+    ``CAST(... AS DOUBLE)`` (the text protocol prints a FLOAT with 6 significant digits,
+    the binlog and the mirror have the float32 itself). Also each column's ``DATA_TYPE``."""
     with db.connect() as c, c.cursor() as cur:
         extra = "".join(f", CAST({col} AS DOUBLE) AS `{col}:exact`" for col in exact)
         cur.execute(f"SELECT *{extra} FROM {table} ORDER BY {key}")
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        cur.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+            (db.database, table),
+        )
+        types = {name: kind for name, kind in cur.fetchall()}
     for row in rows:
         for col in exact:
             row[col] = row.pop(f"{col}:exact")
-    return rows
-
-
-def _mirror(wh, target: str, key: list[str]) -> tuple[list[dict], pa.Schema]:
-    table = wh.read(target)
-    user = [n for n in table.column_names if not n.startswith("_")]
-    rows = table.select(user).to_pylist()
-    rows.sort(key=lambda r: tuple(r[k] for k in key))
-    return rows, table.select(user).schema
-
-
-#: the mirror's type of each column with Debezium's schemas (its defaults:
-#: decimal.handling.mode=precise, time.precision.mode=adaptive_time_microseconds)
-TYPED = {
-    "id": pa.int64(),
-    "name": pa.string(),
-    "visits": pa.int32(),
-    "small": pa.int32(),
-    "active": pa.int32(),  # TINYINT(1) is an int16 in Debezium's schema
-    "balance": pa.decimal128(12, 2),
-    "score": pa.float64(),
-    "ratio": pa.float32(),
-    "born": pa.date32(),
-    "wake": pa.string(),
-    "created_at": pa.timestamp("us"),
-    "updated_at": pa.timestamp("us", tz="UTC"),
-    "avatar": pa.binary(),
-    "doc": pa.string(),
-    "feeling": pa.string(),
-    "perms": pa.string(),
-    "notes": pa.string(),
-    "tier": pa.int32(),
-}
-
-
-def _expected(name: str, value):
-    """The mirror value of a PyMySQL value, through Debezium's schemas."""
-    if value is None:
-        return None
-    if name == "wake":  # PyMySQL gives a TIME as a timedelta
-        return (dt.datetime.min + value).time().isoformat()
-    if name == "updated_at":  # TIMESTAMP: UTC (the session's time zone)
-        return value.replace(tzinfo=dt.UTC)
-    if name == "doc":
-        return json.loads(value)
-    if name == "avatar":
-        return bytes(value)
-    return value
+        for col, kind in types.items():
+            value = row[col]
+            if value is None:
+                continue
+            if kind == "time":
+                row[col] = (dt.datetime.min + value).time()
+            elif kind == "timestamp":
+                row[col] = value.replace(tzinfo=dt.UTC)
+    return rows, types
 
 
 def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_path):
@@ -216,23 +195,30 @@ def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp
         report = summary.reports["debezium-json"]
         assert not any(b.dead_letters for b in report), report
 
-        want = _rows(db, "customers", "id", exact=("ratio",))
-        got, schema = _mirror(wh, "shop.customers", ["id"])
-        for f in schema:
-            assert f.type == TYPED[f.name], f"customers.{f.name}: {f.type} != {TYPED[f.name]}"
-        assert len(got) == len(want)
-        problems = []
-        for w, g in zip(want, got, strict=True):
-            for name, value in w.items():
-                have = g.get(name)
-                if name == "doc" and have is not None:
-                    have = json.loads(have)
-                if have != _expected(name, value):
-                    problems.append(
-                        f"row {w['id']}: {name}: {have!r} != {_expected(name, value)!r}"
-                    )
-        assert problems == [], "\n".join(problems[:20])
+        customers = mariadb_rows(db, "customers", "id", exact=("ratio",))
+        lines = mariadb_rows(db, "order_lines", "order_id, line_no")
+        if os.environ.get("CDCFLOW_SAVE_CAPTURE") == "1":  # refresh the golden files
+            about = {
+                "tool": f"Debezium {DEBEZIUM_VERSIONS['mariadb']} MariaDbConnector on Kafka "
+                f"Connect {CONNECT_VERSION} standalone, JsonConverter schemas.enable=True",
+                "database": f"MariaDB {db.version()}",
+                "source": "mariadb",
+                "connector": {
+                    k: v
+                    for k, v in connectors["maria-source"].items()
+                    if "port" not in k and "filename" not in k
+                },
+                "schemas": True,
+            }
+            tables = {
+                "customers": (["id"], *customers),
+                "order_lines": (["order_id", "line_no"], *lines),
+            }
+            save_capture(GOLDEN / "debezium-mariadb", apache_kafka, prefix, tables, about)
 
-        want = _rows(db, "order_lines", "order_id, line_no")
-        got, _ = _mirror(wh, "shop.order_lines", ["order_id", "line_no"])
-        assert got == want
+        got, schema = mirror_rows(wh, "shop.customers", ["id"])
+        assert {f.name: f.type for f in schema} == {c: TYPED_MARIADB[c] for c in customers[1]}
+        problems = compare(customers[0], got, expected_typed)
+        assert problems == [], "\n".join(problems[:20])
+        got, _ = mirror_rows(wh, "shop.order_lines", ["order_id", "line_no"])
+        assert got == lines[0]
