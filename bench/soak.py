@@ -20,6 +20,10 @@ the warehouse's offsets.
 
 ``--broker-restart`` puts the broker on durable storage (tansu's s3 engine on a local
 moto server) and SIGKILLs and restarts it between two pipeline processes.
+
+``--broker apache-kafka`` runs the soak on a real Apache Kafka broker
+(``cdcflow.testing.apache_kafka``; its log is on disk, so ``--broker-restart`` needs no
+other storage) instead of the embedded tansu.
 """
 
 from __future__ import annotations
@@ -73,12 +77,14 @@ def main() -> int:
     parser.add_argument("--truncate-every", type=int, default=400_000, help="0: no truncates")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--broker-restart", action="store_true")
+    parser.add_argument("--broker", choices=("tansu", "apache-kafka"), default="tansu")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     if args.events < 1 or args.kills < 0:
         parser.error("--events must be >= 1 and --kills >= 0")
 
     from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
     from cdcflow.testing.broker import EmbeddedBroker
     from cdcflow.testing.faults import (
         fast_stream,
@@ -113,7 +119,11 @@ def main() -> int:
     rounds = args.kills + 1
     ok = False
     try:
-        with EmbeddedBroker(storage="s3" if args.broker_restart else "memory") as broker:
+        if args.broker == "apache-kafka":
+            chosen = ApacheKafkaBroker()
+        else:
+            chosen = EmbeddedBroker(storage="s3" if args.broker_restart else "memory")
+        with chosen as broker:
             broker.create_topic(TOPIC, partitions=args.partitions)
             config = write_config(
                 root / "pipeline.yaml",
@@ -139,7 +149,7 @@ def main() -> int:
                 if args.broker_restart and i == max(1, args.kills // 2):
                     broker.restart(hard=True)
                     broker_restarts += 1
-                    print("  broker SIGKILLed and restarted (durable storage)", flush=True)
+                    print(f"  {broker.name} SIGKILLed and restarted (its records kept)", flush=True)
                 t = time.perf_counter()
                 n = faulty.produce(broker, i, rounds)
                 label = "drain" if i == args.kills else f"process {i}"
@@ -166,7 +176,7 @@ def main() -> int:
         print(f"checked in {time.perf_counter() - t:.1f}s\n")
         print(counts.summary())
         print(f"{'broker restarts':32} {broker_restarts}")
-        print(f"{'peak RSS broker (tansu)':32} {broker_rss / 2**30:.2f} GiB")
+        print(f"{f'peak RSS broker ({broker.name})':32} {broker_rss / 2**30:.2f} GiB")
         harness = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(f"{'peak RSS this process':32} {harness / 2**30:.2f} GiB")
         print(f"{'wall time':32} {time.perf_counter() - started:.1f} s")
