@@ -1,0 +1,164 @@
+"""A Spark standalone cluster on 127.0.0.1 -- a master and workers -- from the installed
+PySpark, for tests of cdcflow's cluster path.
+
+:class:`StandaloneCluster` runs ``spark-class org.apache.spark.deploy.master.Master`` and
+``...deploy.worker.Worker`` (PySpark's own ``bin/spark-class``) with free ports and no web
+UI; each worker offers ``cores`` cores and ``memory`` of memory to executors. A pipeline
+reaches it with ``CDCFLOW_SPARK_MASTER=<master_url>`` (``cdcflow.spark``). Executors run
+the driver's Python (``PYSPARK_PYTHON``), so cdcflow must be importable there: on one
+machine it is.
+
+Source document: Spark's *Spark Standalone Mode* (starting a cluster manually).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
+
+__all__ = ["StandaloneCluster"]
+
+
+class StandaloneCluster:
+    """A master and ``workers`` workers, started by :meth:`start`, stopped by :meth:`stop`.
+
+    Args:
+        workers: number of workers.
+        cores: cores each worker offers.
+        memory: memory each worker offers (Spark's size syntax, e.g. ``"1500m"``).
+        startup_timeout_s: how long to wait for every worker to register.
+
+    Attributes:
+        master_url: ``spark://127.0.0.1:<port>``.
+        log_dir: the folder of the master's and workers' logs.
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1500m",
+        startup_timeout_s: float = 90.0,
+    ) -> None:
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.startup_timeout_s = startup_timeout_s
+        self.master_url: str | None = None
+        self.log_dir: str | None = None
+        self._procs: list[subprocess.Popen] = []
+
+    @staticmethod
+    def _spark_class() -> str:
+        import pyspark
+
+        return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+    def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
+        assert self.log_dir is not None
+        env = {
+            **os.environ,
+            "SPARK_LOG_DIR": self.log_dir,
+            "SPARK_WORKER_DIR": os.path.join(self.log_dir, "work"),
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            "SPARK_NO_DAEMONIZE": "1",
+        }
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")  # noqa: SIM115
+        with log:
+            proc = subprocess.Popen(
+                [self._spark_class(), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self._procs.append(proc)
+        return proc
+
+    def start(self) -> StandaloneCluster:
+        """Start the master, then the workers; wait until every worker registered.
+
+        Raises:
+            BrokerError: a process exited or the workers did not register in time (the
+                message names the log folder).
+        """
+        self.log_dir = tempfile.mkdtemp(prefix="cdcflow-spark-cluster-")
+        port = _free_port("127.0.0.1")
+        self.master_url = f"spark://127.0.0.1:{port}"
+        try:
+            self._launch(
+                "master",
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(_free_port("127.0.0.1")),
+                ],
+            )
+            for i in range(self.workers):
+                self._launch(
+                    f"worker-{i}",
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        str(self.cores),
+                        "--memory",
+                        self.memory,
+                        "--webui-port",
+                        str(_free_port("127.0.0.1")),
+                        self.master_url,
+                    ],
+                )
+            self._wait_registered()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_registered(self) -> None:
+        assert self.log_dir is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        master_log = Path(self.log_dir) / "master.log"
+        while True:
+            for proc in self._procs:
+                if proc.poll() is not None:
+                    raise BrokerError(
+                        f"a Spark standalone process exited with {proc.returncode}; "
+                        f"logs: {self.log_dir}"
+                    )
+            text = master_log.read_text(errors="replace") if master_log.exists() else ""
+            if len(re.findall(r"Registering worker", text)) >= self.workers:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"{self.workers} Spark workers did not register with {self.master_url} "
+                    f"within {self.startup_timeout_s:.0f} s; logs: {self.log_dir}"
+                )
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop the workers and the master. Idempotent; the logs stay in :attr:`log_dir`."""
+        procs, self._procs = self._procs, []
+        for proc in reversed(procs):
+            with contextlib.suppress(Exception):
+                _stop_process(proc, grace_s=10.0)
+
+    def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,78 @@
+"""The cluster path: ``cdcflow run --once`` (the real command, in a process of its own)
+on a Spark standalone cluster of a master and two workers on 127.0.0.1, reading Apache
+Kafka. On a cluster the decode tasks run in the workers' executors and their events
+travel back through Spark (no staging folder is shared with the driver, decision 12);
+the apply runs on the driver. Every mirror must equal the source.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.e2e.helpers import Scenario, check_accounting
+
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.testing.spark_cluster import StandaloneCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with StandaloneCluster(workers=2, cores=1) as c:
+        yield c
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "canal-json"])
+def test_a_run_on_a_standalone_cluster_mirrors_its_source(cluster, apache_kafka, tmp_path, fmt):
+    s = Scenario(apache_kafka, fmt, seed=17)
+    s.produce(300)
+    s.produce(200)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline_id": f"cluster-{fmt}",
+                "warehouse": str(tmp_path / "wh"),
+                "checkpoint": str(tmp_path / "ck"),
+                "trigger": "available_now",
+                "target_template": "{format}.{database}.{schema}.{table}",
+                "kafka": {
+                    "bootstrap_servers": apache_kafka.bootstrap_servers,
+                    "max_offsets_per_trigger": 250,
+                },
+                "sources": [{"format": fmt, "topics": [s.topic], "options": s.options}],
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "CDCFLOW_SPARK_MASTER": cluster.master_url,
+        "PYTHONPATH": SRC,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "cdcflow.cli", "run", "--once", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    check_accounting(wh, s.produced)
+    # the decode ran in the workers' executors: the master launched them for this run
+    master_log = (Path(cluster.log_dir) / "master.log").read_text()
+    assert "Registering app cdcflow" in master_log
+    assert master_log.count("Launching executor") >= 2
+    assert not (tmp_path / "ck" / "staging").exists()
