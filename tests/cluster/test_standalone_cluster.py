@@ -1,8 +1,10 @@
 """The cluster path: ``cdcflow run --once`` (the real command, in a process of its own)
 on a Spark standalone cluster of a master and two workers on 127.0.0.1, reading Apache
-Kafka. On a cluster the decode tasks run in the workers' executors and their events
-travel back through Spark (no staging folder is shared with the driver, decision 12);
-the apply runs on the driver. Every mirror must equal the source.
+Kafka with cdcflow's Python source or with Spark's own Kafka source
+(``spark-sql-kafka-0-10``, its jars given with ``--jars``: the pipeline picks it when it
+is on the class path). On a cluster the decode tasks run in the workers' executors and
+their events travel back through Spark (no staging folder is shared with the driver,
+decision 12); the apply runs on the driver. Every mirror must equal the source.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import yaml
 from tests.e2e.helpers import Scenario, check_accounting
 
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.spark_cluster import StandaloneCluster
+from cdcflow.testing.spark_cluster import StandaloneCluster, spark_kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -30,8 +32,13 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("fmt", ["debezium-json", "canal-json"])
-def test_a_run_on_a_standalone_cluster_mirrors_its_source(cluster, apache_kafka, tmp_path, fmt):
+@pytest.mark.parametrize(
+    ("fmt", "source"),
+    [("debezium-json", "python"), ("canal-json", "python"), ("debezium-json", "spark-kafka")],
+)
+def test_a_run_on_a_standalone_cluster_mirrors_its_source(
+    cluster, apache_kafka, tmp_path, fmt, source
+):
     s = Scenario(apache_kafka, fmt, seed=17)
     s.produce(300)
     s.produce(200)
@@ -39,7 +46,7 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(cluster, apache_kafka,
     config.write_text(
         yaml.safe_dump(
             {
-                "pipeline_id": f"cluster-{fmt}",
+                "pipeline_id": f"cluster-{fmt}-{source}",
                 "warehouse": str(tmp_path / "wh"),
                 "checkpoint": str(tmp_path / "ck"),
                 "trigger": "available_now",
@@ -59,6 +66,8 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(cluster, apache_kafka,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+    if source == "spark-kafka":
+        env["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(spark_kafka_jars())} pyspark-shell"
     run = subprocess.run(
         [sys.executable, "-m", "cdcflow.cli", "run", "--once", str(config)],
         env=env,
@@ -73,6 +82,9 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(cluster, apache_kafka,
     check_accounting(wh, s.produced)
     # the decode ran in the workers' executors: the master launched them for this run
     master_log = (Path(cluster.log_dir) / "master.log").read_text()
-    assert "Registering app cdcflow" in master_log
+    assert f"Registering app cdcflow-cluster-{fmt}-{source}" in master_log
     assert master_log.count("Launching executor") >= 2
+    # which source read Kafka: Spark's logs its Java consumer's configuration
+    java_consumer = "ConsumerConfig values" in cluster.last_app_logs()
+    assert java_consumer == (source == "spark-kafka")
     assert not (tmp_path / "ck" / "staging").exists()

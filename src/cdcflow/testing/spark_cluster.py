@@ -24,7 +24,34 @@ from pathlib import Path
 
 from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
 
-__all__ = ["StandaloneCluster"]
+__all__ = ["SPARK_KAFKA_VERSION", "StandaloneCluster", "spark_kafka_jars"]
+
+#: Spark's Kafka connector (``spark-sql-kafka-0-10_2.13``): Maven Central has Spark only up
+#: to 4.2.0 here while PyPI's PySpark is 4.3.0; the 4.2.0 connector reads Kafka from
+#: PySpark 4.3.0 (tested in ``tests/cluster``), which Spark does not promise
+SPARK_KAFKA_VERSION = "4.2.0"
+#: the connector's jars that PySpark does not ship itself
+_KAFKA_JARS = (
+    "spark-sql-kafka-0-10_",
+    "spark-token-provider-kafka-0-10_",
+    "kafka-clients-",
+    "commons-pool2-",
+)
+
+
+def spark_kafka_jars(version: str = SPARK_KAFKA_VERSION) -> list[str]:
+    """Paths of Spark's Kafka connector jars (and the Kafka client it needs), resolved from
+    Maven Central on first use, for ``--jars`` or ``spark.jars``.
+
+    Raises:
+        cdcflow.testing.maven.MavenError: Maven is missing or could not resolve them.
+    """
+    from cdcflow.testing.maven import maven_libs
+
+    libs = maven_libs(
+        f"spark-sql-kafka-{version}", [f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"]
+    )
+    return sorted(str(p) for p in libs.iterdir() if p.name.startswith(_KAFKA_JARS))
 
 
 class StandaloneCluster:
@@ -150,6 +177,15 @@ class StandaloneCluster:
                 )
             time.sleep(0.2)
 
+    def last_app_logs(self) -> str:
+        """The text of every executor's stderr of the application that started last
+        (``<log_dir>/work/app-<time>-<n>/<executor>/stderr``); empty before any."""
+        assert self.log_dir is not None
+        apps = sorted(Path(self.log_dir).glob("work/app-*"))
+        if not apps:
+            return ""
+        return "".join(p.read_text(errors="replace") for p in sorted(apps[-1].glob("*/stderr")))
+
     def stop(self) -> None:
         """Stop the workers and the master. Idempotent; the logs stay in :attr:`log_dir`."""
         procs, self._procs = self._procs, []
@@ -162,3 +198,13 @@ class StandaloneCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+if __name__ == "__main__":  # python -m cdcflow.testing.spark_cluster: resolve the jars
+    from cdcflow.testing.maven import MavenError
+
+    try:
+        print("\n".join(spark_kafka_jars()))
+    except MavenError as exc:
+        print(f"cdcflow: {exc}", file=sys.stderr)
+        sys.exit(1)
