@@ -88,3 +88,28 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
     java_consumer = "ConsumerConfig values" in cluster.last_app_logs()
     assert java_consumer == (source == "spark-kafka")
     assert not (tmp_path / "ck" / "staging").exists()
+
+
+def test_the_demo_runs_on_the_cluster(cluster, tmp_path):
+    """``cdcflow demo`` (every format through its embedded broker) with the cluster as
+    master: every table equals its source, the dead letters are the expected ones."""
+    env = {
+        **os.environ,
+        "CDCFLOW_SPARK_MASTER": cluster.master_url,
+        "PYTHONPATH": SRC,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "cdcflow.cli", "demo", "--warehouse", str(tmp_path / "wh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "RESULT: every table equals its source" in run.stdout
+    assert "-> verified" in run.stdout
+    assert "Registering app cdcflow" in (Path(cluster.log_dir) / "master.log").read_text()
+    assert cluster.last_app_logs(), "no executor ran the demo"
