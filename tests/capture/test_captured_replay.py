@@ -35,6 +35,7 @@ def test_the_golden_captures_are_there():
     assert "debezium-postgres-pg_schemas" in CAPTURES
     assert "debezium-postgres-pg_schemaless" in CAPTURES
     assert "debezium-mariadb" in CAPTURES
+    assert "debezium-mariadb-schemaless" in CAPTURES
 
 
 @pytest.mark.parametrize("capture", CAPTURES)

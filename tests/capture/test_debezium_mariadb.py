@@ -23,6 +23,7 @@ from tests.capture.helpers import (
     GOLDEN,
     TYPED_MARIADB,
     compare,
+    expected_schemaless,
     expected_typed,
     mirror_rows,
     save_capture,
@@ -128,7 +129,7 @@ def _snapshot_rows(db: LocalMariaDB) -> None:
         )
 
 
-def _connector(db: LocalMariaDB, prefix: str, history: str) -> dict[str, str]:
+def _connector(db: LocalMariaDB, prefix: str, history: str, **extra: str) -> dict[str, str]:
     return {
         "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",
         "tasks.max": "1",
@@ -144,6 +145,7 @@ def _connector(db: LocalMariaDB, prefix: str, history: str) -> dict[str, str]:
         "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
         "schema.history.internal.file.filename": history,
         "skipped.operations": "none",
+        **extra,
     }
 
 
@@ -180,17 +182,22 @@ def mariadb_rows(
     return rows, types
 
 
-def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_path):
+@pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
+def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_path, schemas):
     prefix = f"maria_{uuid.uuid4().hex[:6]}"
+    extra = {} if schemas else {"decimal.handling.mode": "string"}
     with LocalMariaDB() as db:
         _snapshot_rows(db)
-        connectors = {"maria-source": _connector(db, prefix, str(tmp_path / "history.dat"))}
+        connectors = {
+            "maria-source": _connector(db, prefix, str(tmp_path / "history.dat"), **extra)
+        }
         with ConnectStandalone(
-            apache_kafka.bootstrap_servers, connectors, schemas=True, connector="mariadb"
+            apache_kafka.bootstrap_servers, connectors, schemas=schemas, connector="mariadb"
         ) as connect:
             _workload(db)
             counts = wait_captured(apache_kafka, prefix, "shop.sentinel", connect)
-        summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, True, rf"{prefix}\.shop\..*")
+        pattern = rf"{prefix}\.shop\..*"
+        summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, schemas, pattern)
         print(f"captured {counts}; {summary}")
         report = summary.reports["debezium-json"]
         assert not any(b.dead_letters for b in report), report
@@ -200,7 +207,7 @@ def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp
         if os.environ.get("CDCFLOW_SAVE_CAPTURE") == "1":  # refresh the golden files
             about = {
                 "tool": f"Debezium {DEBEZIUM_VERSIONS['mariadb']} MariaDbConnector on Kafka "
-                f"Connect {CONNECT_VERSION} standalone, JsonConverter schemas.enable=True",
+                f"Connect {CONNECT_VERSION} standalone, JsonConverter schemas.enable={schemas}",
                 "database": f"MariaDB {db.version()}",
                 "source": "mariadb",
                 "connector": {
@@ -208,17 +215,19 @@ def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp
                     for k, v in connectors["maria-source"].items()
                     if "port" not in k and "filename" not in k
                 },
-                "schemas": True,
+                "schemas": schemas,
             }
             tables = {
                 "customers": (["id"], *customers),
                 "order_lines": (["order_id", "line_no"], *lines),
             }
-            save_capture(GOLDEN / "debezium-mariadb", apache_kafka, prefix, tables, about)
+            name = "debezium-mariadb" if schemas else "debezium-mariadb-schemaless"
+            save_capture(GOLDEN / name, apache_kafka, prefix, tables, about)
 
         got, schema = mirror_rows(wh, "shop.customers", ["id"])
-        assert {f.name: f.type for f in schema} == {c: TYPED_MARIADB[c] for c in customers[1]}
-        problems = compare(customers[0], got, expected_typed)
+        if schemas:
+            assert {f.name: f.type for f in schema} == {c: TYPED_MARIADB[c] for c in customers[1]}
+        problems = compare(customers[0], got, expected_typed if schemas else expected_schemaless)
         assert problems == [], "\n".join(problems[:20])
         got, _ = mirror_rows(wh, "shop.order_lines", ["order_id", "line_no"])
         assert got == lines[0]
