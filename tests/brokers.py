@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 #: test id -> the session fixture of that broker
 BROKERS = {"tansu": "tansu_broker", "apache-kafka": "apache_kafka"}
 
 
-def broker_of(request: Any) -> Any:
-    """The broker of a ``broker`` fixture parametrized over :data:`BROKERS`::
-
-    @pytest.fixture(params=sorted(BROKERS))
-    def broker(request):
-        return broker_of(request)
-    """
+@pytest.fixture(params=sorted(BROKERS))
+def broker(request: Any) -> Any:
+    """Each broker of :data:`BROKERS` in turn: a test folder's ``conftest.py`` imports this
+    fixture to run its tests on every broker instead of tansu alone."""
     return request.getfixturevalue(BROKERS[request.param])
 
 

@@ -1,8 +1,8 @@
 """Shared fixtures: one local SparkSession for the whole run, one broker of each kind.
 
 ``broker`` is the embedded tansu broker. Test folders that run on Apache Kafka as well
-override it in their own ``conftest.py`` with ``tests.brokers.broker_of`` (one run per
-broker).
+override it in their own ``conftest.py`` by importing ``tests.brokers.broker`` (one run
+per broker).
 """
 
 from __future__ import annotations
