@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from cdcflow.config import parse_config
+from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -35,6 +37,32 @@ def database_rows(pg: Any, table: str, key: str) -> tuple[list[dict], dict[str, 
             ).fetchall()
         )
     return rows, types
+
+
+def run_cdcflow(
+    spark: Any, broker: Any, tmp_path: Path, schemas: bool, topic_pattern: str
+) -> tuple[Any, DeltaWarehouse]:
+    """``cdcflow run --once`` (in this process) of the topics ``topic_pattern`` into
+    ``tmp_path/wh``, reading them as Debezium JSON with or without schemas."""
+    config = parse_config(
+        {
+            "pipeline_id": f"capture-{'schemas' if schemas else 'schemaless'}",
+            "warehouse": str(tmp_path / "wh"),
+            "checkpoint": str(tmp_path / "ck"),
+            "trigger": "available_now",
+            "target_template": "{database}.{schema}.{table}",
+            "kafka": {"bootstrap_servers": broker.bootstrap_servers},
+            "sources": [
+                {
+                    "format": "debezium-json",
+                    "topic_pattern": topic_pattern,
+                    "options": {"schema_include": schemas},
+                }
+            ],
+        }
+    )
+    summary = Pipeline(config, spark=spark).run(once=True)
+    return summary, DeltaWarehouse(str(tmp_path / "wh"))
 
 
 # --------------------------------------------------------------------------- golden files
@@ -298,3 +326,39 @@ def wait_captured(
         assert time.monotonic() < deadline, "Debezium's topics kept growing"
         last = now
         time.sleep(1.0)
+
+
+def wait_snapshot_done(broker: Any, prefix: str, connect: Any, timeout_s: float = 240.0) -> None:
+    """Wait until the tool's initial snapshot is over: its last record (``"snapshot":
+    "last"`` in its ``source`` block) is in one of the topics starting with ``prefix.``.
+    A workload started earlier races the snapshot: a TRUNCATE or ALTER of a table the
+    snapshot is reading fails it (MariaDB: "Table definition has changed")."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    consumer = Consumer(
+        broker.client_config(**{"group.id": "snapshot", "enable.auto.commit": False})
+    )
+    try:
+        while True:
+            for topic in [t for t in broker.topics() if t.startswith(f"{prefix}.")]:
+                for p, end in broker.end_offsets(topic).items():
+                    if not end:
+                        continue
+                    consumer.assign([TopicPartition(topic, p, 0)])
+                    seen = 0
+                    while seen < end:
+                        msgs = consumer.consume(1000, timeout=2)
+                        if not msgs:
+                            break
+                        for m in msgs:
+                            seen = max(seen, m.offset() + 1)
+                            if m.error() is None and b'"snapshot":"last"' in (m.value() or b""):
+                                return
+            assert time.monotonic() < deadline, (
+                f"the snapshot did not end; status "
+                f"{[connect.status(n) for n in connect.connectors]}; log: {connect.log_path}"
+            )
+            time.sleep(0.5)
+    finally:
+        consumer.close()

@@ -21,8 +21,8 @@ from tests.capture.helpers import (
     expected_typed,
     load_capture,
     mirror_rows,
+    run_cdcflow,
 )
-from tests.capture.test_debezium_postgres import run_cdcflow
 
 from cdcflow.formats.base import Message
 

@@ -26,10 +26,11 @@ from tests.capture.helpers import (
     expected_schemaless,
     expected_typed,
     mirror_rows,
+    run_cdcflow,
     save_capture,
     wait_captured,
+    wait_snapshot_done,
 )
-from tests.capture.test_debezium_postgres import run_cdcflow
 
 from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSIONS, ConnectStandalone
 from cdcflow.testing.mariadb import LocalMariaDB
@@ -194,6 +195,7 @@ def test_debezium_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp
         with ConnectStandalone(
             apache_kafka.bootstrap_servers, connectors, schemas=schemas, connector="mariadb"
         ) as connect:
+            wait_snapshot_done(apache_kafka, prefix, connect)
             _workload(db)
             counts = wait_captured(apache_kafka, prefix, "shop.sentinel", connect)
         pattern = rf"{prefix}\.shop\..*"

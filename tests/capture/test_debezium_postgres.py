@@ -35,13 +35,12 @@ from tests.capture.helpers import (
     expected_schemaless,
     expected_typed,
     mirror_rows,
+    run_cdcflow,
     save_capture,
     wait_captured,
+    wait_snapshot_done,
 )
 
-from cdcflow.config import parse_config
-from cdcflow.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSION, ConnectStandalone
 from cdcflow.testing.postgres import LocalPostgres
 
@@ -177,30 +176,6 @@ def _connector(pg: LocalPostgres, slot: str, prefix: str, **extra: str) -> dict[
     }
 
 
-def run_cdcflow(spark, broker, tmp_path, schemas: bool, topic_pattern: str):
-    """``cdcflow run --once`` (in this process) of the topics ``topic_pattern`` into
-    ``tmp_path/wh``, reading them as Debezium JSON with or without schemas."""
-    config = parse_config(
-        {
-            "pipeline_id": f"capture-{'schemas' if schemas else 'schemaless'}",
-            "warehouse": str(tmp_path / "wh"),
-            "checkpoint": str(tmp_path / "ck"),
-            "trigger": "available_now",
-            "target_template": "{database}.{schema}.{table}",
-            "kafka": {"bootstrap_servers": broker.bootstrap_servers},
-            "sources": [
-                {
-                    "format": "debezium-json",
-                    "topic_pattern": topic_pattern,
-                    "options": {"schema_include": schemas},
-                }
-            ],
-        }
-    )
-    summary = Pipeline(config, spark=spark).run(once=True)
-    return summary, DeltaWarehouse(str(tmp_path / "wh"))
-
-
 @pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
 def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, tmp_path, schemas):
     slot = f"cdcflow_{uuid.uuid4().hex[:8]}"
@@ -212,6 +187,7 @@ def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, 
         with ConnectStandalone(
             apache_kafka.bootstrap_servers, connectors, schemas=schemas
         ) as connect:
+            wait_snapshot_done(apache_kafka, prefix, connect)
             _workload(pg)
             counts = wait_captured(apache_kafka, prefix, "public.sentinel", connect)
         pattern = rf"{prefix}\.public\..*"
