@@ -243,12 +243,12 @@ def run(
 ) -> list[dict[str, Any]]:
     """Rows for every format in ``formats`` (default: all registered), two per format;
     with ``pin`` this process is pinned to one core first (for good)."""
-    from cdcflow.formats import format_names
+    from cdcflow.formats import embedded_formats
 
     if pin:
         pin_one_core()
     rows: list[dict[str, Any]] = []
-    for fmt in formats or [*format_names(), SCHEMALESS]:
+    for fmt in formats or [*embedded_formats(), SCHEMALESS]:
         rows.extend(bench_format(fmt, events, repeats))
     return rows
 
@@ -264,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cpu = pin_one_core()
     print(f"decode per core (pinned to CPU {cpu}), {args.events:,} messages per format")
-    from cdcflow.formats import format_names
+    from cdcflow.formats import embedded_formats
 
     rows = []
-    for fmt in args.format or [*format_names(), SCHEMALESS]:
+    for fmt in args.format or [*embedded_formats(), SCHEMALESS]:
         these = bench_format(fmt, args.events, args.repeats)
         rows.extend(these)
         print(format_table(these).split("\n", 2)[2], flush=True)

@@ -17,7 +17,7 @@ import time
 import zlib
 from pathlib import Path
 
-from cdcflow.formats import encoder_for, format_names
+from cdcflow.formats import embedded_formats, encoder_for
 from cdcflow.formats.base import Message
 from cdcflow.model import dumps
 from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
@@ -74,7 +74,7 @@ def run_demo(
     from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.testing.broker import EmbeddedBroker
 
-    formats = formats or format_names()
+    formats = formats or embedded_formats()
     root = Path(warehouse).resolve()
     if root.exists():
         shutil.rmtree(root)

@@ -28,6 +28,7 @@ class Code:
 
     BAD_JSON = "BAD_JSON"  # the value is not JSON (or not UTF-8)
     BAD_AVRO = "BAD_AVRO"  # the value is not a record of the expected Avro schema
+    UNKNOWN_SCHEMA_ID = "UNKNOWN_SCHEMA_ID"  # a schema id the schema registry does not know
     NOT_AN_OBJECT = "NOT_AN_OBJECT"  # JSON, but not the envelope object the format defines
     MISSING_FIELD = "MISSING_FIELD"  # a field the format requires is absent
     BAD_FIELD = "BAD_FIELD"  # a field has the wrong JSON type or an unparsable value

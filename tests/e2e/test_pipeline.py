@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
-from cdcflow.formats import format_names
+from cdcflow.formats import embedded_formats
 from cdcflow.formats.base import Message
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
@@ -19,7 +19,7 @@ from cdcflow.sinks.delta import DeltaWarehouse
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("fmt", format_names())
+@pytest.mark.parametrize("fmt", embedded_formats())
 def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt)
     s.produce(300)

@@ -19,11 +19,11 @@ import orjson
 import pytest
 
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_for, encoder_for, format_names
+from cdcflow.formats import decoder_for, embedded_formats, encoder_for
 from cdcflow.formats.base import DEFAULT_MAX_COLUMNS, DecoderOptions, Record, SourceChange
 from cdcflow.model import ROW_OPS, Op, Origin, SourceTable
 
-FORMATS = format_names()
+FORMATS = embedded_formats()
 
 
 def _change(table: str, width: int, row_id: int, seq: int) -> SourceChange:

@@ -13,11 +13,11 @@ import decimal
 import pytest
 
 from cdcflow.errors import Code
-from cdcflow.formats import decoder_for, encoder_for, format_names
+from cdcflow.formats import decoder_for, embedded_formats, encoder_for
 from cdcflow.formats.base import Record, SourceChange
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 
-FORMATS = format_names()
+FORMATS = embedded_formats()
 KNOWN_CODES = {v for k, v in vars(Code).items() if k.isupper()}
 
 COLUMNS = {

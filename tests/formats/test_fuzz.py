@@ -1,6 +1,6 @@
 """Fuzzing every registered decoder: bad bytes end as dead letters, never as a crash.
 
-For each format (``cdcflow.formats.format_names()``), hypothesis feeds
+For each format (``cdcflow.formats.embedded_formats()``), hypothesis feeds
 :meth:`~cdcflow.formats.base.Decoder.decode_batch`:
 
 * arbitrary bytes, arbitrary JSON, and JSON objects built from the format's own field
@@ -58,14 +58,14 @@ from hypothesis import strategies as st
 
 from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code
-from cdcflow.formats import decoder_for, encoder_for, format_names
+from cdcflow.formats import decoder_for, embedded_formats, encoder_for
 from cdcflow.formats.base import Decoder, DecodeResult, Record, SourceChange
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable, Txn, seq_key
 from cdcflow.testing.golden import load_case
 from cdcflow.testing.workload import TableSpec, Workload, tables_for
 from cdcflow.types import parse_type
 
-FORMATS = format_names()
+FORMATS = embedded_formats()
 KNOWN_CODES = frozenset(v for k, v in vars(Code).items() if k.isupper())
 CASES = Path(__file__).parent / "cases"
 

@@ -25,7 +25,7 @@ from tests.formats.test_conformance import COLUMNS, ROW_1, ROW_2, _base, _restri
 from cdcflow.apply.netchange import net_change
 from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_class, decoder_for, encoder_for, format_names
+from cdcflow.formats import decoder_class, decoder_for, embedded_formats, encoder_for
 from cdcflow.formats.base import Decoder, Record, SourceChange, is_full_row
 from cdcflow.model import ROW_OPS, Op, Origin, SourceTable, dumps
 from cdcflow.testing.golden import load_case
@@ -79,7 +79,7 @@ def _key_json(row) -> str:
     return dumps(dict(sorted(row.items()))).decode()
 
 
-@pytest.fixture(params=format_names())
+@pytest.fixture(params=embedded_formats())
 def fmt(request):
     return request.param
 

@@ -63,7 +63,7 @@ from hypothesis import strategies as st
 
 from cdcflow.apply.batch import BatchApplier, Router
 from cdcflow.decode.batches import DecodeFunction, flatten
-from cdcflow.formats import decoder_for, encoder_for, format_names
+from cdcflow.formats import decoder_for, embedded_formats, encoder_for
 from cdcflow.formats.base import Message, Record, SourceChange
 from cdcflow.model import Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
@@ -76,7 +76,7 @@ from cdcflow.testing.workload import (
     tables_for,
 )
 
-FORMATS = format_names()
+FORMATS = embedded_formats()
 TOPIC = "oracle"
 ROW_OPS = {op.value for op in (Op.INSERT, Op.UPDATE, Op.DELETE, Op.SNAPSHOT, Op.TRUNCATE)}
 

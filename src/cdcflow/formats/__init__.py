@@ -14,11 +14,21 @@ from typing import Any
 from cdcflow.errors import ConfigError
 from cdcflow.formats.base import Decoder, DecoderOptions, Encoder
 
-__all__ = ["DECODERS", "ENCODERS", "decoder_class", "decoder_for", "encoder_for", "format_names"]
+__all__ = [
+    "DECODERS",
+    "ENCODERS",
+    "REGISTRY_FORMATS",
+    "decoder_class",
+    "decoder_for",
+    "embedded_formats",
+    "encoder_for",
+    "format_names",
+]
 
 #: identifier -> "module:DecoderClass"
 DECODERS: dict[str, str] = {
     "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonDecoder",
+    "debezium-avro": "cdcflow.formats.debezium_avro:DebeziumAvroDecoder",
     "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonDecoder",
     "qlik-json": "cdcflow.formats.qlik_json:QlikJsonDecoder",
     "dts-avro": "cdcflow.formats.dts_avro:DtsAvroDecoder",
@@ -51,9 +61,21 @@ ENCODERS: dict[str, str] = {
 }
 
 
+#: formats whose messages name their schema in a schema registry: they decode only with
+#: a registry (``sources[].options.schema_registry``), and have no encoder here -- their
+#: test messages come from the real tool through a real registry (tests/capture)
+REGISTRY_FORMATS = frozenset({"debezium-avro"})
+
+
 def format_names() -> list[str]:
     """The registered format identifiers, sorted."""
     return sorted(DECODERS)
+
+
+def embedded_formats() -> list[str]:
+    """The formats that decode without a service beside Kafka, sorted: every format but
+    :data:`REGISTRY_FORMATS`. The demo and the format-wide tests run these."""
+    return sorted(set(DECODERS) - REGISTRY_FORMATS)
 
 
 def _load(table: Mapping[str, str], name: str, what: str) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cdcflow.errors import Code, DecodeError
+from cdcflow.errors import Code, DecodeError, SourceError
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
 
 __all__ = [
@@ -388,7 +388,9 @@ class Decoder(ABC):
         dead-lettered as ``TOO_MANY_COLUMNS``; a record that decodes to no events is
         skipped with ``NO_EVENTS``; any exception other than :class:`SkipRecord` becomes a
         dead letter (``DecodeError`` keeps its code, anything else is ``BAD_FIELD`` with
-        the exception text), so one bad record never stops the stream.
+        the exception text), so one bad record never stops the stream. A
+        :class:`~cdcflow.errors.SourceError` (a schema registry that does not answer) is
+        not the record's fault: it propagates and the micro-batch fails uncommitted.
         """
         result = DecodeResult()
         events = result.events
@@ -421,6 +423,8 @@ class Decoder(ABC):
             except RecursionError:
                 dead_letters.append(self._dead(record, Code.BAD_JSON, "nesting too deep to decode"))
                 continue
+            except SourceError:
+                raise  # not the record's fault (a schema registry down): the batch fails
             except Exception as exc:  # noqa: BLE001 - a decoder bug must not stop the stream
                 msg = f"{type(exc).__name__}: {exc}"
                 dead_letters.append(self._dead(record, Code.BAD_FIELD, msg))

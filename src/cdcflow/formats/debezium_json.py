@@ -411,6 +411,9 @@ def _unscaled_to_decimal(raw: bytes, scale: int) -> decimal.Decimal:
 
 
 def _b64(value: Any, column: str) -> bytes:
+    """A bytes value: base64 text in JSON, the bytes themselves in Avro (debezium-avro)."""
+    if value.__class__ is bytes:
+        return value
     if value.__class__ is str:
         try:
             return base64.b64decode(value, validate=True)
@@ -551,7 +554,7 @@ def _c_var_decimal(value: Any, column: str, exact: bool) -> decimal.Decimal:
     """``io.debezium.data.VariableScaleDecimal``: ``{"scale": s, "value": base64}``."""
     if value.__class__ is dict:
         scale, raw = value.get("scale"), value.get("value")
-        if scale.__class__ is int and raw.__class__ is str:
+        if scale.__class__ is int and raw.__class__ in (str, bytes):
             return _unscaled_to_decimal(_b64(raw, column), scale)
     raise _bad_value(column, value, 'VariableScaleDecimal {"scale": int, "value": base64}')
 
@@ -564,6 +567,8 @@ def _decimal_conv(scale: int) -> Conv:
         c = value.__class__
         if c is str:
             return _unscaled_to_decimal(_b64(value, column), scale)
+        if c is bytes:  # Avro's bytes (debezium-avro)
+            return _unscaled_to_decimal(value, scale)
         if c is int:
             return _exact_decimal(decimal.Decimal(value), scale, column)
         if c is float:
@@ -1519,6 +1524,14 @@ class DebeziumJsonDecoder(Decoder):
                 ks = obj["schema"]
                 if ks.__class__ is dict and ks.get("fields"):
                     key_schema = ks
+        self._key_from(event, payload, key_schema, exact)
+
+    def _key_from(
+        self, event: ChangeEvent, payload: Any, key_schema: dict[str, Any] | None, exact: bool
+    ) -> None:
+        """Key columns from a decoded key message (``payload``: column -> value, typed by
+        the Connect struct schema ``key_schema`` when there is one), else from
+        ``options.primary_keys``."""
         if payload.__class__ is not dict or not payload:
             self._key_from_options(event)
             return

@@ -53,15 +53,26 @@ DEBEZIUM_VERSIONS = {
 }
 
 _WORKER = """bootstrap.servers={bootstrap}
-key.converter=org.apache.kafka.connect.json.JsonConverter
-value.converter=org.apache.kafka.connect.json.JsonConverter
-key.converter.schemas.enable={schemas}
-value.converter.schemas.enable={schemas}
+{converters}
 offset.storage.file.filename={offsets}
 offset.flush.interval.ms=500
 listeners=http://127.0.0.1:{rest_port}
 plugin.discovery=only_scan
 """
+_JSON_CONVERTERS = """key.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+key.converter.schemas.enable={schemas}
+value.converter.schemas.enable={schemas}"""
+#: Apicurio's AvroConverter writing the Confluent wire format (magic byte 0, the 4-byte id
+#: of the schema's content, Avro binary) with no schema id in headers, so that a
+#: Confluent-compatible reader (the ccompat API) can read it
+_AVRO_CONVERTER = """{side}.converter=io.apicurio.registry.utils.converter.AvroConverter
+{side}.converter.apicurio.registry.url={registry}
+{side}.converter.apicurio.registry.auto-register=true
+{side}.converter.apicurio.registry.find-latest=true
+{side}.converter.apicurio.registry.as-confluent=true
+{side}.converter.apicurio.registry.use-id=contentId
+{side}.converter.apicurio.registry.headers.enabled=false"""
 _JVM_OPTIONS = ["-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
 
 
@@ -95,6 +106,10 @@ class ConnectStandalone:
         schemas: ``JsonConverter``'s ``schemas.enable`` for keys and values (``True``:
             each message is ``{"schema", "payload"}``, Kafka Connect's default).
         connector: the Debezium connector whose jars to load (``postgres``, ``mysql``).
+        avro_registry_url: Apicurio Registry's own API
+            (:attr:`cdcflow.testing.apicurio.ApicurioRegistry.registry_url`): keys and
+            values go through Apicurio's ``AvroConverter`` in the Confluent wire format
+            instead of ``JsonConverter`` (``schemas`` is then ignored).
         startup_timeout_s: how long :meth:`start` waits for every connector's task.
         log_level: the worker's Log4j level (its log goes to :attr:`log_path`).
 
@@ -108,6 +123,7 @@ class ConnectStandalone:
         connectors: Mapping[str, Mapping[str, Any]],
         schemas: bool = True,
         connector: str = "postgres",
+        avro_registry_url: str | None = None,
         startup_timeout_s: float = 120.0,
         log_level: str = "WARN",
     ) -> None:
@@ -115,6 +131,7 @@ class ConnectStandalone:
         self.connectors = {name: dict(conf) for name, conf in connectors.items()}
         self.schemas = schemas
         self.connector = connector
+        self.avro_registry_url = avro_registry_url
         self.startup_timeout_s = startup_timeout_s
         self.log_level = log_level
         self.log_path: str | None = None
@@ -135,10 +152,22 @@ class ConnectStandalone:
         folder = Path(self._dir)
         self._rest_port = _free_port("127.0.0.1")
         worker = folder / "worker.properties"
+        if self.avro_registry_url is None:
+            converters = _JSON_CONVERTERS.format(schemas=str(self.schemas).lower())
+        else:
+            from cdcflow.testing.apicurio import converter_libs
+
+            converters = "\n".join(
+                _AVRO_CONVERTER.format(side=side, registry=self.avro_registry_url)
+                for side in ("key", "value")
+            )
+            # a plugin folder of its own: its Avro and Apicurio jars stay apart from the
+            # worker's class path (Kafka Connect's plugin isolation)
+            converters += f"\nplugin.path={converter_libs().parent}"
         worker.write_text(
             _WORKER.format(
                 bootstrap=self.bootstrap_servers,
-                schemas=str(self.schemas).lower(),
+                converters=converters,
                 offsets=folder / "offsets",
                 rest_port=self._rest_port,
             )

@@ -31,9 +31,11 @@ _POM_HEAD = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 _DEPENDENCY = """    <dependency>
       <groupId>{group}</groupId>
       <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
+      <version>{version}</version>{exclusions}
     </dependency>
 """
+_EXCLUSION = """
+        <exclusion><groupId>{group}</groupId><artifactId>{artifact}</artifactId></exclusion>"""
 _POM_TAIL = """  </dependencies>
 </project>
 """
@@ -49,10 +51,12 @@ def cache_root() -> Path:
     return Path(base) / "cdcflow" if base else Path.home() / ".cache" / "cdcflow"
 
 
-def maven_libs(name: str, artifacts: Sequence[str]) -> Path:
+def maven_libs(name: str, artifacts: Sequence[str], exclusions: Sequence[str] = ()) -> Path:
     """The folder of the jars of ``artifacts`` (``group:artifact:version``) and their
     runtime dependencies, resolved with ``mvn`` on first use under :func:`cache_root`
-    ``/name``.
+    ``/name``. ``exclusions`` (``group:artifact``, ``*`` for any artifact of a group)
+    are left out of every artifact's dependencies: a dependency Maven Central does not
+    serve, or classes the host process provides.
 
     Raises:
         MavenError: ``mvn`` is missing or could not resolve the artifacts (the tail of its
@@ -69,10 +73,18 @@ def maven_libs(name: str, artifacts: Sequence[str]) -> Path:
             f"(apt-get install maven), or put them in {libs} and create {done}"
         )
     home.mkdir(parents=True, exist_ok=True)
+    excluded = ""
+    if exclusions:
+        body = "".join(
+            _EXCLUSION.format(group=g, artifact=a) for g, a in (e.split(":") for e in exclusions)
+        )
+        excluded = f"\n      <exclusions>{body}\n      </exclusions>"
     deps = []
     for coordinates in artifacts:
         group, artifact, version = coordinates.split(":")
-        deps.append(_DEPENDENCY.format(group=group, artifact=artifact, version=version))
+        deps.append(
+            _DEPENDENCY.format(group=group, artifact=artifact, version=version, exclusions=excluded)
+        )
     (home / "pom.xml").write_text(_POM_HEAD.format(name=name) + "".join(deps) + _POM_TAIL)
     tmp = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
     cmd = [
@@ -88,10 +100,12 @@ def maven_libs(name: str, artifacts: Sequence[str]) -> Path:
     run = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if run.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
+        lines = (run.stdout + run.stderr).strip().splitlines()
+        # Maven's first "Failed to ..." line names the artifact it could not get
+        failed = [line for line in lines if "] Failed to" in line][:1]
         raise MavenError(
             f"mvn could not resolve {', '.join(artifacts)} (exit {run.returncode}): "
-            f"{' | '.join(tail)}"
+            f"{' | '.join(failed or lines[-5:])}"
         )
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)
