@@ -31,6 +31,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	@command -v mariadb-install-db >/dev/null || { echo "installing MariaDB's server (Debian package mariadb-server) for the capture tests"; apt-get install -y -q mariadb-server >/dev/null; } || { echo "make test needs MariaDB's server: apt-get install mariadb-server"; exit 1; }
 	$(BIN)/python -m cdcflow.testing.apache_kafka
 	$(BIN)/python -m cdcflow.testing.kafka_connect postgres mariadb
+	$(BIN)/python -m cdcflow.testing.apicurio
 	$(BIN)/python -m cdcflow.testing.spark_cluster >/dev/null
 	$(BIN)/python -m pytest
 

@@ -40,10 +40,16 @@ def database_rows(pg: Any, table: str, key: str) -> tuple[list[dict], dict[str, 
 
 
 def run_cdcflow(
-    spark: Any, broker: Any, tmp_path: Path, schemas: bool, topic_pattern: str
+    spark: Any,
+    broker: Any,
+    tmp_path: Path,
+    schemas: bool,
+    topic_pattern: str,
+    source: dict[str, Any] | None = None,
 ) -> tuple[Any, DeltaWarehouse]:
     """``cdcflow run --once`` (in this process) of the topics ``topic_pattern`` into
-    ``tmp_path/wh``, reading them as Debezium JSON with or without schemas."""
+    ``tmp_path/wh``, reading them as Debezium JSON with or without schemas, or as
+    ``source`` says (``format`` and ``options``)."""
     config = parse_config(
         {
             "pipeline_id": f"capture-{'schemas' if schemas else 'schemaless'}",
@@ -57,6 +63,7 @@ def run_cdcflow(
                     "format": "debezium-json",
                     "topic_pattern": topic_pattern,
                     "options": {"schema_include": schemas},
+                    **(source or {}),
                 }
             ],
         }
@@ -328,11 +335,19 @@ def wait_captured(
         time.sleep(1.0)
 
 
-def wait_snapshot_done(broker: Any, prefix: str, connect: Any, timeout_s: float = 240.0) -> None:
+def wait_snapshot_done(
+    broker: Any,
+    prefix: str,
+    connect: Any,
+    timeout_s: float = 240.0,
+    marker: bytes = b'"snapshot":"last"',
+) -> None:
     """Wait until the tool's initial snapshot is over: its last record (``"snapshot":
     "last"`` in its ``source`` block) is in one of the topics starting with ``prefix.``.
     A workload started earlier races the snapshot: a TRUNCATE or ALTER of a table the
-    snapshot is reading fails it (MariaDB: "Table definition has changed")."""
+    snapshot is reading fails it (MariaDB: "Table definition has changed"). ``marker``:
+    the bytes of that field in the converter's encoding (Avro: ``b"\\x08last"``, the
+    string's zig-zag length 4, then its text)."""
     from confluent_kafka import Consumer, TopicPartition
 
     deadline = time.monotonic() + timeout_s
@@ -353,7 +368,7 @@ def wait_snapshot_done(broker: Any, prefix: str, connect: Any, timeout_s: float 
                             break
                         for m in msgs:
                             seen = max(seen, m.offset() + 1)
-                            if m.error() is None and b'"snapshot":"last"' in (m.value() or b""):
+                            if m.error() is None and marker in (m.value() or b""):
                                 return
             assert time.monotonic() < deadline, (
                 f"the snapshot did not end; status "

@@ -225,3 +225,74 @@ def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, 
         db, _ = database_rows(pg, "order_lines", "order_id, line_no")
         got, _ = mirror_rows(wh, "shop.public.order_lines", ["order_id", "line_no"])
         assert got == db
+
+
+def test_debezium_avro_through_apicurio_mirrors_equal_the_database(spark, apache_kafka, tmp_path):
+    """Debezium's most common production set-up: an Avro converter and a schema registry.
+    Apicurio's ``AvroConverter`` registers each schema in Apicurio Registry and writes the
+    Confluent wire format; ``debezium-avro`` fetches the schemas through the registry's
+    Confluent-compatible API. Besides the mirrors (equal to the database, value by value
+    and type by type, as with JSON and schemas), the run shows what a registry cannot
+    answer: a schema id it does not know and a value outside the wire format are dead
+    letters with their codes, and a registry that is down fails the run before anything
+    is committed (a second run then applies everything)."""
+    from confluent_kafka import Producer
+
+    from cdcflow.testing.apicurio import APICURIO_VERSION, ApicurioRegistry
+
+    slot = f"cdcflow_{uuid.uuid4().hex[:8]}"
+    prefix = "pg_avro"
+    with ApicurioRegistry() as registry, LocalPostgres() as pg:
+        _snapshot_rows(pg)
+        connectors = {"pg-source": _connector(pg, slot, prefix)}
+        with ConnectStandalone(
+            apache_kafka.bootstrap_servers, connectors, avro_registry_url=registry.registry_url
+        ) as connect:
+            wait_snapshot_done(apache_kafka, prefix, connect, marker=b"\x08last")
+            _workload(pg)
+            counts = wait_captured(apache_kafka, prefix, "public.sentinel", connect)
+        subjects = registry.get("/apis/ccompat/v6/subjects")
+        assert f"{prefix}.public.customers-value" in subjects, subjects
+
+        # two records the registry cannot explain, in a topic of the same pattern
+        garbage = f"{prefix}.public.garbage"
+        apache_kafka.create_topic(garbage)
+        unknown_id = b"\x00" + (999_999).to_bytes(4, "big") + b"\x02\x06abc"
+        not_wire = b'{"op": "c"}'
+        producer = Producer(apache_kafka.client_config())
+        for value in (unknown_id, not_wire):
+            producer.produce(garbage, value=value, key=b"k")
+        producer.flush(10)
+
+        pattern = rf"{prefix}\.public\..*"
+        down = {
+            "format": "debezium-avro",
+            "options": {"schema_registry": {"url": "http://127.0.0.1:9"}},
+        }
+        with pytest.raises(Exception, match="REGISTRY_UNAVAILABLE"):
+            run_cdcflow(spark, apache_kafka, tmp_path, True, pattern, source=down)
+        wh_path = tmp_path / "wh"
+        assert not (wh_path / "shop.public.customers").exists(), "a failed run committed a table"
+
+        up = {
+            "format": "debezium-avro",
+            "options": {"schema_registry": {"url": registry.ccompat_url}},
+        }
+        summary, wh = run_cdcflow(spark, apache_kafka, tmp_path, True, pattern, source=up)
+        print(f"Apicurio {APICURIO_VERSION}; captured {counts}; {summary}")
+
+        db, _ = database_rows(pg, "customers", "id")
+        got, schema = mirror_rows(wh, "shop.public.customers", ["id"])
+        for f in schema:
+            assert f.type == TYPED[f.name], f"customers.{f.name}: {f.type} != {TYPED[f.name]}"
+        problems = compare(db, got, expected_typed)
+        assert problems == [], "\n".join(problems[:20])
+        db, _ = database_rows(pg, "order_lines", "order_id, line_no")
+        got, _ = mirror_rows(wh, "shop.public.order_lines", ["order_id", "line_no"])
+        assert got == db
+
+        dead = wh.read("dead_letters", system=True).to_pylist()
+        by_value = {d["raw_value"]: d for d in dead}
+        assert by_value[unknown_id]["code"] == "UNKNOWN_SCHEMA_ID"
+        assert by_value[not_wire]["code"] == "BAD_AVRO"
+        assert {d["topic"] for d in dead} == {garbage}, dead

@@ -227,14 +227,24 @@ class _Writer:
         self.connect = connect
 
 
-def _prepare(schema_id: int, parsed: Any) -> _Writer:
+def _prepare(schema_id: int, parsed: Any, references: Sequence[Any] = ()) -> _Writer:
+    """The writer of schema ``schema_id``; ``references``: the schemas it names, each
+    after those it names (:class:`RegistrySchemas`)."""
+    avro_named: dict[str, Any] = {}
+    connect_named: dict[str, dict[str, Any]] = {}
     try:
-        avro = parse_schema(_without_logical_types(parsed))
+        for ref in references:
+            parse_schema(_without_logical_types(ref), named_schemas=avro_named)
+            connect_schema(ref, connect_named)
+        avro = parse_schema(_without_logical_types(parsed), named_schemas=avro_named)
+    except DecodeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - fastavro's SchemaParseException and others
         raise DecodeError(
-            f"schema id {schema_id} is not a valid Avro schema: {exc}", Code.BAD_AVRO
+            f"schema id {schema_id} is not a valid Avro schema: {type(exc).__name__}: {exc}",
+            Code.BAD_AVRO,
         ) from None
-    return _Writer(avro, connect_schema(parsed))
+    return _Writer(avro, connect_schema(parsed, connect_named))
 
 
 # --------------------------------------------------------------------------- decoder

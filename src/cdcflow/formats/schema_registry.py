@@ -92,8 +92,11 @@ class RegistrySchemas:
 
     Args:
         config: :func:`check_registry_config`'s settings.
-        prepare: turns a schema (the parsed JSON of its text) into what the caller keeps
-            for it (e.g. a parsed fastavro schema); its result is cached.
+        prepare: ``prepare(schema_id, schema, references)`` turns a schema (the parsed
+            JSON of its text) into what the caller keeps for it (e.g. a parsed fastavro
+            schema); ``references`` are the parsed schemas it refers to by name (schema
+            references: Apicurio's converter registers Debezium's ``Source`` record on its
+            own), each after those it refers to. Its result is cached.
     """
 
     def __init__(self, config: Mapping[str, Any], prepare: Any) -> None:
@@ -128,13 +131,16 @@ class RegistrySchemas:
 
             self._client = SchemaRegistryClient(dict(self._config))
         url = self._config.get("url")
+        what = f"schema id {schema_id}"
         try:
             schema = self._client.get_schema(schema_id)
+            references: list[Any] = []
+            self._references(schema, references, set())
         except SchemaRegistryError as exc:
             status = exc.http_status_code
             if status == 404 or exc.error_code in (40403, 40401):
                 raise DecodeError(
-                    f"schema id {schema_id} is not known to the schema registry {url} "
+                    f"{what} (or a schema it refers to) is not known to the schema registry {url} "
                     f"({exc.error_message}); the message was written against another "
                     "registry, or its schema was deleted",
                     Code.UNKNOWN_SCHEMA_ID,
@@ -157,25 +163,35 @@ class RegistrySchemas:
                 "sources[].options.schema_registry.url, then run again",
                 REGISTRY_UNAVAILABLE,
             ) from None
-        if (schema.schema_type or "AVRO") != "AVRO":
-            raise DecodeError(
-                f"schema id {schema_id} is a {schema.schema_type} schema, not Avro",
-                Code.BAD_AVRO,
-            )
-        try:
-            parsed = json.loads(schema.schema_str)
-        except ValueError as exc:
-            raise DecodeError(
-                f"schema id {schema_id}: the registry's schema text is not JSON ({exc})",
-                Code.BAD_AVRO,
-            ) from None
-        return self._prepare(schema_id, parsed)
+        return self._prepare(schema_id, _avro_json(schema, what), references)
+
+    def _references(self, schema: Any, out: list[Any], seen: set[tuple[str, int]]) -> None:
+        """The schemas ``schema`` refers to, depth first (each after its own references)."""
+        for ref in schema.references or ():
+            key = (ref.subject, ref.version)
+            if key in seen:
+                continue
+            seen.add(key)
+            found = self._client.get_version(ref.subject, ref.version).schema
+            self._references(found, out, seen)
+            out.append(_avro_json(found, f"referenced schema {ref.subject} v{ref.version}"))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self._config, "prepare": self._prepare}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["config"], state["prepare"])  # type: ignore[misc]
+
+
+def _avro_json(schema: Any, what: str) -> Any:
+    if (schema.schema_type or "AVRO") != "AVRO":
+        raise DecodeError(f"{what} is a {schema.schema_type} schema, not Avro", Code.BAD_AVRO)
+    try:
+        return json.loads(schema.schema_str)
+    except ValueError as exc:
+        raise DecodeError(
+            f"{what}: the registry's schema text is not JSON ({exc})", Code.BAD_AVRO
+        ) from None
 
 
 def reader(body: memoryview) -> io.BytesIO:
