@@ -390,9 +390,17 @@ def _json_text(value: Any, exact: bool, keep_number_text: bool = False) -> str:
             return _plain_json(value)
         value = _floats(value)
     try:
-        return orjson.dumps(value).decode()
+        return orjson.dumps(value, default=_bytes_as_base64).decode()
     except TypeError:  # an integer beyond 64 bits (exact parse only)
         return _plain_json(value)
+
+
+def _bytes_as_base64(value: Any) -> str:
+    """Bytes inside a nested Avro value (debezium-avro: a geometry's ``wkb``) as the
+    base64 text ``JsonConverter`` writes for them, so both formats store the same JSON."""
+    if value.__class__ is bytes:
+        return base64.b64encode(value).decode()
+    raise TypeError
 
 
 def _exact_decimal(d: decimal.Decimal, scale: int, column: str) -> decimal.Decimal:
