@@ -32,6 +32,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m cdcflow.testing.apache_kafka
 	$(BIN)/python -m cdcflow.testing.kafka_connect postgres mariadb
 	$(BIN)/python -m cdcflow.testing.apicurio
+	$(BIN)/python -m cdcflow.testing.maxwell
 	$(BIN)/python -m cdcflow.testing.spark_cluster >/dev/null
 	$(BIN)/python -m pytest
 
