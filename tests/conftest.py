@@ -26,12 +26,31 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    """A real local SparkSession (2 cores, few shuffle partitions), shared by all tests."""
+    """A real local SparkSession (2 cores, few shuffle partitions), shared by all tests;
+    with Delta Lake's Spark jars and extension, for the ``delta-spark`` sink's tests."""
     from cdcflow.spark import get_or_create_session
 
-    session = get_or_create_session(app_name="cdcflow-tests")
+    session = get_or_create_session(app_name="cdcflow-tests", delta_spark=True)
     yield session
     session.stop()
+
+
+@pytest.fixture(params=["delta-rs", pytest.param("delta-spark", marks=pytest.mark.spark)])
+def warehouse_factory(request):
+    """``factory(root, pipeline_id) -> DeltaWarehouse`` of each sink: delta-rs merges on
+    the driver, ``delta-spark`` (:class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse`)
+    merges with Delta Lake's Spark commands on the shared session."""
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+    def factory(root, pipeline_id="test"):
+        if request.param == "delta-spark":
+            from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
+
+            spark = request.getfixturevalue("spark")
+            return SparkDeltaWarehouse(str(root), spark, pipeline_id=pipeline_id)
+        return DeltaWarehouse(str(root), pipeline_id=pipeline_id)
+
+    return factory
 
 
 @pytest.fixture(scope="session")

@@ -280,6 +280,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         warehouse=args.warehouse,
         changes_per_format=args.changes,
         formats=args.format or None,
+        sink=args.sink,
     )
     return 0 if ok else 1
 
@@ -328,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--changes", type=int, default=2000, help="source changes per format (default: %(default)s)"
     )
     p.add_argument("--format", action="append", help="only this format (repeatable); default: all")
+    p.add_argument(
+        "--sink",
+        choices=["delta-rs", "delta-spark"],
+        default="delta-rs",
+        help="who merges the mirrors: delta-rs on the driver (default) or Delta Lake's Spark "
+        "commands on the executors",
+    )
     p.set_defaults(func=cmd_demo)
 
     from cdcflow.formats import format_names

@@ -7,6 +7,7 @@ Example (every key with its default where it has one)::
     checkpoint: ./checkpoint       # Spark streaming checkpoints, one folder per source
     target_template: "{database}.{schema}.{table}"
     trigger: {processing_time: "1 second"}    # or: available_now   (cdcflow run --once forces it)
+    sink: delta-rs                 # delta-rs (merges on the driver) | delta-spark (on the executors)
     kafka:
       bootstrap_servers: 127.0.0.1:9092
       starting_offsets: earliest   # earliest | latest | Spark's per-partition JSON
@@ -140,6 +141,12 @@ class PipelineConfig:
     trigger_interval: str = "1 second"
     tables: TableRules = field(default_factory=TableRules)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
+    #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
+    sink: str = "delta-rs"
+
+
+#: ``sink`` values (docs/decisions.md, 39)
+SINKS = ("delta-rs", "delta-spark")
 
 
 # --------------------------------------------------------------------------- edge
@@ -257,6 +264,7 @@ class _Pipeline(_Strict):
     sources: list[_Source] = Field(min_length=1)
     tables: list[_TableRule] = Field(default_factory=list)
     apply: _Apply = Field(default_factory=_Apply)
+    sink: Literal["delta-rs", "delta-spark"] = "delta-rs"
 
 
 def _explain(exc: ValidationError) -> str:
@@ -354,6 +362,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
             transaction_max_events=model.apply.transactions.max_events,
             table_budget_s=model.apply.table_budget_s,
         ),
+        sink=model.sink,
     )
 
 

@@ -67,8 +67,10 @@ def run_demo(
     changes_per_format: int = 2000,
     formats: list[str] | None = None,
     seed: int = 7,
+    sink: str = "delta-rs",
 ) -> bool:
-    """Run the demo; returns ``True`` when every table matches its source."""
+    """Run the demo; returns ``True`` when every table matches its source. ``sink``: who
+    merges the mirrors (``delta-rs`` or ``delta-spark``, the YAML's ``sink``)."""
     from cdcflow.config import parse_config
     from cdcflow.pipeline import Pipeline
     from cdcflow.sinks.delta import DeltaWarehouse
@@ -115,6 +117,7 @@ def run_demo(
                 "checkpoint": str(root / "_checkpoint"),
                 "trigger": "available_now",
                 "target_template": TARGET_TEMPLATE,
+                "sink": sink,
                 "kafka": {
                     "bootstrap_servers": broker.bootstrap_servers,
                     "max_offsets_per_trigger": 50_000,

@@ -184,7 +184,21 @@ class Pipeline:
         if spark is None:
             from cdcflow.spark import get_or_create_session
 
-            spark = get_or_create_session(app_name=f"cdcflow-{config.pipeline_id}")
+            spark = get_or_create_session(
+                app_name=f"cdcflow-{config.pipeline_id}",
+                delta_spark=config.sink == "delta-spark",
+            )
+        if config.sink == "delta-spark":
+            from cdcflow.sinks.delta_spark import delta_spark_ready
+
+            if not delta_spark_ready(spark):
+                raise ConfigError(
+                    "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
+                    "spark-submit --packages io.delta:delta-spark_4.2_2.13:4.4.0 --conf "
+                    "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension --conf "
+                    "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog."
+                    "DeltaCatalog, or sink: delta-rs"
+                )
         self.spark = spark
         self.on_batch = on_batch
         self.fence = fence
@@ -195,10 +209,14 @@ class Pipeline:
         self._lanes: dict[str, ApplyLane] = {}
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
-        """The warehouse view of one source: its own application-transaction id."""
-        return DeltaWarehouse(
-            self.config.warehouse, pipeline_id=f"{self.config.pipeline_id}.{source.name}"
-        )
+        """The warehouse view of one source: its own application-transaction id; its
+        mirrors merged by delta-rs or, with ``sink: delta-spark``, by Spark."""
+        pipeline_id = f"{self.config.pipeline_id}.{source.name}"
+        if self.config.sink == "delta-spark":
+            from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
+
+            return SparkDeltaWarehouse(self.config.warehouse, self.spark, pipeline_id=pipeline_id)
+        return DeltaWarehouse(self.config.warehouse, pipeline_id=pipeline_id)
 
     def _decode_function(self, source: SourceConfig) -> DecodeFunction:
         wh = self.warehouse_for(source)

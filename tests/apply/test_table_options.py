@@ -21,8 +21,9 @@ from cdcflow.sinks.delta import DeltaWarehouse
 TARGET = "db.items"
 
 
-def _setup(tmp_path, **options):
-    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+def _setup(tmp_path, factory=None, **options):
+    root = tmp_path / "wh"
+    wh = factory(root) if factory else DeltaWarehouse(str(root), pipeline_id="test")
     rules = TableRules.of([("db.*", options)]) if options else None
     return wh, BatchApplier(wh, tables=rules)
 
@@ -133,8 +134,8 @@ def test_tie_break_keeps_a_sequence_before_its_extensions():
 # ---------------------------------------------------------------- soft delete
 
 
-def test_soft_delete_flags_the_row_and_a_newer_insert_clears_it(tmp_path):
-    wh, ap = _setup(tmp_path, soft_delete=True)
+def test_soft_delete_flags_the_row_and_a_newer_insert_clears_it(tmp_path, warehouse_factory):
+    wh, ap = _setup(tmp_path, warehouse_factory, soft_delete=True)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
     ap.apply(table_of(dele(1, seq=3)), 1)
     rows = wh.read(TARGET).to_pylist()
@@ -147,8 +148,8 @@ def test_soft_delete_flags_the_row_and_a_newer_insert_clears_it(tmp_path):
     assert again[1] == (False, "back")
 
 
-def test_soft_delete_truncate_flags_only_rows_before_it(tmp_path):
-    wh, ap = _setup(tmp_path, soft_delete=True)
+def test_soft_delete_truncate_flags_only_rows_before_it(tmp_path, warehouse_factory):
+    wh, ap = _setup(tmp_path, warehouse_factory, soft_delete=True)
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
     ap.apply(table_of(ev(Op.TRUNCATE, seq=2), ins(2, "b", seq=3)), 1)
     flags = {r["id"]: r["_deleted"] for r in wh.read(TARGET).to_pylist()}
@@ -158,8 +159,8 @@ def test_soft_delete_truncate_flags_only_rows_before_it(tmp_path):
 # ---------------------------------------------------------------- ignore_null_updates
 
 
-def test_ignore_null_updates_keeps_stored_values(tmp_path):
-    wh, ap = _setup(tmp_path, ignore_null_updates=True)
+def test_ignore_null_updates_keeps_stored_values(tmp_path, warehouse_factory):
+    wh, ap = _setup(tmp_path, warehouse_factory, ignore_null_updates=True)
     ap.apply(table_of(ins(1, "a", qty=5, seq=1)), 0)
     ap.apply(table_of(ev(Op.UPDATE, 1, after={"id": 1, "name": None, "qty": 6}, seq=2)), 1)
     assert _rows(wh)[1] == {"id": 1, "name": "a", "qty": 6}

@@ -4,11 +4,14 @@ Kafka with cdcflow's Python source or with Spark's own Kafka source
 (``spark-sql-kafka-0-10``, its jars given with ``--jars``: the pipeline picks it when it
 is on the class path). On a cluster the decode tasks run in the workers' executors and
 their events travel back through Spark (no staging folder is shared with the driver,
-decision 12); the apply runs on the driver. Every mirror must equal the source.
+decision 12). With ``sink: delta-rs`` the mirrors' merges run on the driver; with
+``sink: delta-spark`` they are Delta Lake's ``MERGE INTO`` on the executors (the commits
+say which engine wrote them). Every mirror must equal the source.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,12 +35,29 @@ def cluster():
         yield c
 
 
+def merge_engines(table_path: Path) -> set[str]:
+    """The ``engineInfo`` of the commits that merged into a Delta table (``MERGE``):
+    ``delta-rs:...`` or ``Apache-Spark/... Delta-Lake/...``."""
+    engines = set()
+    for commit in sorted((table_path / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info.get("operation") == "MERGE":
+                engines.add(str(info.get("engineInfo") or info.get("clientVersion")))
+    return engines
+
+
 @pytest.mark.parametrize(
-    ("fmt", "source"),
-    [("debezium-json", "python"), ("canal-json", "python"), ("debezium-json", "spark-kafka")],
+    ("fmt", "source", "sink"),
+    [
+        ("debezium-json", "python", "delta-rs"),
+        ("canal-json", "python", "delta-rs"),
+        ("debezium-json", "spark-kafka", "delta-rs"),
+        ("debezium-json", "spark-kafka", "delta-spark"),
+    ],
 )
 def test_a_run_on_a_standalone_cluster_mirrors_its_source(
-    cluster, apache_kafka, tmp_path, fmt, source
+    cluster, apache_kafka, tmp_path, fmt, source, sink
 ):
     s = Scenario(apache_kafka, fmt, seed=17)
     s.produce(300)
@@ -46,7 +66,8 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
     config.write_text(
         yaml.safe_dump(
             {
-                "pipeline_id": f"cluster-{fmt}-{source}",
+                "pipeline_id": f"cluster-{fmt}-{source}-{sink}",
+                "sink": sink,
                 "warehouse": str(tmp_path / "wh"),
                 "checkpoint": str(tmp_path / "ck"),
                 "trigger": "available_now",
@@ -82,17 +103,26 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
     check_accounting(wh, s.produced)
     # the decode ran in the workers' executors: the master launched them for this run
     master_log = (Path(cluster.log_dir) / "master.log").read_text()
-    assert f"Registering app cdcflow-cluster-{fmt}-{source}" in master_log
+    assert f"Registering app cdcflow-cluster-{fmt}-{source}-{sink}" in master_log
     assert master_log.count("Launching executor") >= 2
     # which source read Kafka: Spark's logs its Java consumer's configuration
     java_consumer = "ConsumerConfig values" in cluster.last_app_logs()
     assert java_consumer == (source == "spark-kafka")
     assert not (tmp_path / "ck" / "staging").exists()
+    mirrors = [p for p in (tmp_path / "wh").iterdir() if (p / "_delta_log").is_dir()]
+    engines = set().union(*(merge_engines(p) for p in mirrors if not p.name.startswith("_")))
+    assert engines, "no mirror was merged"
+    if sink == "delta-spark":
+        assert all("Delta-Lake/4.4.0" in e for e in engines), engines
+    else:
+        assert all(e.startswith("delta-rs") for e in engines), engines
 
 
-def test_the_demo_runs_on_the_cluster(cluster, tmp_path):
+@pytest.mark.parametrize("sink", ["delta-rs", "delta-spark"])
+def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
     """``cdcflow demo`` (every format through its embedded broker) with the cluster as
-    master: every table equals its source, the dead letters are the expected ones."""
+    master, with each sink: every table equals its source, the dead letters are the
+    expected ones."""
     env = {
         **os.environ,
         "CDCFLOW_SPARK_MASTER": cluster.master_url,
@@ -101,7 +131,10 @@ def test_the_demo_runs_on_the_cluster(cluster, tmp_path):
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
     run = subprocess.run(
-        [sys.executable, "-m", "cdcflow.cli", "demo", "--warehouse", str(tmp_path / "wh")],
+        [
+            *(sys.executable, "-m", "cdcflow.cli", "demo"),
+            *("--warehouse", str(tmp_path / "wh"), "--sink", sink),
+        ],
         env=env,
         capture_output=True,
         text=True,

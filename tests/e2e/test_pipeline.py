@@ -7,6 +7,9 @@ source, then checks that every Kafka offset is accounted for exactly once.
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 from deltalake import DeltaTable
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
@@ -247,3 +250,26 @@ def test_a_checkpoint_of_another_stream_is_refused(spark, broker, tmp_path):
     shutil.rmtree(tmp_path / "wh")
     with pytest.raises(ConfigError, match="has applied nothing of source"):
         Pipeline(config, spark=spark).run(once=True)
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "canal-json"])
+def test_the_delta_spark_sink_mirrors_the_source_through_restarts(spark, broker, tmp_path, fmt):
+    """``sink: delta-spark``: the mirrors' merges are Delta Lake's Spark commands (their
+    commits say so), in several micro-batches and across a restart, with the same mirrors,
+    accounting and exactly-once changelog as the delta-rs sink."""
+    from tests.cluster.test_standalone_cluster import merge_engines
+
+    s = Scenario(broker, fmt, seed=23)
+    s.produce(400)
+    for _ in range(2):
+        config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=150)
+        config = dataclasses.replace(config, sink="delta-spark")
+        Pipeline(config, spark=spark).run(once=True)
+        s.produce(200)
+    Pipeline(config, spark=spark).run(once=True)
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
+    engines = set().union(*(merge_engines(Path(wh.table_path(t))) for t in wh.mirrors()))
+    assert engines and all("Delta-Lake/4.4.0" in e for e in engines), engines

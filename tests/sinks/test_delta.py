@@ -1,8 +1,11 @@
-"""The Delta apply: real delta-rs tables in a temp folder, read back with deltalake."""
+"""The Delta apply: real Delta tables in a temp folder, read back with deltalake. The
+tests of the mirror merge run with both sinks: delta-rs on the driver, and Delta Lake's
+Spark commands (``sink: delta-spark``) on the shared local Spark session."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 from tests.apply.helpers import dele, ev, ins, table_of, upd
 
@@ -20,13 +23,24 @@ def _wh(tmp_path):
     return wh, BatchApplier(wh)
 
 
+@pytest.fixture
+def make_wh(warehouse_factory):
+    """``make_wh(tmp_path) -> (warehouse, applier)`` for each sink."""
+
+    def make(tmp_path):
+        wh = warehouse_factory(tmp_path / "wh")
+        return wh, BatchApplier(wh)
+
+    return make
+
+
 def _state(wh, target=TARGET):
     rows = wh.read(target).to_pylist()
     return {r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdc_")} for r in rows}
 
 
-def test_insert_update_delete_mirror_the_source(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_insert_update_delete_mirror_the_source(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2), ins(3, "c", seq=3)), 0)
     ap.apply(table_of(upd(1, "a2", qty=5, seq=4), dele(2, seq=5)), 1)
     assert _state(wh) == {1: {"id": 1, "name": "a2", "qty": 5}, 3: {"id": 3, "name": "c", "qty": 1}}
@@ -34,8 +48,8 @@ def test_insert_update_delete_mirror_the_source(tmp_path):
     assert schema.field("id").type == pa.int64() and not schema.field("id").nullable
 
 
-def test_replayed_batch_changes_nothing(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_replayed_batch_changes_nothing(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     batch = table_of(ins(1, "a", seq=1))
     ap.apply(batch, 0)
     ap.apply(table_of(upd(1, "b", seq=2)), 1)
@@ -51,15 +65,15 @@ def test_replayed_batch_changes_nothing(tmp_path):
     assert wh.read("changelog", system=True).num_rows == 2
 
 
-def test_an_older_event_in_a_later_batch_never_overwrites(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_an_older_event_in_a_later_batch_never_overwrites(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "new", seq=10)), 0)
     ap.apply(table_of(upd(1, "old", seq=5)), 1)
     assert _state(wh)[1]["name"] == "new"
 
 
-def test_a_replayed_delete_never_lets_the_row_come_back(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_a_replayed_delete_never_lets_the_row_come_back(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
     ap.apply(table_of(dele(1, seq=2)), 1)
     # at-least-once delivery replays the insert (and the delete) later
@@ -72,8 +86,8 @@ def test_a_replayed_delete_never_lets_the_row_come_back(tmp_path):
     assert _state(wh)[1]["name"] == "again"
 
 
-def test_truncate_removes_only_what_was_there_before_it(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_truncate_removes_only_what_was_there_before_it(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
     ap.apply(table_of(ev(Op.TRUNCATE, seq=3), ins(3, "c", seq=4)), 1)
     assert set(_state(wh)) == {3}
@@ -81,10 +95,10 @@ def test_truncate_removes_only_what_was_there_before_it(tmp_path):
     assert set(_state(wh)) == {3}
 
 
-def test_new_columns_are_added_and_guarded_rows_keep_null(tmp_path):
+def test_new_columns_are_added_and_guarded_rows_keep_null(tmp_path, make_wh):
     """Regression: delta-rs merge_schema=True + a delete clause leaks new-column values into
     rows the guard refused to update. cdcflow adds columns first, then merges."""
-    wh, ap = _wh(tmp_path)
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "a", seq=10), ins(2, "b", seq=10)), 0)
     cols = {"id": "int64", "name": "string", "qty": "int64", "price": "decimal(10,2)"}
     stale = ev(
@@ -104,15 +118,15 @@ def test_new_columns_are_added_and_guarded_rows_keep_null(tmp_path):
     assert str(state[3]["price"]) == "1.50"
 
 
-def test_partial_update_keeps_the_stored_value_of_absent_columns(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_partial_update_keeps_the_stored_value_of_absent_columns(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     ap.apply(table_of(ins(1, "a", qty=1, seq=1)), 0)
     ap.apply(table_of(ev(Op.UPDATE, 1, after={"id": 1, "qty": 7}, seq=2)), 1)
     assert _state(wh)[1] == {"id": 1, "name": "a", "qty": 7}
 
 
-def test_a_value_that_does_not_fit_dead_letters_its_key_and_the_rest_goes_on(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_a_value_that_does_not_fit_dead_letters_its_key_and_the_rest_goes_on(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     other = SourceTable("test", "db", "", "other")
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
     bad = ev(Op.UPDATE, 1, after={"id": 1, "name": "a", "qty": "not a number"}, seq=2)
@@ -164,8 +178,8 @@ def test_every_record_is_accounted_for(tmp_path):
     )
 
 
-def test_composite_and_odd_column_names(tmp_path):
-    wh, ap = _wh(tmp_path)
+def test_composite_and_odd_column_names(tmp_path, make_wh):
+    wh, ap = make_wh(tmp_path)
     table = SourceTable("test", "db", "", "no_pk")
     cols = {"#alibaba_rds_row_id#": "int64", "name": "string"}
 

@@ -1,6 +1,8 @@
 """Tables without a primary key (``keyless: full_row``) through decode, flatten and the
 Delta apply: the whole row is the identity, matched NULL-safely.
 
+The merges run with both sinks (delta-rs, and Delta Lake's Spark commands).
+
 Input: Canal JSON shaped as Paimon's ``nonpk`` corpus case (``pkNames: []``).
 """
 
@@ -43,8 +45,9 @@ def _msg(typ, data, old=None, es=1):
 
 
 class _Stream:
-    def __init__(self, tmp_path, keyless="full_row"):
-        self.wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="kl")
+    def __init__(self, tmp_path, keyless="full_row", factory=None):
+        root = tmp_path / "wh"
+        self.wh = factory(root, "kl") if factory else DeltaWarehouse(str(root), pipeline_id="kl")
         self.decoder = decoder_for("canal-json", {"keyless": keyless})
         self.offsets = itertools.count()
         self.batches = itertools.count()
@@ -61,8 +64,8 @@ class _Stream:
         return sorted((r["v0"], r["v1"]) for r in data)
 
 
-def test_full_row_identity_updates_and_deletes_the_matching_row_only(tmp_path):
-    s = _Stream(tmp_path)
+def test_full_row_identity_updates_and_deletes_the_matching_row_only(tmp_path, warehouse_factory):
+    s = _Stream(tmp_path, factory=warehouse_factory)
     s.batch(_msg("INSERT", [{"v0": "five", "v1": "50"}, {"v0": "six", "v1": None}], es=1))
     s.batch(_msg("UPDATE", [{"v0": "five", "v1": "51"}], old=[{"v1": "50"}], es=2))
     assert s.rows() == [("five", 51), ("six", None)]
@@ -73,8 +76,8 @@ def test_full_row_identity_updates_and_deletes_the_matching_row_only(tmp_path):
     assert s.rows() == [("five", 51)]
 
 
-def test_full_row_identity_in_one_batch_and_against_replays(tmp_path):
-    s = _Stream(tmp_path)
+def test_full_row_identity_in_one_batch_and_against_replays(tmp_path, warehouse_factory):
+    s = _Stream(tmp_path, factory=warehouse_factory)
     s.batch(_msg("INSERT", [{"v0": "five", "v1": "51"}], es=1))
     s.batch(
         _msg("INSERT", [{"v0": "a", "v1": None}], es=2),
@@ -87,16 +90,16 @@ def test_full_row_identity_in_one_batch_and_against_replays(tmp_path):
     assert s.rows() == [("b", 2)]
 
 
-def test_a_row_with_a_value_left_out_does_not_match_a_fuller_row(tmp_path):
-    s = _Stream(tmp_path)
+def test_a_row_with_a_value_left_out_does_not_match_a_fuller_row(tmp_path, warehouse_factory):
+    s = _Stream(tmp_path, factory=warehouse_factory)
     s.batch(_msg("INSERT", [{"v0": "x", "v1": "5"}, {"v0": "x", "v1": None}], es=1))
     s.batch(_msg("DELETE", [{"v0": "x", "v1": None}], es=2))
     assert s.rows() == [("x", 5)]
 
 
-def test_identical_rows_are_one_row_of_the_mirror(tmp_path):
+def test_identical_rows_are_one_row_of_the_mirror(tmp_path, warehouse_factory):
     """The documented limit: without a row id, exact duplicates collapse."""
-    s = _Stream(tmp_path)
+    s = _Stream(tmp_path, factory=warehouse_factory)
     s.batch(_msg("INSERT", [{"v0": "dup", "v1": "1"}, {"v0": "dup", "v1": "1"}], es=1))
     assert s.rows() == [("dup", 1)]
 

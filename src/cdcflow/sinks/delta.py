@@ -530,26 +530,13 @@ class DeltaWarehouse:
         commit_done = False
         if net.truncate_seq is not None:
             result.truncated = True
-            predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{net.truncate_seq}'"
             last_commit = source is None or source.num_rows == 0
-            props = self._commit(batch_id) if last_commit else None
-            if soft_delete:
-                table.update(
-                    updates={
-                        _q(SOFT_DELETE_COLUMN): "true",
-                        _q(SEQ_COLUMN): f"'{net.truncate_seq}'",
-                    },
-                    predicate=f"({predicate}) AND NOT {_q(SOFT_DELETE_COLUMN)}",
-                    commit_properties=props,
-                )
-            else:
-                table.delete(predicate, commit_properties=props)
+            self._truncate(table, net.truncate_seq, batch_id if last_commit else None, soft_delete)
             commit_done = last_commit
             table = self.open(path)
 
         if source is not None and source.num_rows:
-            merge = self._rewrite_merge if len(columns) >= REWRITE_MIN_COLUMNS else self._merge
-            result.metrics = merge(
+            result.metrics = self._merge_rows(
                 table, source, columns, key_columns, batch_id, soft_delete, full_row_identity
             )
             commit_done = True
@@ -789,6 +776,38 @@ class DeltaWarehouse:
                 if not all(present):
                     data = data.append_column(_PRESENT_PREFIX + c, pa.array(present))
         return data
+
+    def _truncate(
+        self, table: DeltaTable, truncate_seq: str, batch_id: int | None, soft_delete: bool
+    ) -> None:
+        """Remove (or, with ``soft_delete``, flag) the rows stored before a truncate at
+        ``truncate_seq``; the commit carries the batch's transaction when ``batch_id`` is
+        given (the truncate is the batch's last change to the table)."""
+        predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{truncate_seq}'"
+        props = self._commit(batch_id) if batch_id is not None else None
+        if soft_delete:
+            table.update(
+                updates={_q(SOFT_DELETE_COLUMN): "true", _q(SEQ_COLUMN): f"'{truncate_seq}'"},
+                predicate=f"({predicate}) AND NOT {_q(SOFT_DELETE_COLUMN)}",
+                commit_properties=props,
+            )
+        else:
+            table.delete(predicate, commit_properties=props)
+
+    def _merge_rows(
+        self,
+        table: DeltaTable,
+        source: pa.Table,
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+        batch_id: int,
+        soft_delete: bool = False,
+        null_safe: bool = False,
+    ) -> dict[str, Any]:
+        """Merge the checked merge source into the mirror in one commit that carries the
+        batch's transaction; the merge's metrics (delta-rs's names, plus ``merge_s``)."""
+        merge = self._rewrite_merge if len(columns) >= REWRITE_MIN_COLUMNS else self._merge
+        return merge(table, source, columns, key_columns, batch_id, soft_delete, null_safe)
 
     def _merge(
         self,

@@ -1533,8 +1533,8 @@ def read_stream(spark: Any, options: Mapping[str, Any], engine: str = "auto") ->
     leaves out the ``headers`` column unless ``includeHeaders=true``; this function sets
     it so both give the same columns.
 
-    Both paths are tested: the JVM path with ``spark-sql-kafka-0-10`` 4.2.0 (the newest
-    on Maven Central) on PySpark 4.3.0, on a standalone cluster (``tests/cluster``).
+    Both paths are tested: the JVM path with ``spark-sql-kafka-0-10`` 4.2.0 on PySpark
+    4.2.0, on a standalone cluster (``tests/cluster``).
 
     Args:
         spark: ``pyspark.sql.SparkSession``.

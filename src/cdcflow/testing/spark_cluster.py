@@ -26,9 +26,9 @@ from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
 
 __all__ = ["SPARK_KAFKA_VERSION", "StandaloneCluster", "spark_kafka_jars"]
 
-#: Spark's Kafka connector (``spark-sql-kafka-0-10_2.13``): Maven Central has Spark only up
-#: to 4.2.0 here while PyPI's PySpark is 4.3.0; the 4.2.0 connector reads Kafka from
-#: PySpark 4.3.0 (tested in ``tests/cluster``), which Spark does not promise
+#: Spark's Kafka connector (``spark-sql-kafka-0-10_2.13``): the installed PySpark's version
+#: (4.2.0, the newest Spark that Maven Central's connector and Delta Lake's Spark jars
+#: both exist for; docs/decisions.md, 39)
 SPARK_KAFKA_VERSION = "4.2.0"
 #: the connector's jars that PySpark does not ship itself
 _KAFKA_JARS = (

@@ -1,0 +1,182 @@
+"""Mirrors merged by Delta Lake's Spark commands on the executors (``sink: delta-spark``).
+
+:class:`SparkDeltaWarehouse` is a :class:`~cdcflow.sinks.delta.DeltaWarehouse` whose two
+data-moving steps of a mirror's apply -- the merge of a batch's net change and the removal
+of rows before a truncate -- run as Delta Lake's ``MERGE INTO`` and ``DELETE``/``UPDATE``
+on Spark (``delta-spark``), so the reading and rewriting of the mirror's files happens on
+the executors, not in the driver. Everything else is shared with the delta-rs sink and
+runs on the driver as before: the net change, the tombstone and truncate guards, the
+value checks that reject rows with a ``TYPE_CONFLICT``, schema evolution (metadata
+commits through delta-rs), tombstones, the changelog, dead letters and accounting.
+
+Exactly once: the command's commit carries the application transaction
+``(cdcflow-<pipeline>.<source>, apply_id)`` through Delta's SQL settings
+``spark.databricks.delta.write.txnAppId`` / ``txnVersion`` (set on a session of its own
+per command, so concurrent sources never share them), the same transaction the delta-rs
+sink writes; ``transaction_version`` reads it back either way. The apply's Kafka offset
+ranges go into the commit's ``userMetadata``.
+
+The merge has the delta-rs sink's conditions (``cdcflow.sinks.delta``): a stored row is
+overwritten or deleted only by a row with a sequence >= its own; a partial image keeps
+the stored values of the columns it lacks; keyless tables match NULL-safely (``<=>``).
+
+Deletion vectors stay off: delta-rs 1.x, which cdcflow reads every table with, cannot
+read a table with the ``deletionVectors`` reader feature (docs/decisions.md, 39).
+
+Source documents: Delta Lake 4.x documentation, "Table deletes, updates, and merges"
+(``MERGE INTO`` syntax and semantics) and "Idempotent table writes"
+(``txnAppId``/``txnVersion``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from cdcflow.sinks.delta import (
+    _DELETE_FLAG,
+    _PRESENT_PREFIX,
+    SEQ_COLUMN,
+    SOFT_DELETE_COLUMN,
+    TS_COLUMN,
+    DeltaWarehouse,
+)
+
+__all__ = ["DELTA_EXTENSION", "SparkDeltaWarehouse", "delta_spark_ready"]
+
+#: Delta Lake's Spark session extension (``spark.sql.extensions``)
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def delta_spark_ready(spark: Any) -> bool:
+    """Whether ``spark`` has Delta Lake's session extension (and so its jars)."""
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    return DELTA_EXTENSION in [e.strip() for e in extensions.split(",")]
+
+
+def _b(name: str) -> str:
+    """Quote a column name for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+class SparkDeltaWarehouse(DeltaWarehouse):
+    """The Delta tables of one pipeline, mirrors merged on Spark (module docstring).
+
+    Args:
+        root: warehouse folder.
+        spark: a SparkSession with Delta Lake's extension (:func:`delta_spark_ready`).
+        pipeline_id, storage_options: as :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        spark: Any,
+        pipeline_id: str = "default",
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(root, pipeline_id=pipeline_id, storage_options=storage_options)
+        self.spark = spark
+
+    def _session(self, batch_id: int | None) -> Any:
+        """A session of its own for one command: its transaction and metadata settings."""
+        session = self.spark.newSession()
+        if batch_id is not None:
+            session.conf.set(_TXN_APP, self.app_id)
+            session.conf.set(_TXN_VERSION, str(batch_id))
+            if self.commit_metadata:
+                session.conf.set(_USER_METADATA, orjson.dumps(self.commit_metadata).decode())
+        return session
+
+    def _target(self, table: DeltaTable) -> str:
+        return f"delta.{_b(table.table_uri)}"
+
+    def _truncate(
+        self, table: DeltaTable, truncate_seq: str, batch_id: int | None, soft_delete: bool
+    ) -> None:
+        seq = _b(SEQ_COLUMN)
+        before = f"({seq} IS NULL OR {seq} < '{truncate_seq}')"
+        session = self._session(batch_id)
+        if soft_delete:
+            flag = _b(SOFT_DELETE_COLUMN)
+            session.sql(
+                f"UPDATE {self._target(table)} SET {flag} = true, {seq} = '{truncate_seq}' "
+                f"WHERE {before} AND NOT {flag}"
+            )
+        else:
+            session.sql(f"DELETE FROM {self._target(table)} WHERE {before}")
+
+    def _merge_rows(
+        self,
+        table: DeltaTable,
+        source: pa.Table,
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+        batch_id: int,
+        soft_delete: bool = False,
+        null_safe: bool = False,
+    ) -> dict[str, Any]:
+        """One ``MERGE INTO`` of ``source`` (the checked merge source of
+        :meth:`~cdcflow.sinks.delta.DeltaWarehouse.apply_mirror`) run by Spark; the
+        metrics under delta-rs's names, plus ``merge_s``."""
+        started = time.perf_counter()
+        session = self._session(batch_id)
+        view = f"cdcflow_merge_source_{batch_id}"
+        session.createDataFrame(source).createOrReplaceTempView(view)
+        eq = "<=>" if null_safe else "="
+        on = " AND ".join(f"t.{_b(k)} {eq} s.{_b(k)}" for k in key_columns)
+        seq = _b(SEQ_COLUMN)
+        newer = f"(t.{seq} IS NULL OR s.{seq} IS NULL OR s.{seq} >= t.{seq})"
+        present = {
+            c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
+        }
+        data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
+        updates = {
+            c: (
+                f"CASE WHEN s.{_b(_PRESENT_PREFIX + c)} THEN s.{_b(c)} ELSE t.{_b(c)} END"
+                if c in present
+                else f"s.{_b(c)}"
+            )
+            for c in data_cols
+        }
+        inserts = {c: f"s.{_b(c)}" for c in data_cols}
+        flag = _b(_DELETE_FLAG)
+        if soft_delete:
+            deleted = _b(SOFT_DELETE_COLUMN)
+            on_delete = (
+                f"UPDATE SET t.{deleted} = true, t.{seq} = s.{seq}, "
+                f"t.{_b(TS_COLUMN)} = s.{_b(TS_COLUMN)}"
+            )
+            updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
+        else:
+            on_delete = "DELETE"
+        set_clause = ", ".join(f"t.{_b(c)} = {v}" for c, v in updates.items())
+        names = ", ".join(_b(c) for c in inserts)
+        values = ", ".join(inserts.values())
+        sql = (
+            f"MERGE INTO {self._target(table)} AS t USING {view} AS s ON {on} "
+            f"WHEN MATCHED AND s.{flag} AND {newer} THEN {on_delete} "
+            f"WHEN MATCHED AND NOT s.{flag} AND {newer} THEN UPDATE SET {set_clause} "
+            f"WHEN NOT MATCHED AND NOT s.{flag} THEN INSERT ({names}) VALUES ({values})"
+        )
+        try:
+            row = session.sql(sql).first()
+        finally:
+            session.catalog.dropTempView(view)
+        counts = row.asDict() if row is not None else {}
+        return {
+            "num_source_rows": source.num_rows,
+            "num_target_rows_inserted": int(counts.get("num_inserted_rows", 0)),
+            "num_target_rows_updated": int(counts.get("num_updated_rows", 0)),
+            "num_target_rows_deleted": int(counts.get("num_deleted_rows", 0)),
+            "engine": "delta-spark",
+            "merge_s": round(time.perf_counter() - started, 4),
+        }
