@@ -34,6 +34,8 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m cdcflow.testing.apicurio
 	$(BIN)/python -m cdcflow.testing.maxwell
 	$(BIN)/python -m cdcflow.testing.spark_cluster >/dev/null
+	@# Delta Lake's Spark jars (sink: delta-spark) into Maven's cache, where Spark's Ivy finds them
+	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka

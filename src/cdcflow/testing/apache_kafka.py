@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -199,6 +200,22 @@ class ApacheKafkaBroker(EmbeddedBroker):
                 f"formatting Apache Kafka's log folder failed (exit {run.returncode}): "
                 f"{' | '.join(tail)}"
             )
+
+    def resume(self) -> ApacheKafkaBroker:
+        """Start the broker again (:meth:`EmbeddedBroker.resume`) and wait until every
+        partition has its leader again: for a moment after a restart Apache Kafka answers
+        ``NOT_LEADER_FOR_PARTITION`` (seen under load in a watermark request).
+
+        Raises:
+            BrokerError: as :meth:`EmbeddedBroker.resume`, or a partition had no leader
+                within ``startup_timeout_s``.
+        """
+        super().resume()
+        deadline = time.monotonic() + self.startup_timeout_s
+        for topic in self.topics():
+            if not topic.startswith("__"):
+                self._wait_leaders(topic, deadline)
+        return self
 
     def stop(self) -> None:
         """Stop the broker as :class:`~cdcflow.testing.broker.EmbeddedBroker` does, then
