@@ -114,9 +114,7 @@ def main() -> None:
             for name, (wh, mirror) in sinks.items():
                 work = root / "work"
                 _time_merge(wh, mirror, work, source, 0)  # warm-up
-                times = [
-                    _time_merge(wh, mirror, work, source, i + 1) for i in range(args.repeats)
-                ]
+                times = [_time_merge(wh, mirror, work, source, i + 1) for i in range(args.repeats)]
                 row = {
                     "sink": name,
                     "mirror_rows": rows,
