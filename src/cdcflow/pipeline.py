@@ -194,10 +194,8 @@ class Pipeline:
             if not delta_spark_ready(spark):
                 raise ConfigError(
                     "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
-                    "spark-submit --packages io.delta:delta-spark_4.2_2.13:4.4.0 --conf "
-                    "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension --conf "
-                    "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog."
-                    "DeltaCatalog, or sink: delta-rs"
+                    "give spark-submit the arguments `python -m cdcflow.spark` prints, or "
+                    "set sink: delta-rs"
                 )
         self.spark = spark
         self.on_batch = on_batch

@@ -7,11 +7,24 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["get_or_create_session"]
+__all__ = [
+    "DELTA_PACKAGE",
+    "PROVIDED_BY_SPARK",
+    "SUBMIT_MAIN",
+    "delta_submit_args",
+    "get_or_create_session",
+]
+
+#: the application file for ``spark-submit`` (cdcflow's command line)
+SUBMIT_MAIN = Path(__file__).with_name("submit") / "cdcflow_main.py"
+
+#: Delta Lake's Spark jars for ``sink: delta-spark`` (the installed delta-spark's version,
+#: built for Spark 4.2)
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 
 #: dependencies of Delta Lake's Spark jars that Spark's own jars already hold (in newer
 #: versions): left out of ``spark.jars.packages``
-_PROVIDED_BY_SPARK = (
+PROVIDED_BY_SPARK = (
     "org.slf4j:slf4j-api",
     "org.apache.logging.log4j:log4j-api",
     "org.apache.logging.log4j:log4j-core",
@@ -43,7 +56,9 @@ def get_or_create_session(
 
     Args:
         app_name: Spark application name.
-        master: Spark master URL; default ``local[2]`` (or ``$CDCFLOW_SPARK_MASTER``).
+        master: Spark master URL; default ``$CDCFLOW_SPARK_MASTER``, else the one
+            ``spark-submit --master`` gave (when ``spark-submit`` started this process),
+            else ``local[2]``.
         delta_spark: with Delta Lake's Spark jars and session extension (``sink:
             delta-spark``): the jars of the installed ``delta-spark`` are fetched from
             Maven Central by Spark (``spark.jars.packages``, cached in ``~/.ivy2.5.2``)
@@ -58,13 +73,17 @@ def get_or_create_session(
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("CDCFLOW_SPARK_MASTER", "local[2]")
+    # spark-submit starts the JVM first and tells PySpark its port: its --master, --packages
+    # and --conf stand, and only an explicit master here overrides them
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = master or os.environ.get("CDCFLOW_SPARK_MASTER") or (None if submitted else "local[2]")
     log4j = Path(__file__).with_name("log4j2.properties")
     java_opts = f"-Dlog4j.configurationFile=file:{log4j}"
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.sql.shuffle.partitions", "2")
+        builder.config("spark.sql.shuffle.partitions", "2")
         .config(
             "spark.sql.adaptive.enabled", "false"
         )  # not used by streaming; avoids a warning per query
@@ -91,8 +110,33 @@ def get_or_create_session(
             # more than the merge on 2 cores
             .config("spark.databricks.delta.snapshotPartitions", "2")
             # what Spark ships itself (newer) is not fetched again beside Delta's jars
-            .config("spark.jars.excludes", ",".join(_PROVIDED_BY_SPARK))
+            .config("spark.jars.excludes", ",".join(PROVIDED_BY_SPARK))
         )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def delta_submit_args() -> list[str]:
+    """The ``spark-submit`` arguments that give a cdcflow run the ``delta-spark`` sink:
+    Delta Lake's jars (without the dependencies Spark already ships, which also spares
+    copying them to every executor) and its session extension and catalog."""
+    from cdcflow.sinks.delta_spark import DELTA_EXTENSION
+
+    return [
+        "--packages",
+        DELTA_PACKAGE,
+        "--exclude-packages",
+        ",".join(PROVIDED_BY_SPARK),
+        "--conf",
+        f"spark.sql.extensions={DELTA_EXTENSION}",
+        "--conf",
+        "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    ]
+
+
+if __name__ == "__main__":
+    # python -m cdcflow.spark: the spark-submit arguments of a delta-spark run, then the
+    # application file, so that `spark-submit --master URL $(python -m cdcflow.spark) run
+    # pipeline.yaml` runs cdcflow
+    print(" ".join([*delta_submit_args(), str(SUBMIT_MAIN)]))

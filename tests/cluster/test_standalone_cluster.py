@@ -22,6 +22,7 @@ import yaml
 from tests.e2e.helpers import Scenario, check_accounting
 
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.spark import SUBMIT_MAIN, delta_submit_args
 from cdcflow.testing.spark_cluster import StandaloneCluster, spark_kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -146,3 +147,64 @@ def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
     assert "-> verified" in run.stdout
     assert "Registering app cdcflow" in (Path(cluster.log_dir) / "master.log").read_text()
     assert cluster.last_app_logs(), "no executor ran the demo"
+
+
+def test_spark_submit_runs_cdcflow_on_the_cluster_with_the_delta_spark_sink(
+    cluster, apache_kafka, tmp_path
+):
+    """What the README tells a user to run on their own cluster: ``spark-submit`` with the
+    cluster's master, Delta Lake's jars and settings (``python -m cdcflow.spark``), Spark's
+    Kafka connector with ``--jars``, and cdcflow's command line as the application. Its
+    master, packages and settings stand (cdcflow does not replace them); the mirrors are
+    merged by Delta Lake on the executors and equal the source."""
+    import pyspark
+
+    s = Scenario(apache_kafka, "debezium-json", seed=29)
+    s.produce(300)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline_id": "cluster-spark-submit",
+                "warehouse": str(tmp_path / "wh"),
+                "checkpoint": str(tmp_path / "ck"),
+                "sink": "delta-spark",
+                "target_template": "{format}.{database}.{schema}.{table}",
+                "kafka": {"bootstrap_servers": apache_kafka.bootstrap_servers},
+                "sources": [{"format": "debezium-json", "topics": [s.topic], "options": s.options}],
+            }
+        )
+    )
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    env.pop("CDCFLOW_SPARK_MASTER", None)
+    run = subprocess.run(
+        [
+            str(submit),
+            *("--master", cluster.master_url),
+            *("--jars", ",".join(spark_kafka_jars())),
+            *delta_submit_args(),  # python -m cdcflow.spark prints them, then SUBMIT_MAIN
+            str(SUBMIT_MAIN),
+            *("run", "--once", str(config)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    check_accounting(wh, s.produced)
+    assert (
+        "Registering app cdcflow-cluster-spark-submit"
+        in (Path(cluster.log_dir) / "master.log").read_text()
+    )
+    engines = set().union(*(merge_engines(Path(wh.table_path(t))) for t in wh.mirrors()))
+    assert engines and all("Delta-Lake/4.4.0" in e for e in engines), engines
