@@ -329,9 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--changes", type=int, default=2000, help="source changes per format (default: %(default)s)"
     )
     p.add_argument("--format", action="append", help="only this format (repeatable); default: all")
+    from cdcflow.config import SINKS
+
     p.add_argument(
         "--sink",
-        choices=["delta-rs", "delta-spark"],
+        choices=SINKS,
         default="delta-rs",
         help="who merges the mirrors: delta-rs on the driver (default) or Delta Lake's Spark "
         "commands on the executors",

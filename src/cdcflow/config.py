@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -145,8 +145,9 @@ class PipelineConfig:
     sink: str = "delta-rs"
 
 
-#: ``sink`` values (docs/decisions.md, 39)
-SINKS = ("delta-rs", "delta-spark")
+#: ``sink``: who merges the mirrors (docs/decisions.md, 39)
+Sink = Literal["delta-rs", "delta-spark"]
+SINKS: tuple[str, ...] = get_args(Sink)
 
 
 # --------------------------------------------------------------------------- edge
@@ -264,7 +265,7 @@ class _Pipeline(_Strict):
     sources: list[_Source] = Field(min_length=1)
     tables: list[_TableRule] = Field(default_factory=list)
     apply: _Apply = Field(default_factory=_Apply)
-    sink: Literal["delta-rs", "delta-spark"] = "delta-rs"
+    sink: Sink = "delta-rs"
 
 
 def _explain(exc: ValidationError) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from tests.capture.helpers import compare, mirror_rows, run_cdcflow
-from tests.capture.test_debezium_mariadb import SCHEMA_SQL, _workload, mariadb_rows
+from tests.capture.test_debezium_mariadb import _snapshot_rows, _workload, mariadb_rows
 
 from cdcflow.testing.mariadb import LocalMariaDB
 from cdcflow.testing.maxwell import MAXWELL_VERSION, Maxwell
@@ -119,13 +119,7 @@ def test_maxwell_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_
             db.host, db.port, db.user, db.password, apache_kafka.bootstrap_servers, topic, options
         )
         with mx:
-            with db.connect() as c, c.cursor() as cur:
-                for statement in SCHEMA_SQL:
-                    cur.execute(statement)
-                cur.execute(
-                    "INSERT INTO customers (id, name, balance, born) VALUES "
-                    "(1, 'snap one', 1.50, '1999-12-31'), (2, 'snap two', NULL, NULL)"
-                )
+            _snapshot_rows(db)  # after Maxwell starts: published as inserts
             _workload(db)
             count = _sentinel_seen(apache_kafka, topic)
         summary, wh = run_cdcflow(

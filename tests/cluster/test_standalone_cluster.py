@@ -30,6 +30,21 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
+def _env(master: str | None) -> dict[str, str]:
+    """The environment of a cdcflow process run against the cluster: this checkout's
+    source, this interpreter on every node, and ``CDCFLOW_SPARK_MASTER`` (none: unset)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    env.pop("CDCFLOW_SPARK_MASTER", None)
+    if master:
+        env["CDCFLOW_SPARK_MASTER"] = master
+    return env
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with StandaloneCluster(workers=2, cores=1) as c:
@@ -81,13 +96,7 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
             }
         )
     )
-    env = {
-        **os.environ,
-        "CDCFLOW_SPARK_MASTER": cluster.master_url,
-        "PYTHONPATH": SRC,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
+    env = _env(cluster.master_url)
     if source == "spark-kafka":
         env["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(spark_kafka_jars())} pyspark-shell"
     run = subprocess.run(
@@ -124,13 +133,7 @@ def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
     """``cdcflow demo`` (every format through its embedded broker) with the cluster as
     master, with each sink: every table equals its source, the dead letters are the
     expected ones."""
-    env = {
-        **os.environ,
-        "CDCFLOW_SPARK_MASTER": cluster.master_url,
-        "PYTHONPATH": SRC,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
+    env = _env(cluster.master_url)
     run = subprocess.run(
         [
             *(sys.executable, "-m", "cdcflow.cli", "demo"),
@@ -176,13 +179,7 @@ def test_spark_submit_runs_cdcflow_on_the_cluster_with_the_delta_spark_sink(
         )
     )
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    env = {
-        **os.environ,
-        "PYTHONPATH": SRC,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
-    env.pop("CDCFLOW_SPARK_MASTER", None)
+    env = _env(None)  # spark-submit's --master decides
     run = subprocess.run(
         [
             str(submit),

@@ -31,6 +31,7 @@ key converter) is read as ``debezium-json`` reads keys.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptio
 from cdcflow.formats.schema_registry import (
     RegistrySchemas,
     check_registry_config,
-    reader,
+    in_wire_format,
     split_wire,
 )
 from cdcflow.model import ChangeEvent
@@ -296,7 +297,7 @@ class DebeziumAvroDecoder(DebeziumJsonDecoder):
         schema_id, body = split_wire(raw)
         writer = self._writers.get(schema_id)
         try:
-            datum = schemaless_reader(reader(body), writer.avro, None)
+            datum = schemaless_reader(io.BytesIO(body), writer.avro, None)
         except Exception as exc:  # noqa: BLE001 - EOFError, UnicodeDecodeError, IndexError...
             raise DecodeError(
                 f"the {what} does not decode with its schema (id {schema_id}): "
@@ -316,7 +317,7 @@ class DebeziumAvroDecoder(DebeziumJsonDecoder):
     def _key(self, event: ChangeEvent, record: Record, exact: bool) -> None:
         raw = record.key
         assert raw is not None
-        if len(raw) < 5 or raw[0] != 0:  # not the wire format: a JSON or string key
+        if not in_wire_format(raw):  # a JSON or string key
             super()._key(event, record, exact)
             return
         payload, key_schema = self._read(raw, "key")

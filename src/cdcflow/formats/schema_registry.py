@@ -15,7 +15,6 @@ process: a schema id never changes its schema.
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ __all__ = [
     "REGISTRY_UNAVAILABLE",
     "RegistrySchemas",
     "check_registry_config",
+    "in_wire_format",
     "split_wire",
 ]
 
@@ -38,14 +38,19 @@ MAGIC_BYTE = 0
 REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
 
 
+def in_wire_format(value: bytes) -> bool:
+    """Whether ``value`` can be a message in the Confluent wire format: 5 bytes or more,
+    the first the magic byte 0."""
+    return len(value) >= 5 and value[0] == MAGIC_BYTE
+
+
 def split_wire(value: bytes) -> tuple[int, memoryview]:
     """``(schema id, Avro body)`` of a message in the Confluent wire format.
 
     Raises:
-        DecodeError: ``BAD_AVRO`` when the value is shorter than 5 bytes or its first
-            byte is not the magic byte 0.
+        DecodeError: ``BAD_AVRO`` when the value is not (:func:`in_wire_format`).
     """
-    if len(value) < 5 or value[0] != MAGIC_BYTE:
+    if not in_wire_format(value):
         head = bytes(value[:8]).hex(" ")
         raise DecodeError(
             f"the value is not in the Confluent wire format (magic byte 0, a 4-byte schema "
@@ -176,12 +181,6 @@ class RegistrySchemas:
             self._references(found, out, seen)
             out.append(_avro_json(found, f"referenced schema {ref.subject} v{ref.version}"))
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"config": self._config, "prepare": self._prepare}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"], state["prepare"])  # type: ignore[misc]
-
 
 def _avro_json(schema: Any, what: str) -> Any:
     if (schema.schema_type or "AVRO") != "AVRO":
@@ -192,8 +191,3 @@ def _avro_json(schema: Any, what: str) -> Any:
         raise DecodeError(
             f"{what}: the registry's schema text is not JSON ({exc})", Code.BAD_AVRO
         ) from None
-
-
-def reader(body: memoryview) -> io.BytesIO:
-    """A file object over an Avro body for fastavro's ``schemaless_reader``."""
-    return io.BytesIO(body)

@@ -248,8 +248,36 @@ def _images_read(
 
 
 def _q(name: str) -> str:
-    """Quote a column name for a delta-rs (DataFusion) SQL expression."""
+    """Quote a column name for a SQL expression (delta-rs's DataFusion and Spark SQL
+    quote alike)."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def merge_expressions(
+    source: pa.Table, columns: Sequence[str], soft_delete: bool
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """What a mirror's merge writes, shared by both sinks: the sequence guard (``t``
+    target, ``s`` source), and per stored column (unquoted name) the expression of a
+    matched update -- a column a partial image lacks keeps the stored value -- and of an
+    insert. With ``soft_delete`` both clear ``_deleted``."""
+    seq = _q(SEQ_COLUMN)
+    newer = f"(t.{seq} IS NULL OR s.{seq} IS NULL OR s.{seq} >= t.{seq})"
+    present = {
+        c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
+    }
+    data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
+    updates = {
+        c: (
+            f"CASE WHEN s.{_q(_PRESENT_PREFIX + c)} THEN s.{_q(c)} ELSE t.{_q(c)} END"
+            if c in present
+            else f"s.{_q(c)}"
+        )
+        for c in data_cols
+    }
+    inserts = {c: f"s.{_q(c)}" for c in data_cols}
+    if soft_delete:
+        updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
+    return newer, updates, inserts
 
 
 @dataclass(slots=True)
@@ -822,20 +850,9 @@ class DeltaWarehouse:
         eq = "IS NOT DISTINCT FROM" if null_safe else "="
         # parenthesised: delta-rs parses `a IS NOT DISTINCT FROM b AND c` as `a ... (b AND c)`
         on = " AND ".join(f"(t.{_q(k)} {eq} s.{_q(k)})" for k in key_columns)
-        newer = f"(t.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} IS NULL OR s.{_q(SEQ_COLUMN)} >= t.{_q(SEQ_COLUMN)})"
-        present = {
-            c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
-        }
-        data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
-        updates = {
-            _q(c): (
-                f"CASE WHEN s.{_q(_PRESENT_PREFIX + c)} THEN s.{_q(c)} ELSE t.{_q(c)} END"
-                if c in present
-                else f"s.{_q(c)}"
-            )
-            for c in data_cols
-        }
-        inserts = {_q(c): f"s.{_q(c)}" for c in data_cols}
+        newer, updates, inserts = merge_expressions(source, columns, soft_delete)
+        updates = {_q(c): v for c, v in updates.items()}
+        inserts = {_q(c): v for c, v in inserts.items()}
         started = time.perf_counter()
         merger = table.merge(
             source,
@@ -855,7 +872,6 @@ class DeltaWarehouse:
                 },
                 predicate=is_delete,
             )
-            updates[flag] = inserts[flag] = "false"
         else:
             merger = merger.when_matched_delete(predicate=is_delete)
         metrics = (

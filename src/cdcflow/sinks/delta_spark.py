@@ -40,11 +40,12 @@ from deltalake import DeltaTable
 
 from cdcflow.sinks.delta import (
     _DELETE_FLAG,
-    _PRESENT_PREFIX,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     DeltaWarehouse,
+    _q,
+    merge_expressions,
 )
 
 __all__ = ["DELTA_EXTENSION", "SparkDeltaWarehouse", "delta_spark_ready"]
@@ -60,11 +61,6 @@ def delta_spark_ready(spark: Any) -> bool:
     """Whether ``spark`` has Delta Lake's session extension (and so its jars)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     return DELTA_EXTENSION in [e.strip() for e in extensions.split(",")]
-
-
-def _b(name: str) -> str:
-    """Quote a column name for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 class SparkDeltaWarehouse(DeltaWarehouse):
@@ -97,16 +93,16 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         return session
 
     def _target(self, table: DeltaTable) -> str:
-        return f"delta.{_b(table.table_uri)}"
+        return f"delta.{_q(table.table_uri)}"
 
     def _truncate(
         self, table: DeltaTable, truncate_seq: str, batch_id: int | None, soft_delete: bool
     ) -> None:
-        seq = _b(SEQ_COLUMN)
+        seq = _q(SEQ_COLUMN)
         before = f"({seq} IS NULL OR {seq} < '{truncate_seq}')"
         session = self._session(batch_id)
         if soft_delete:
-            flag = _b(SOFT_DELETE_COLUMN)
+            flag = _q(SOFT_DELETE_COLUMN)
             session.sql(
                 f"UPDATE {self._target(table)} SET {flag} = true, {seq} = '{truncate_seq}' "
                 f"WHERE {before} AND NOT {flag}"
@@ -132,34 +128,18 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         view = f"cdcflow_merge_source_{batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
         eq = "<=>" if null_safe else "="
-        on = " AND ".join(f"t.{_b(k)} {eq} s.{_b(k)}" for k in key_columns)
-        seq = _b(SEQ_COLUMN)
-        newer = f"(t.{seq} IS NULL OR s.{seq} IS NULL OR s.{seq} >= t.{seq})"
-        present = {
-            c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
-        }
-        data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
-        updates = {
-            c: (
-                f"CASE WHEN s.{_b(_PRESENT_PREFIX + c)} THEN s.{_b(c)} ELSE t.{_b(c)} END"
-                if c in present
-                else f"s.{_b(c)}"
-            )
-            for c in data_cols
-        }
-        inserts = {c: f"s.{_b(c)}" for c in data_cols}
-        flag = _b(_DELETE_FLAG)
+        on = " AND ".join(f"t.{_q(k)} {eq} s.{_q(k)}" for k in key_columns)
+        newer, updates, inserts = merge_expressions(source, columns, soft_delete)
+        flag = _q(_DELETE_FLAG)
         if soft_delete:
-            deleted = _b(SOFT_DELETE_COLUMN)
+            seq, ts = _q(SEQ_COLUMN), _q(TS_COLUMN)
             on_delete = (
-                f"UPDATE SET t.{deleted} = true, t.{seq} = s.{seq}, "
-                f"t.{_b(TS_COLUMN)} = s.{_b(TS_COLUMN)}"
+                f"UPDATE SET t.{_q(SOFT_DELETE_COLUMN)} = true, t.{seq} = s.{seq}, t.{ts} = s.{ts}"
             )
-            updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
         else:
             on_delete = "DELETE"
-        set_clause = ", ".join(f"t.{_b(c)} = {v}" for c, v in updates.items())
-        names = ", ".join(_b(c) for c in inserts)
+        set_clause = ", ".join(f"t.{_q(c)} = {v}" for c, v in updates.items())
+        names = ", ".join(_q(c) for c in inserts)
         values = ", ".join(inserts.values())
         sql = (
             f"MERGE INTO {self._target(table)} AS t USING {view} AS s ON {on} "

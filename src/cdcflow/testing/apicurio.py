@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
-from cdcflow.testing.maven import MavenError, cache_root, maven_libs
+from cdcflow.testing.maven import MavenError, cache_root, maven_libs, run_maven
 
 __all__ = [
     "APICURIO_VERSION",
@@ -181,20 +181,10 @@ def registry_jar() -> Path:
     (source / "DynamicConfigProducer.java").write_text(_PRODUCER)
     (home / "pom.xml").write_text(_POM.format(version=APICURIO_VERSION, quarkus=QUARKUS_VERSION))
     log = home / "build.log"
-    with open(log, "wb") as out:
-        run = subprocess.run(
-            ["mvn", "-B", "-f", str(home / "pom.xml"), "package", "-DskipTests"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if run.returncode != 0 or not jar.exists():
-        lines = log.read_text(errors="replace").splitlines()
-        failed = [line for line in lines if "[ERROR]" in line][:2]
-        raise MavenError(
-            f"building Apicurio Registry {APICURIO_VERSION} failed (exit {run.returncode}): "
-            f"{' | '.join(failed) or 'no runner jar'}; log: {log}"
-        )
+    what = f"building Apicurio Registry {APICURIO_VERSION}"
+    run_maven(["-f", str(home / "pom.xml"), "package", "-DskipTests"], log, what)
+    if not jar.exists():
+        raise MavenError(f"{what} made no runner jar ({jar}); log: {log}")
     done.touch()
     return jar
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cdcflow.errors import CdcflowError
 
-__all__ = ["MavenError", "cache_root", "maven_libs"]
+__all__ = ["MavenError", "cache_root", "maven_libs", "run_maven"]
 
 _POM_HEAD = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -43,6 +43,24 @@ _POM_TAIL = """  </dependencies>
 
 class MavenError(CdcflowError):
     """Maven is missing, or could not resolve the artifacts."""
+
+
+def run_maven(args: Sequence[str], log: Path, what: str) -> None:
+    """``mvn -B -q <args>`` with its output in ``log``.
+
+    Raises:
+        MavenError: ``what`` failed: the exit code, Maven's first "Failed to ..." line
+            (it names the artifact or goal) or else its first error lines, and the log.
+    """
+    with open(log, "wb") as out:
+        run = subprocess.run(
+            ["mvn", "-B", "-q", *args], stdout=out, stderr=subprocess.STDOUT, check=False
+        )
+    if run.returncode != 0:
+        lines = log.read_text(errors="replace").splitlines()
+        failed = [line for line in lines if "] Failed to" in line][:1]
+        failed = failed or [line for line in lines if "[ERROR]" in line][:2] or lines[-5:]
+        raise MavenError(f"{what} failed (exit {run.returncode}): {' | '.join(failed)}; log: {log}")
 
 
 def cache_root() -> Path:
@@ -87,26 +105,16 @@ def maven_libs(name: str, artifacts: Sequence[str], exclusions: Sequence[str] = 
         )
     (home / "pom.xml").write_text(_POM_HEAD.format(name=name) + "".join(deps) + _POM_TAIL)
     tmp = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
-    cmd = [
-        "mvn",
-        "-q",
-        "-B",
-        "-f",
-        str(home / "pom.xml"),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={tmp}",
-        "-DincludeScope=runtime",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        lines = (run.stdout + run.stderr).strip().splitlines()
-        # Maven's first "Failed to ..." line names the artifact it could not get
-        failed = [line for line in lines if "] Failed to" in line][:1]
-        raise MavenError(
-            f"mvn could not resolve {', '.join(artifacts)} (exit {run.returncode}): "
-            f"{' | '.join(failed or lines[-5:])}"
+    args = ["-f", str(home / "pom.xml"), "dependency:copy-dependencies"]
+    try:
+        run_maven(
+            [*args, f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+            home / "mvn.log",
+            f"resolving {', '.join(artifacts)}",
         )
+    except MavenError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)
     done.touch()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cdcflow.testing.broker import BrokerError
-from cdcflow.testing.maven import MavenError, cache_root
+from cdcflow.testing.maven import MavenError, cache_root, run_maven
 
 __all__ = ["MAXWELL_VERSION", "Maxwell", "maxwell_home", "source_tarball"]
 
@@ -98,31 +98,12 @@ def maxwell_home(tarball: Path | None = None) -> Path:
             raise MavenError(f"the build change to {name} no longer applies: {old!r} not found")
         path.write_text(text.replace(old, new))
     log = home / "build.log"
-    with open(log, "wb") as out:
-        run = subprocess.run(
-            [
-                "mvn",
-                "-B",
-                "-q",
-                "-f",
-                str(src / "pom.xml"),
-                "package",
-                "-DskipTests",
-                "-Dmaven.javadoc.skip=true",
-                "-Dgpg.skip",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+    what = f"building Maxwell {MAXWELL_VERSION}"
+    args = ["-f", str(src / "pom.xml"), "package", "-DskipTests"]
+    run_maven([*args, "-Dmaven.javadoc.skip=true", "-Dgpg.skip"], log, what)
     built = src / "target" / f"maxwell-{MAXWELL_VERSION}" / f"maxwell-{MAXWELL_VERSION}"
-    if run.returncode != 0 or not (built / "bin" / "maxwell").exists():
-        lines = log.read_text(errors="replace").splitlines()
-        failed = [line for line in lines if "[ERROR]" in line][:2]
-        raise MavenError(
-            f"building Maxwell {MAXWELL_VERSION} failed (exit {run.returncode}): "
-            f"{' | '.join(failed) or 'no distribution'}; log: {log}"
-        )
+    if not (built / "bin" / "maxwell").exists():
+        raise MavenError(f"{what} made no distribution ({built}); log: {log}")
     built.rename(dist)
     shutil.rmtree(src)  # the build tree (600 MB) is not needed to run
     (home / ".built").touch()
