@@ -12,28 +12,28 @@ export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testkit/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "cdcflow needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@command -v java >/dev/null || { echo "cdcflow needs Java 17 on PATH for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,demo]' -e ./testkit
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install cdcflow with its test tools
+install: $(STAMP) ## create .venv and install cdcflow, its test kit (testkit/) and test tools
 
 demo: $(STAMP) ## run the main job on the embedded default (broker, local Spark, Delta in ./demo-warehouse)
-	$(BIN)/cdcflow demo --warehouse demo-warehouse
+	$(BIN)/cdcflow-demo --warehouse demo-warehouse
 
 test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apache Kafka, end to end)
 	@command -v mvn >/dev/null || { echo "make test needs Maven for the Java parts' jars (apt-get install maven)"; exit 1; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "installing PostgreSQL's server (Debian package postgresql) for the capture tests"; apt-get install -y -q postgresql >/dev/null; } || { echo "make test needs PostgreSQL's server: apt-get install postgresql"; exit 1; }
 	@command -v mariadb-install-db >/dev/null || { echo "installing MariaDB's server (Debian package mariadb-server) for the capture tests"; apt-get install -y -q mariadb-server >/dev/null; } || { echo "make test needs MariaDB's server: apt-get install mariadb-server"; exit 1; }
-	$(BIN)/python -m cdcflow.testing.apache_kafka
-	$(BIN)/python -m cdcflow.testing.kafka_connect postgres mariadb
-	$(BIN)/python -m cdcflow.testing.apicurio
-	$(BIN)/python -m cdcflow.testing.maxwell
-	$(BIN)/python -m cdcflow.testing.spark_cluster >/dev/null
+	$(BIN)/python -m cdcflow_testkit.services.apache_kafka
+	$(BIN)/python -m cdcflow_testkit.services.kafka_connect postgres mariadb
+	$(BIN)/python -m cdcflow_testkit.services.apicurio
+	$(BIN)/python -m cdcflow_testkit.services.maxwell
+	$(BIN)/python -m cdcflow_testkit.services.spark_cluster >/dev/null
 	@# Delta Lake's Spark jars (sink: delta-spark) into Maven's cache, where Spark's Ivy finds them
 	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0
 	$(BIN)/python -m pytest
@@ -52,4 +52,4 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff format --check src tests bench
 
 clean: ## remove the virtual environment and generated folders
-	rm -rf $(VENV) demo-warehouse .pytest_cache
+	rm -rf $(VENV) demo-warehouse .pytest_cache build testkit/build

@@ -3,7 +3,7 @@
     python bench/decode_formats.py                     # 20,000 messages per format
     python bench/decode_formats.py --events 20000 --format canal-json --format dts-avro
 
-For each format the workload generator (``cdcflow.testing.workload``) and the format's
+For each format the workload generator (``cdcflow_testkit.workload``) and the format's
 encoder produce the same ``--events`` messages over the demo tables; then, in this one
 process pinned to one core, best of ``--repeats`` after a warm-up run:
 
@@ -65,12 +65,12 @@ def generate(fmt: str, n: int, seed: int = 7) -> tuple[list[Any], dict[str, Any]
     if fmt == SCHEMALESS:
         from e2e_debezium import generate as e2e_messages
 
-        from cdcflow.formats.base import Message
+        from cdcflow_testkit.encoders import Message
 
         produced, _ = e2e_messages(n, max(1, n // 10), seed=seed)
         return [Message(value=v, key=k) for k, v, _ in produced], {}
-    from cdcflow.formats import encoder_for
-    from cdcflow.testing.workload import Workload, tables_for
+    from cdcflow_testkit.encoders import encoder_for
+    from cdcflow_testkit.workload import Workload, tables_for
 
     encoder = encoder_for(fmt)
     own = getattr(encoder, "event_format", fmt) == fmt

@@ -227,8 +227,8 @@ def run(
     events: int, keys: int, batch: int, reference: bool = True, seed: int = 42
 ) -> list[dict[str, Any]]:
     """Generate, produce, run cdcflow (and the reference); the result rows."""
-    from cdcflow.formats.base import Message
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.encoders import Message
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     root = Path(tempfile.mkdtemp(prefix="cdcflow-bench-"))
     print(f"e2e debezium: generating {events:,} events over {keys:,} keys ...", flush=True)

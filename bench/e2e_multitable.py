@@ -39,8 +39,8 @@ DATABASE = "shop"
 def generate(events: int, tables: int, seed: int = 5) -> tuple[list[Any], dict[str, int]]:
     """``events`` Canal JSON messages over ``tables`` tables, and each table's final row
     count."""
-    from cdcflow.formats import encoder_for
-    from cdcflow.testing.workload import DEMO_TABLES, TableSpec, Workload, tables_for
+    from cdcflow_testkit.encoders import encoder_for
+    from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, Workload, tables_for
 
     encoder = encoder_for(FORMAT)
     shapes = tables_for(encoder.exact_types)
@@ -88,7 +88,7 @@ def check(warehouse: Path, counts: dict[str, int]) -> str:
 
 def run(events: int, tables: int, batch: int) -> list[dict[str, Any]]:
     """Generate, produce, run ``cdcflow run --once``; the result rows."""
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     root = Path(tempfile.mkdtemp(prefix="cdcflow-bench-mt-"))
     print(f"e2e multi-table: generating {events:,} {FORMAT} events over {tables} tables ...")

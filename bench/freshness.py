@@ -140,8 +140,8 @@ def run(
     seed: int = 7,
 ) -> list[dict[str, Any]]:
     """Produce at ``rate`` for ``seconds`` into a streaming ``cdcflow run``; result rows."""
-    from cdcflow.formats.base import Message
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.encoders import Message
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     root = Path(tempfile.mkdtemp(prefix="cdcflow-fresh-"))
     rng = random.Random(seed)

@@ -11,7 +11,7 @@ process is SIGKILLed with its JVM and Python workers while a micro-batch is in f
 and after the last kill ``cdcflow run CONFIG --once`` drains the topic. Then every Delta
 mirror is compared with the source state, the changelog and the dead letters are matched
 record by record with what was produced, and ``_cdcflow/batches`` must cover every
-offset exactly once (``cdcflow.testing.faults``). Prints the counts; exits 1 if any
+offset exactly once (``cdcflow_testkit.faults``). Prints the counts; exits 1 if any
 check fails (the work folder is then kept).
 
 Before the middle restart the checkpoint is deleted (``--lose-checkpoint CYCLE``; -1:
@@ -22,7 +22,7 @@ the warehouse's offsets.
 moto server) and SIGKILLs and restarts it between two pipeline processes.
 
 ``--broker apache-kafka`` runs the soak on a real Apache Kafka broker
-(``cdcflow.testing.apache_kafka``; its log is on disk, so ``--broker-restart`` needs no
+(``cdcflow_testkit.services.apache_kafka``; its log is on disk, so ``--broker-restart`` needs no
 other storage) instead of the embedded tansu.
 """
 
@@ -84,15 +84,15 @@ def main() -> int:
         parser.error("--events must be >= 1 and --kills >= 0")
 
     from cdcflow.sinks.delta import DeltaWarehouse
-    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
-    from cdcflow.testing.broker import EmbeddedBroker
-    from cdcflow.testing.faults import (
+    from cdcflow_testkit.faults import (
         fast_stream,
         inject_faults,
         run_with_kills,
         verify,
         write_config,
     )
+    from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     rng = random.Random(args.seed)
     started = time.perf_counter()

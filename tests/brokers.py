@@ -24,7 +24,7 @@ DURABLE_BROKERS = ("tansu-s3", "apache-kafka")
 def durable_broker(kind: str) -> Any:
     """A new, not yet started broker of ``kind`` (one of :data:`DURABLE_BROKERS`) whose
     records outlive its process: tansu on S3 storage, or Apache Kafka (its log folder)."""
-    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     return EmbeddedBroker(storage="s3") if kind == "tansu-s3" else ApacheKafkaBroker()

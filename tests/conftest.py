@@ -56,7 +56,7 @@ def warehouse_factory(request):
 @pytest.fixture(scope="session")
 def tansu_broker():
     """The real embedded Kafka-compatible broker (tansu) on 127.0.0.1 with a free port."""
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     with EmbeddedBroker() as b:
         yield b
@@ -65,8 +65,8 @@ def tansu_broker():
 @pytest.fixture(scope="session")
 def apache_kafka():
     """A real Apache Kafka broker (KRaft, one node) on 127.0.0.1 with free ports, from
-    Maven Central's jars (``cdcflow.testing.apache_kafka``)."""
-    from cdcflow.testing.apache_kafka import ApacheKafkaBroker
+    Maven Central's jars (``cdcflow_testkit.services.apache_kafka``)."""
+    from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker
 
     with ApacheKafkaBroker() as b:
         yield b

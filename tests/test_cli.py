@@ -146,8 +146,8 @@ def test_unknown_format_is_a_usage_error(capsys):
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
-    from cdcflow.formats import encoder_for
-    from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+    from cdcflow_testkit.encoders import encoder_for
+    from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
     enc = encoder_for("debezium-json")
     w = Workload(tables_for(enc.exact_types), seed=2)

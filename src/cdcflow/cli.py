@@ -1,7 +1,9 @@
-"""The ``cdcflow`` command: run, demo, decode, apply.
+"""The ``cdcflow`` command: run, decode, apply, resume, reset.
+
+(The demo is the test kit's ``cdcflow-demo``: ``make demo``.)
 
 Exit codes: 0 success; 1 the command ran but found a problem (dead letters in ``decode``,
-a table that does not match in ``demo``); 2 bad usage or configuration; 74 (sysexits'
+a table that does not match in ``cdcflow-demo``); 2 bad usage or configuration; 74 (sysexits'
 ``EX_IOERR``) the warehouse cannot be written: disk full, a read-only volume, a damaged
 ``_cdcflow`` system table (``STORAGE_ERROR``; the unfinished micro-batch is applied again by
 the next run); 75 (``run`` only;
@@ -19,12 +21,19 @@ import argparse
 import base64
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from cdcflow.errors import CdcflowError, Code, ConfigError, LeaseHeld, StorageError
 
-__all__ = ["EXIT_PIPELINE_RUNNING", "EXIT_SOURCE_UNAVAILABLE", "EXIT_STORAGE_ERROR", "main"]
+__all__ = [
+    "EXIT_PIPELINE_RUNNING",
+    "EXIT_SOURCE_UNAVAILABLE",
+    "EXIT_STORAGE_ERROR",
+    "exit_after",
+    "main",
+]
 
 #: the warehouse cannot be written (disk full, read-only, a damaged system table)
 EXIT_STORAGE_ERROR = 74
@@ -273,18 +282,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from cdcflow.demo import run_demo
-
-    ok = run_demo(
-        warehouse=args.warehouse,
-        changes_per_format=args.changes,
-        formats=args.format or None,
-        sink=args.sink,
-    )
-    return 0 if ok else 1
-
-
 def build_parser() -> argparse.ArgumentParser:
     from cdcflow import __version__
 
@@ -312,33 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="drain what the topics hold now (Trigger.AvailableNow), then stop",
     )
     p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser(
-        "demo",
-        help="embedded broker + local Spark + Delta: a whole run, verified",
-        description="Start the embedded broker on 127.0.0.1, produce a workload in every "
-        "format, run the pipeline, and check every Delta table against the "
-        "workload's own final state.",
-    )
-    p.add_argument(
-        "--warehouse",
-        default="demo-warehouse",
-        help="folder for the Delta tables (default: %(default)s)",
-    )
-    p.add_argument(
-        "--changes", type=int, default=2000, help="source changes per format (default: %(default)s)"
-    )
-    p.add_argument("--format", action="append", help="only this format (repeatable); default: all")
-    from cdcflow.config import SINKS
-
-    p.add_argument(
-        "--sink",
-        choices=SINKS,
-        default="delta-rs",
-        help="who merges the mirrors: delta-rs on the driver (default) or Delta Lake's Spark "
-        "commands on the executors",
-    )
-    p.set_defaults(func=cmd_demo)
 
     from cdcflow.formats import format_names
 
@@ -460,7 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point: run :func:`main`, then leave without interpreter teardown.
+    """Console-script entry point of ``cdcflow``: :func:`exit_after` :func:`main`."""
+    exit_after(main)
+
+
+def exit_after(main_function: Callable[[], int]) -> NoReturn:
+    """Run ``main_function`` (returns an exit code), then leave without interpreter teardown.
 
     Arrow's and delta-rs's native thread pools can still be alive when CPython finalizes,
     and their destructors then abort the process (``terminate called without an active
@@ -471,7 +446,7 @@ def entry() -> None:
     import os
 
     try:
-        code = main()
+        code = main_function()
     except SystemExit as exc:  # argparse --help / usage errors
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:

@@ -24,7 +24,7 @@ from tests.capture.helpers import (
     run_cdcflow,
 )
 
-from cdcflow.formats.base import Message
+from cdcflow_testkit.encoders import Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -33,9 +33,13 @@ from tests.capture.helpers import (
     wait_snapshot_done,
 )
 
-from cdcflow.testing.apicurio import ApicurioRegistry
-from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSIONS, ConnectStandalone
-from cdcflow.testing.mariadb import LocalMariaDB
+from cdcflow_testkit.services.apicurio import ApicurioRegistry
+from cdcflow_testkit.services.kafka_connect import (
+    CONNECT_VERSION,
+    DEBEZIUM_VERSIONS,
+    ConnectStandalone,
+)
+from cdcflow_testkit.services.mariadb import LocalMariaDB
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

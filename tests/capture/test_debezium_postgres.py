@@ -41,8 +41,12 @@ from tests.capture.helpers import (
     wait_snapshot_done,
 )
 
-from cdcflow.testing.kafka_connect import CONNECT_VERSION, DEBEZIUM_VERSION, ConnectStandalone
-from cdcflow.testing.postgres import LocalPostgres
+from cdcflow_testkit.services.kafka_connect import (
+    CONNECT_VERSION,
+    DEBEZIUM_VERSION,
+    ConnectStandalone,
+)
+from cdcflow_testkit.services.postgres import LocalPostgres
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -238,7 +242,7 @@ def test_debezium_avro_through_apicurio_mirrors_equal_the_database(spark, apache
     is committed (a second run then applies everything)."""
     from confluent_kafka import Producer
 
-    from cdcflow.testing.apicurio import APICURIO_VERSION, ApicurioRegistry
+    from cdcflow_testkit.services.apicurio import APICURIO_VERSION, ApicurioRegistry
 
     slot = f"cdcflow_{uuid.uuid4().hex[:8]}"
     prefix = "pg_avro"

@@ -32,8 +32,8 @@ import pytest
 from tests.capture.helpers import compare, mirror_rows, run_cdcflow
 from tests.capture.test_debezium_mariadb import _snapshot_rows, _workload, mariadb_rows
 
-from cdcflow.testing.mariadb import LocalMariaDB
-from cdcflow.testing.maxwell import MAXWELL_VERSION, Maxwell
+from cdcflow_testkit.services.mariadb import LocalMariaDB
+from cdcflow_testkit.services.maxwell import MAXWELL_VERSION, Maxwell
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from tests.e2e.helpers import Scenario, check_accounting
 
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.spark import SUBMIT_MAIN, delta_submit_args
-from cdcflow.testing.spark_cluster import StandaloneCluster, spark_kafka_jars
+from cdcflow_testkit.services.spark_cluster import StandaloneCluster, spark_kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -130,13 +130,13 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
 
 @pytest.mark.parametrize("sink", ["delta-rs", "delta-spark"])
 def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
-    """``cdcflow demo`` (every format through its embedded broker) with the cluster as
+    """``cdcflow-demo`` (every format through its embedded broker) with the cluster as
     master, with each sink: every table equals its source, the dead letters are the
     expected ones."""
     env = _env(cluster.master_url)
     run = subprocess.run(
         [
-            *(sys.executable, "-m", "cdcflow.cli", "demo"),
+            *(sys.executable, "-m", "cdcflow_testkit.demo"),
             *("--warehouse", str(tmp_path / "wh"), "--sink", sink),
         ],
         env=env,

@@ -8,9 +8,8 @@ import zlib
 from typing import Any
 
 from cdcflow.config import PipelineConfig, parse_config
-from cdcflow.formats import encoder_for
-from cdcflow.formats.base import Message
-from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+from cdcflow_testkit.encoders import Message, encoder_for
+from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
 PARTITIONS = 2
 TEMPLATE = "{format}.{database}.{schema}.{table}"
@@ -85,7 +84,7 @@ class Scenario:
         self.produced += produce(self.broker, self.topic, messages)
 
     def check_mirrors(self, wh):
-        from cdcflow.demo import _target
+        from cdcflow_testkit.demo import _target
 
         for spec in self.workload.tables:
             target = _target(self.fmt, self.workload, spec, self.options)

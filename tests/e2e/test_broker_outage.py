@@ -25,12 +25,12 @@ from tests.brokers import DURABLE_BROKERS, durable_broker
 from tests.e2e.helpers import PARTITIONS, check_changelog_once, produce
 
 from cdcflow.cli import EXIT_SOURCE_UNAVAILABLE
-from cdcflow.demo import _target
-from cdcflow.formats import encoder_for
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.broker import EmbeddedBroker
-from cdcflow.testing.faults import _kill_session
-from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+from cdcflow_testkit.demo import _target
+from cdcflow_testkit.encoders import encoder_for
+from cdcflow_testkit.faults import _kill_session
+from cdcflow_testkit.services.broker import EmbeddedBroker
+from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

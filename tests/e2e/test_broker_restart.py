@@ -15,12 +15,12 @@ import pytest
 from tests.brokers import DURABLE_BROKERS, durable_broker
 
 from cdcflow.config import parse_config
-from cdcflow.demo import _target
-from cdcflow.formats import encoder_for
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.broker import EmbeddedBroker
-from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+from cdcflow_testkit.demo import _target
+from cdcflow_testkit.encoders import encoder_for
+from cdcflow_testkit.services.broker import EmbeddedBroker
+from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -5,7 +5,7 @@ embedded broker serves a Debezium topic with duplicates, replayed ranges, tombst
 malformed messages over two partitions. After two kill/restart cycles and a ``--once``
 drain, every mirror must equal the source, the changelog must hold every change record's
 event exactly once, every offset must be accounted for with no gap or overlap, and the
-dead letters must be exactly the malformed messages (``cdcflow.testing.faults``).
+dead letters must be exactly the malformed messages (``cdcflow_testkit.faults``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import pytest
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
-from cdcflow.formats import decoder_for, encoder_for
+from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.faults import (
+from cdcflow_testkit.encoders import encoder_for
+from cdcflow_testkit.faults import (
     MALFORMED,
     TOMBSTONE,
     FaultyTopic,
@@ -32,7 +33,7 @@ from cdcflow.testing.faults import (
     workload_stream,
     write_config,
 )
-from cdcflow.testing.workload import Workload, tables_for
+from cdcflow_testkit.workload import Workload, tables_for
 
 KILLS = 2
 PARTITIONS = 2

@@ -25,13 +25,14 @@ from tests.e2e.helpers import (
 )
 
 from cdcflow.cli import EXIT_PIPELINE_RUNNING
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Message, Record, SourceChange
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
-from cdcflow.testing.faults import _kill_session, _session
+from cdcflow_testkit.encoders import Message, SourceChange, encoder_for
+from cdcflow_testkit.faults import _kill_session, _session
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

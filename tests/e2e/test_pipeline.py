@@ -15,9 +15,9 @@ from deltalake import DeltaTable
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
 from cdcflow.formats import embedded_formats
-from cdcflow.formats.base import Message
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.encoders import Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

@@ -14,11 +14,11 @@ import pytest
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 from tests.volumes import fill, tmpfs, truncate_last_commit
 
-from cdcflow.demo import _target
 from cdcflow.errors import Code
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.workload import compare_with_mirror
+from cdcflow_testkit.demo import _target
+from cdcflow_testkit.workload import compare_with_mirror
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

@@ -24,21 +24,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_for, encoder_for
+from cdcflow.formats import decoder_for
 from cdcflow.formats.auto import (
     AMBIGUOUS_CODE,
     AVRO_FORMATS,
     CANAL_FAMILY,
     JSON_FORMATS,
     AutoDecoder,
-    AutoEncoder,
     AutoOptions,
     detect,
 )
-from cdcflow.formats.base import DecodeResult, DecoderOptions, Record, SourceChange
-from cdcflow.formats.debezium_json import DebeziumJsonEncoder
+from cdcflow.formats.base import DecodeResult, DecoderOptions, Record
 from cdcflow.model import Op, Origin, SourceTable
-from cdcflow.testing.golden import GoldenCase, load_case
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.encoders.auto import AutoEncoder
+from cdcflow_testkit.encoders.debezium_json import DebeziumJsonEncoder
+from cdcflow_testkit.golden import GoldenCase, load_case
 
 CASES = Path(__file__).parent / "cases"
 ALIYUN = Path("/work/shared/corpus/aliyun")  # DataWorks messages (Paimon's aliyun-json tests)

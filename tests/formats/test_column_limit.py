@@ -19,9 +19,10 @@ import orjson
 import pytest
 
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_for, embedded_formats, encoder_for
-from cdcflow.formats.base import DEFAULT_MAX_COLUMNS, DecoderOptions, Record, SourceChange
+from cdcflow.formats import decoder_for, embedded_formats
+from cdcflow.formats.base import DEFAULT_MAX_COLUMNS, DecoderOptions, Record
 from cdcflow.model import ROW_OPS, Op, Origin, SourceTable
+from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 FORMATS = embedded_formats()
 

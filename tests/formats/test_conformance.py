@@ -13,9 +13,10 @@ import decimal
 import pytest
 
 from cdcflow.errors import Code
-from cdcflow.formats import decoder_for, embedded_formats, encoder_for
-from cdcflow.formats.base import Record, SourceChange
+from cdcflow.formats import decoder_for, embedded_formats
+from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable, seq_key
+from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 FORMATS = embedded_formats()
 KNOWN_CODES = {v for k, v in vars(Code).items() if k.isupper()}

@@ -17,14 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
-from cdcflow.formats.dataworks_json import (
-    DataWorksJsonDecoder,
-    DataWorksJsonEncoder,
-    DataWorksJsonOptions,
-)
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
+from cdcflow.formats.dataworks_json import DataWorksJsonDecoder, DataWorksJsonOptions
 from cdcflow.model import Op, Origin, SourceTable, seq_key
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.encoders.dataworks_json import DataWorksJsonEncoder
 
 CORPUS = Path("/work/shared/corpus/aliyun")
 CASES = Path(__file__).parent / "cases" / "dataworks-json"

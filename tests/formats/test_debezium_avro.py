@@ -111,7 +111,7 @@ def test_registry_url_is_required_and_bad_settings_are_config_errors():
 
 @pytest.fixture(scope="module")
 def registry():
-    from cdcflow.testing.apicurio import ApicurioRegistry
+    from cdcflow_testkit.services.apicurio import ApicurioRegistry
 
     with ApicurioRegistry() as r:
         yield r

@@ -24,7 +24,7 @@ from cdcflow.formats import debezium_json
 from cdcflow.formats.base import DecodeResult, Record
 from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.model import Origin
-from cdcflow.testing.golden import load_case
+from cdcflow_testkit.golden import load_case
 
 CASES = Path(__file__).parent / "cases" / "debezium-json"
 PLACEHOLDER = "__debezium_unavailable_value"

@@ -16,14 +16,12 @@ from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats import decoder_for
-from cdcflow.formats.base import Record, SourceChange
-from cdcflow.formats.debezium_json import (
-    DebeziumJsonDecoder,
-    DebeziumJsonEncoder,
-    DebeziumJsonOptions,
-)
+from cdcflow.formats.base import Record
+from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.model import Op, Origin, SourceTable, dumps, event_to_json_dict, seq_key
-from cdcflow.testing.golden import load_case
+from cdcflow_testkit.encoders import SourceChange
+from cdcflow_testkit.encoders.debezium_json import DebeziumJsonEncoder
+from cdcflow_testkit.golden import load_case
 
 D = decimal.Decimal
 UTC = dt.UTC

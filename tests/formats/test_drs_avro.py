@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError, DecodeError
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
 from cdcflow.formats.drs_avro import (
     STANDIN_SCHEMA,
     DrsAvroDecoder,
@@ -24,6 +24,7 @@ from cdcflow.formats.drs_avro import (
     split_table_name,
 )
 from cdcflow.model import Op, SourceTable
+from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 STANDIN_FILE = Path(__file__).parent / "cases" / "drs-avro" / "standin-record.avsc"
 UTC = dt.UTC

@@ -13,17 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError, DecodeError
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
-from cdcflow.formats.drs_json import (
-    DrsJsonCDecoder,
-    DrsJsonDecoder,
-    DrsJsonOptions,
-    java_bytes,
-    java_double,
-    mysql_column,
-)
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
+from cdcflow.formats.drs_json import DrsJsonCDecoder, DrsJsonDecoder, DrsJsonOptions, mysql_column
 from cdcflow.model import Op, SourceTable
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.encoders.drs_json import java_bytes, java_double
 
 CASES = Path(__file__).parent / "cases"
 DOC_EXAMPLE = (CASES / "drs-json" / "doc-update.input.jsonl").read_bytes().strip()

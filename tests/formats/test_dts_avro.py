@@ -19,10 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
 from cdcflow.formats.dts_avro import OPERATIONS, record_schema
 from cdcflow.model import Op, Origin, SourceTable, seq_key
+from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 NS = "com.alibaba.dts.formats.avro."
 UTC = dt.UTC

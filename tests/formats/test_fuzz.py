@@ -58,12 +58,13 @@ from hypothesis import strategies as st
 
 from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code
-from cdcflow.formats import decoder_for, embedded_formats, encoder_for
-from cdcflow.formats.base import Decoder, DecodeResult, Record, SourceChange
+from cdcflow.formats import decoder_for, embedded_formats
+from cdcflow.formats.base import Decoder, DecodeResult, Record
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable, Txn, seq_key
-from cdcflow.testing.golden import load_case
-from cdcflow.testing.workload import TableSpec, Workload, tables_for
 from cdcflow.types import parse_type
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.golden import load_case
+from cdcflow_testkit.workload import TableSpec, Workload, tables_for
 
 FORMATS = embedded_formats()
 KNOWN_CODES = frozenset(v for k, v in vars(Code).items() if k.isupper())

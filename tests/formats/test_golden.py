@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cdcflow.formats import decoder_for, format_names
-from cdcflow.testing.golden import decode_case, load_case
+from cdcflow_testkit.golden import decode_case, load_case
 
 CASES = Path(__file__).parent / "cases"
 

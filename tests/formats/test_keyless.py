@@ -25,10 +25,11 @@ from tests.formats.test_conformance import COLUMNS, ROW_1, ROW_2, _base, _restri
 from cdcflow.apply.netchange import net_change
 from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_class, decoder_for, embedded_formats, encoder_for
-from cdcflow.formats.base import Decoder, Record, SourceChange, is_full_row
+from cdcflow.formats import decoder_class, decoder_for, embedded_formats
+from cdcflow.formats.base import Decoder, Record, is_full_row
 from cdcflow.model import ROW_OPS, Op, Origin, SourceTable, dumps
-from cdcflow.testing.golden import load_case
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.golden import load_case
 
 CASES = Path(__file__).parent / "cases"
 TABLE = SourceTable(format="", database="shop", schema="public", table="notes")

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, DecodeError
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
 from cdcflow.formats.maxwell_json import COMMIT_ROW_XOFFSET
 from cdcflow.model import Op, Origin, SourceTable, seq_key
+from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 CORPUS = Path("/work/shared/corpus/maxwell")
 FMT = "maxwell-json"

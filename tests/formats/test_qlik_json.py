@@ -13,17 +13,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdcflow.errors import Code, ConfigError
-from cdcflow.formats import decoder_for, encoder_for
-from cdcflow.formats.base import Record, SourceChange
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
 from cdcflow.formats.qlik_json import (
     QlikJsonDecoder,
-    QlikJsonEncoder,
     QlikJsonOptions,
     _seq,
     metadata_from_event,
     metadata_from_message,
 )
 from cdcflow.model import Op, Origin, SourceTable, seq_key
+from cdcflow_testkit.encoders import SourceChange, encoder_for
+from cdcflow_testkit.encoders.qlik_json import QlikJsonEncoder
 
 SID = "schema-v1"
 

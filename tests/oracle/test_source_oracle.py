@@ -1,9 +1,9 @@
 """The source-database oracle: random workloads, faulty delivery, real decode and apply.
 
-A :class:`~cdcflow.testing.workload.Workload` keeps the source tables in memory and emits
+A :class:`~cdcflow_testkit.workload.Workload` keeps the source tables in memory and emits
 inserts, updates, deletes, primary-key changes, truncates and added columns over four
 tables (two with composite keys, every logical type the format carries); the format's
-encoder publishes them; :mod:`cdcflow.testing.delivery` spreads the messages over 1-3
+encoder publishes them; :mod:`cdcflow_testkit.delivery` spreads the messages over 1-3
 partitions by key, adds exact duplicates and replays of earlier ranges, and cuts the
 partition logs into micro-batches. Each batch goes through the streaming job's own path,
 without Spark or Kafka: ``DecodeFunction`` (the ``mapInArrow`` function, decoder state
@@ -63,12 +63,13 @@ from hypothesis import strategies as st
 
 from cdcflow.apply.batch import BatchApplier, Router
 from cdcflow.decode.batches import DecodeFunction, flatten
-from cdcflow.formats import decoder_for, embedded_formats, encoder_for
-from cdcflow.formats.base import Message, Record, SourceChange
+from cdcflow.formats import decoder_for, embedded_formats
+from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.testing.delivery import KafkaRecord, kafka_batch, micro_batches, produce
-from cdcflow.testing.workload import (
+from cdcflow_testkit.delivery import KafkaRecord, kafka_batch, micro_batches, produce
+from cdcflow_testkit.encoders import Message, SourceChange, encoder_for
+from cdcflow_testkit.workload import (
     ALL_TYPES_TABLES,
     Workload,
     capabilities,

@@ -302,7 +302,7 @@ def test_racing_processes_never_both_hold_it(tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto")
-    from cdcflow.testing.broker import LocalS3
+    from cdcflow_testkit.services.broker import LocalS3
 
     with LocalS3() as server:
         options = {

@@ -21,8 +21,8 @@ from cdcflow.source.kafka import (
     parse_options,
     read_partition,
 )
-from cdcflow.testing.apache_kafka import ApacheKafkaBroker
-from cdcflow.testing.broker import EmbeddedBroker
+from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker
+from cdcflow_testkit.services.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.kafka]
 

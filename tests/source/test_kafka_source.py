@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 import pytest
 
 from cdcflow.errors import ConfigError, SourceError
-from cdcflow.formats.base import Message
 from cdcflow.source.kafka import (
     ARROW_SCHEMA,
     DATA_LOSS,
@@ -35,6 +34,7 @@ from cdcflow.source.kafka import (
     resolve_start_offset,
     split_fairly,
 )
+from cdcflow_testkit.encoders import Message
 
 
 def _topic(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Apache Kafka as a test broker (``cdcflow.testing.apache_kafka``): its jars, its start,
+"""Apache Kafka as a test broker (``cdcflow_testkit.services.apache_kafka``): its jars, its start,
 its log folder kept across restarts and removed at the end, its errors."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from cdcflow.testing.apache_kafka import ApacheKafkaBroker, kafka_libs
-from cdcflow.testing.broker import BrokerError
+from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker, kafka_libs
+from cdcflow_testkit.services.broker import BrokerError
 
 pytestmark = pytest.mark.kafka
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from cdcflow.formats.base import Message
-from cdcflow.testing.broker import BrokerError, EmbeddedBroker
+from cdcflow_testkit.encoders import Message
+from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker
 
 pytestmark = pytest.mark.kafka
 

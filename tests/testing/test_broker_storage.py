@@ -2,7 +2,7 @@
 
 tansu's ``s3://`` engine against a local S3 server (:class:`LocalS3`, moto) is the
 durable storage this tansu build has (``postgres://`` is not compiled in; see the module
-docstring of ``cdcflow.testing.broker``). The memory engine loses everything on restart,
+docstring of ``cdcflow_testkit.services.broker``). The memory engine loses everything on restart,
 which is what makes the restart test meaningful.
 """
 
@@ -16,9 +16,9 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cdcflow.formats.base import Message
-from cdcflow.testing import broker as broker_module
-from cdcflow.testing.broker import BrokerError, EmbeddedBroker, LocalS3, StorageUnavailable
+from cdcflow_testkit.encoders import Message
+from cdcflow_testkit.services import broker as broker_module
+from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker, LocalS3, StorageUnavailable
 
 pytestmark = pytest.mark.kafka
 

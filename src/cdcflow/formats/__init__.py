@@ -1,7 +1,7 @@
 """Message formats: an explicit registry ``identifier -> module:Class``, imported lazily.
 
-Adding a format means adding one module under ``cdcflow/formats/`` and one line to each
-of :data:`DECODERS` and :data:`ENCODERS`. Nothing here imports a format module until it
+Adding a format means adding one module under ``cdcflow/formats/`` and one line to
+:data:`DECODERS` (and, for the tests and the demo, an encoder in ``cdcflow_testkit.encoders``). Nothing here imports a format module until it
 is asked for, so importing :mod:`cdcflow.formats` has no side effects.
 """
 
@@ -12,16 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdcflow.errors import ConfigError
-from cdcflow.formats.base import Decoder, DecoderOptions, Encoder
+from cdcflow.formats.base import Decoder, DecoderOptions
 
 __all__ = [
     "DECODERS",
-    "ENCODERS",
     "REGISTRY_FORMATS",
     "decoder_class",
     "decoder_for",
     "embedded_formats",
-    "encoder_for",
     "format_names",
 ]
 
@@ -43,26 +41,8 @@ DECODERS: dict[str, str] = {
     "auto": "cdcflow.formats.auto:AutoDecoder",
 }
 
-#: identifier -> "module:EncoderClass" (used by the demo and test workload generator)
-ENCODERS: dict[str, str] = {
-    "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonEncoder",
-    "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonEncoder",
-    "qlik-json": "cdcflow.formats.qlik_json:QlikJsonEncoder",
-    "dts-avro": "cdcflow.formats.dts_avro:DtsAvroEncoder",
-    "shareplex-json": "cdcflow.formats.shareplex_json:SharePlexJsonEncoder",
-    "canal-json": "cdcflow.formats.canal_json:CanalJsonEncoder",
-    "drs-json": "cdcflow.formats.drs_json:DrsJsonEncoder",
-    "drs-json-c": "cdcflow.formats.drs_json:DrsJsonCEncoder",
-    "drs-avro": "cdcflow.formats.drs_avro:DrsAvroEncoder",
-    "maxwell-json": "cdcflow.formats.maxwell_json:MaxwellJsonEncoder",
-    "ogg-json": "cdcflow.formats.ogg_json:OggJsonEncoder",
-    "aws-dms-json": "cdcflow.formats.aws_dms_json:AwsDmsJsonEncoder",
-    "auto": "cdcflow.formats.auto:AutoEncoder",
-}
-
-
 #: formats whose messages name their schema in a schema registry: they decode only with
-#: a registry (``sources[].options.schema_registry``), and have no encoder here -- their
+#: a registry (``sources[].options.schema_registry``), and have no encoder in the test kit -- their
 #: test messages come from the real tool through a real registry (tests/capture)
 REGISTRY_FORMATS = frozenset({"debezium-avro"})
 
@@ -112,13 +92,3 @@ def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = 
     if options is None or isinstance(options, DecoderOptions):
         return cls(options)
     return cls(cls.options_class.from_mapping(options))
-
-
-def encoder_for(name: str) -> Encoder:
-    """An encoder instance for format ``name``.
-
-    Raises:
-        ConfigError: unknown format name.
-    """
-    cls: type[Encoder] = _load(ENCODERS, name, "encoder")
-    return cls()

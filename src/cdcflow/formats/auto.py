@@ -54,12 +54,8 @@ from cdcflow.formats.aws_dms_json import AwsDmsJsonDecoder
 from cdcflow.formats.base import (
     Decoder,
     DecoderOptions,
-    Encoder,
-    Message,
     Record,
-    SourceChange,
 )
-from cdcflow.formats.debezium_json import DebeziumJsonEncoder
 from cdcflow.formats.maxwell_json import InexactNumber, MaxwellJsonDecoder, loads_exact
 from cdcflow.formats.ogg_json import OggJsonDecoder
 from cdcflow.model import ChangeEvent
@@ -68,7 +64,6 @@ __all__ = [
     "AMBIGUOUS_CODE",
     "AVRO_FORMATS",
     "AutoDecoder",
-    "AutoEncoder",
     "AutoOptions",
     "CANAL_FAMILY",
     "IDENTIFIER",
@@ -621,29 +616,3 @@ def _placed(
 
 
 # --------------------------------------------------------------------------- encoder
-
-
-class AutoEncoder(Encoder):
-    """Encodes as Debezium JSON (``debezium-json``'s encoder).
-
-    ``auto`` is not a message format of any tool; this encoder exists only so that the
-    conformance suite and the demo can exercise detection end to end. Decoded events say
-    ``source.format == "debezium-json"``.
-    """
-
-    identifier: ClassVar[str] = IDENTIFIER
-    exact_types: ClassVar[frozenset[str]] = DebeziumJsonEncoder.exact_types
-    #: the format the decoded events name in ``source.format``
-    event_format: ClassVar[str] = DebeziumJsonEncoder.identifier
-
-    def __init__(self) -> None:
-        self._inner = DebeziumJsonEncoder()
-
-    def encode(self, change: SourceChange) -> list[Message]:
-        """The Debezium JSON messages for ``change``."""
-        return self._inner.encode(change)
-
-    def decoder_options(self, changes: Iterable[SourceChange]) -> Mapping[str, Any] | None:
-        """``{"format_options": {"debezium-json": ...}}`` when Debezium needs options."""
-        inner = self._inner.decoder_options(changes)
-        return {"format_options": {self.event_format: dict(inner)}} if inner else None

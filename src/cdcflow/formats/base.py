@@ -1,8 +1,9 @@
 """The contract every message format implements.
 
-A format module (``formats/<name>.py``) holds one :class:`Decoder` subclass and one
-:class:`Encoder` subclass, each with the format's ``identifier`` (``"debezium-json"``),
-plus an options dataclass derived from :class:`DecoderOptions`.
+A format module (``formats/<name>.py``) holds one :class:`Decoder` subclass with the
+format's ``identifier`` (``"debezium-json"``), plus an options dataclass derived from
+:class:`DecoderOptions`. (Encoders, which write what the replication tools publish for the
+tests and the demo, are the test kit's: ``cdcflow_testkit.encoders``.)
 
 * :meth:`Decoder.decode` is a pure function of one Kafka record: bytes in, a list of
   :class:`~cdcflow.model.ChangeEvent` out, or :class:`~cdcflow.errors.DecodeError`
@@ -11,8 +12,6 @@ plus an options dataclass derived from :class:`DecoderOptions`.
   record ends as *decoded*, *skipped on purpose* (with a reason) or *dead-lettered*.
   Formats whose one logical change spans several records (DataWorks
   ``UPDATE_BEFOR``/``UPDATE_AFTER``) join them in :meth:`Decoder.combine`.
-* :meth:`Encoder.encode` turns a :class:`SourceChange` of the test/demo workload into
-  the Kafka messages the real replication tool would publish.
 """
 
 from __future__ import annotations
@@ -35,15 +34,12 @@ __all__ = [
     "DecodeResult",
     "Decoder",
     "DecoderOptions",
-    "Encoder",
     "ColumnarEvents",
     "FlatEvent",
-    "Message",
     "Record",
     "new_record",
     "SkipRecord",
     "Skipped",
-    "SourceChange",
     "is_full_row",
     "key_columns_for",
 ]
@@ -616,67 +612,3 @@ def _no_full_image(event: ChangeEvent, which: str, missing: list[str] | None) ->
         "or set primary_keys for this table",
         Code.MISSING_KEY,
     )
-
-
-# --------------------------------------------------------------------------- encoder
-
-
-@dataclass(frozen=True, slots=True)
-class SourceChange:
-    """One change of the workload's in-memory source database (what an encoder encodes).
-
-    Attributes:
-        op: INSERT, UPDATE, DELETE, SNAPSHOT or TRUNCATE.
-        table: source table (its ``format`` is ignored).
-        columns: column -> logical type, in table column order.
-        key_columns: primary-key columns (empty for a table without one).
-        before: before image (updates, deletes) with typed Python values.
-        after: after image (inserts, updates, snapshots).
-        seq: strictly increasing position in the source log.
-        ts_ms: commit time, epoch ms.
-        txn_id: transaction id, if the workload groups changes.
-    """
-
-    op: Op
-    table: SourceTable
-    columns: Mapping[str, str]
-    key_columns: tuple[str, ...]
-    before: Mapping[str, Any] | None
-    after: Mapping[str, Any] | None
-    seq: int
-    ts_ms: int
-    txn_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A Kafka message to produce."""
-
-    value: bytes | None
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-class Encoder(ABC):
-    """Encodes workload changes as the replication tool of this format would.
-
-    Attributes:
-        exact_types: the logical types this format carries without loss, so that
-            decode(encode(change)) gives back the same typed values. The workload
-            generator only gives a format tables whose columns have these types.
-    """
-
-    identifier: ClassVar[str]
-    exact_types: ClassVar[frozenset[str]]
-
-    @abstractmethod
-    def encode(self, change: SourceChange) -> list[Message]:
-        """The messages the tool publishes for ``change`` (one or more, in order)."""
-
-    def decoder_options(self, changes: Iterable[SourceChange]) -> Mapping[str, Any] | None:
-        """Decoder options a consumer of these messages must configure, or ``None``.
-
-        Formats whose messages never name their key columns (SharePlex JSON) return
-        ``{"primary_keys": {...}}`` for the tables in ``changes``, as a user would.
-        """
-        return None

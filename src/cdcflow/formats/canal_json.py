@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.errors import Code, ConfigError, DecodeError
-from cdcflow.formats.base import Decoder, DecoderOptions, Encoder, Message, Record, SourceChange
+from cdcflow.formats.base import Decoder, DecoderOptions, Record
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
 from cdcflow.types import (
     INT32_MAX,
@@ -56,14 +56,13 @@ from cdcflow.types import (
     field_range_error,
     int_range_error,
     json_text,
-    parse_type,
     to_bytes_base64,
     to_decimal,
     to_float,
     to_int,
 )
 
-__all__ = ["CanalJsonDecoder", "CanalJsonEncoder", "CanalJsonOptions"]
+__all__ = ["CanalJsonDecoder", "CanalJsonOptions"]
 
 IDENTIFIER = "canal-json"
 
@@ -795,88 +794,3 @@ _ENCODE_TYPES: dict[str, tuple[str, int]] = {
 
 
 _TYPE_OF_OP = {op: typ for typ, op in _ROW_OPS.items()}
-
-
-def _encode_value(v: Any) -> Any:
-    if v is None or type(v) is str:
-        return v
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, decimal.Decimal):
-        return format(v, "f")
-    if isinstance(v, bytes | bytearray | memoryview):
-        return bytes(v).decode("latin-1")
-    if isinstance(v, dt.datetime):
-        if v.tzinfo is not None:  # MySQL TIMESTAMP: written as UTC wall clock
-            v = v.astimezone(dt.UTC).replace(tzinfo=None)
-        return v.isoformat(sep=" ")
-    if isinstance(v, dt.date | dt.time):
-        return v.isoformat()
-    return orjson.dumps(v).decode()
-
-
-class CanalJsonEncoder(Encoder):
-    """Encodes workload changes as Canal's flat messages (one row per message).
-
-    ``es``/``ts`` are the change's ``ts_ms`` and ``id`` its ``seq``; deletes carry the
-    row in ``data`` (Canal and DTS after 2022-03-20); snapshots are DTS ``INIT`` rows;
-    updates carry the changed columns' old values in ``old``. ``timestamptz`` values are
-    written as UTC text, which decodes exactly only with ``timestamp_zone="UTC"``.
-    """
-
-    identifier: ClassVar[str] = IDENTIFIER
-    # every type it writes, but timestamptz (its zone is the decoder's timestamp_zone)
-    exact_types: ClassVar[frozenset[str]] = frozenset({*_ENCODE_TYPES, "decimal"} - {"timestamptz"})
-
-    def encode(self, change: SourceChange) -> list[Message]:
-        table = change.table
-        msg: dict[str, Any] = {
-            "data": None,
-            "database": table.database or table.schema,
-            "es": change.ts_ms,
-            "id": change.seq,
-            "isDdl": False,
-            "mysqlType": None,
-            "old": None,
-            "pkNames": None,
-            "sql": "",
-            "sqlType": None,
-            "table": table.table,
-            "ts": change.ts_ms,
-            "type": "",
-        }
-        if change.op is Op.TRUNCATE:
-            msg.update(isDdl=True, type=TYPE_TRUNCATE, sql=f"TRUNCATE TABLE `{table.table}`")
-            return [Message(value=orjson.dumps(msg))]
-        mysql_types, sql_types = {}, {}
-        for col, logical in change.columns.items():
-            base = parse_type(logical)[0]
-            if base == "decimal":
-                mysql_types[col], sql_types[col] = f"decimal{logical[7:]}", 3
-            else:
-                mysql_types[col], sql_types[col] = _ENCODE_TYPES[base]
-        typ = _TYPE_OF_OP.get(change.op)
-        if typ is None:
-            raise ValueError(f"canal-json cannot encode {change.op}")
-        row = (change.before if change.op is Op.DELETE else change.after) or {}
-        msg.update(
-            data=[{c: _encode_value(v) for c, v in row.items()}],
-            mysqlType=mysql_types,
-            sqlType=sql_types,
-            pkNames=list(change.key_columns),
-            type=typ,
-        )
-        if change.op is Op.UPDATE and change.before is not None:
-            after = change.after or {}
-            msg["old"] = [
-                {
-                    c: _encode_value(v)
-                    for c, v in change.before.items()
-                    if c not in after or after[c] != v
-                }
-            ]
-        return [Message(value=orjson.dumps(msg))]

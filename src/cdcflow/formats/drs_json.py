@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import math
 import re
 import zoneinfo
 from collections.abc import Callable
@@ -52,10 +51,7 @@ from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import (
     Decoder,
     DecoderOptions,
-    Encoder,
-    Message,
     Record,
-    SourceChange,
     is_full_row,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable
@@ -75,9 +71,7 @@ from cdcflow.types import (
 
 __all__ = [
     "DrsJsonCDecoder",
-    "DrsJsonCEncoder",
     "DrsJsonDecoder",
-    "DrsJsonEncoder",
     "DrsJsonOptions",
 ]
 
@@ -822,173 +816,3 @@ _ESCAPES = (
     (b"=", b"\\u003d"),
     (b"'", b"\\u0027"),
 )
-
-
-def java_double(x: float) -> str:
-    """Java ``Double.toString``: ``1.2510357E7``, ``10357.0``, ``1.0E-4``, ``NaN``."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    if x == 0:
-        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
-    if 1e-3 <= abs(x) < 1e7:
-        return repr(x)
-    _, digits, exp = decimal.Decimal(repr(abs(x))).normalize().as_tuple()
-    mantissa = f"{digits[0]}." + ("".join(map(str, digits[1:])) or "0")
-    return ("-" if x < 0 else "") + f"{mantissa}E{len(digits) - 1 + int(exp)}"
-
-
-def java_bytes(value: bytes) -> str:
-    """Java ``Arrays.toString(byte[])`` (signed bytes): ``b"j\\xfd"`` -> ``"[106, -3]"``."""
-    return "[" + ", ".join(str(b - 256 if b > 127 else b) for b in value) + "]"
-
-
-def _epoch_seconds_text(value: dt.datetime) -> str:
-    micros = (value.astimezone(_UTC) - _EPOCH) // _MICROSECOND
-    sign = "-" if micros < 0 else ""
-    seconds, micros = divmod(abs(micros), 1_000_000)
-    if micros % 1000 == 0:
-        return f"{sign}{seconds}.{micros // 1000:03d}"
-    return f"{sign}{seconds}.{micros:06d}"
-
-
-def encode_text(logical: str, value: Any, json_c: bool) -> str | None:
-    """One typed value as the text DRS writes for it (``None`` stays ``None``)."""
-    if value is None:
-        return None
-    base = "decimal" if logical.startswith("decimal") else logical
-    if base in ("string", "json"):
-        return value
-    if base == "boolean":
-        return "1" if value else "0"
-    if base in ("int32", "int64"):
-        return str(int(value))
-    if base in ("float32", "float64"):
-        return java_double(float(value))
-    if base == "decimal":
-        return format(value, "f")
-    if base == "binary":
-        return java_bytes(bytes(value))
-    if base in ("date", "time"):
-        return value.isoformat()
-    if base == "timestamp":
-        return value.isoformat(sep=" ")
-    if base == "timestamptz":
-        if json_c:
-            return value.astimezone(_UTC).strftime("%Y-%m-%d %H:%M:%S")
-        return _epoch_seconds_text(value)
-    return str(value)
-
-
-class _DrsJsonEncoderBase(Encoder):
-    """Shared implementation; ``_json_c`` selects the JSON-C rules."""
-
-    _json_c: ClassVar[bool] = False
-
-    def encode(self, change: SourceChange) -> list[Message]:
-        """One DRS message per change, with ``id = change.seq`` and ``es = change.ts_ms``.
-
-        The Kafka key is ``database.table`` (DRS's "by table" partitioning). A truncate is
-        a DDL message with a ``TRUNCATE TABLE`` statement.
-        """
-        table = change.table
-        database = table.database or table.schema
-        json_c = self._json_c
-        mysql_type = {}
-        sql_type = {}
-        for col, logical in change.columns.items():
-            base = "decimal" if logical.startswith("decimal") else logical
-            mysql_type[col], sql_type[col] = _ENCODE_TYPES.get(base, ("varchar", 12))
-
-        def image(row: Any) -> list[dict[str, Any]] | None:
-            if row is None:
-                return None
-            cols = change.columns
-            return [{c: encode_text(cols.get(c, "string"), v, json_c) for c, v in row.items()}]
-
-        msg: dict[str, Any] = {
-            "mysqlType": mysql_type,
-            "id": change.seq,
-            "es": change.ts_ms,
-            "ts": change.ts_ms,
-            "database": database,
-            "table": table.table,
-            "type": None,
-            "isDdl": False,
-            "sql": "",
-            "sqlType": sql_type,
-            "data": None,
-            "old": None,
-            "pkNames": list(change.key_columns) or None,
-        }
-        op = change.op
-        if op is Op.INSERT or op is Op.SNAPSHOT:
-            msg["type"] = OP_INSERT if op is Op.INSERT else OP_INIT
-            msg["data"] = image(change.after)
-        elif op is Op.UPDATE:
-            msg["type"] = OP_UPDATE
-            msg["data"] = image(change.after)
-            msg["old"] = image(change.before)
-        elif op is Op.DELETE:
-            msg["type"] = OP_DELETE
-            msg["data" if json_c else "old"] = image(change.before)
-        elif op is Op.TRUNCATE:
-            msg.update(
-                type=OP_DDL,
-                isDdl=True,
-                mysqlType=None,
-                sqlType=None,
-                pkNames=None,
-                sql=f"TRUNCATE TABLE `{database}`.`{table.table}`",
-            )
-        else:
-            raise ValueError(f"DRS JSON has no message for {op}")
-        value = orjson.dumps(msg)
-        for raw, escaped in _ESCAPES:
-            value = value.replace(raw, escaped)
-        return [Message(value=value, key=f"{database}.{table.table}".encode())]
-
-
-class DrsJsonEncoder(_DrsJsonEncoderBase):
-    """Encoder of DRS JSON (``drs-json``)."""
-
-    identifier: ClassVar[str] = IDENTIFIER_JSON
-    _json_c: ClassVar[bool] = False
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-            "timestamptz",
-        }
-    )
-
-
-class DrsJsonCEncoder(_DrsJsonEncoderBase):
-    """Encoder of DRS JSON-C (``drs-json-c``): timestamps lose their fraction of a second,
-    as the document's ``yyyy-mm-dd hh:mm:ss`` says, so ``timestamptz`` is not exact."""
-
-    identifier: ClassVar[str] = IDENTIFIER_JSON_C
-    _json_c: ClassVar[bool] = True
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-        }
-    )

@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdcflow.testing.broker import BrokerError
-from cdcflow.testing.maven import MavenError, cache_root, run_maven
+from cdcflow_testkit.services.broker import BrokerError
+from cdcflow_testkit.services.maven import MavenError, cache_root, run_maven
 
 __all__ = ["MAXWELL_VERSION", "Maxwell", "maxwell_home", "source_tarball"]
 
@@ -219,7 +219,7 @@ class Maxwell:
         self.stop(keep_log=exc_info[0] is not None)
 
 
-if __name__ == "__main__":  # python -m cdcflow.testing.maxwell: build Maxwell
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.maxwell: build Maxwell
     import sys
 
     try:

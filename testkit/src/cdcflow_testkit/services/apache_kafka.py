@@ -1,13 +1,13 @@
 """Apache Kafka as a test broker: one KRaft node on 127.0.0.1, from Maven Central's jars.
 
-:class:`ApacheKafkaBroker` is :class:`~cdcflow.testing.broker.EmbeddedBroker`'s interface
+:class:`ApacheKafkaBroker` is :class:`~cdcflow_testkit.services.broker.EmbeddedBroker`'s interface
 (topics, produce, watermarks, pause/resume/restart, outages) over a real Apache Kafka
 broker instead of tansu: the ``org.apache.kafka:kafka_2.13`` jars and their dependencies,
 resolved once with Maven into a cache folder (:func:`kafka_libs`), run as
 ``java kafka.Kafka`` in combined mode (broker and controller in one process, as Kafka's
 own quick start does) with its log folder on local disk. The log folder outlives the
-process, so :meth:`~cdcflow.testing.broker.EmbeddedBroker.restart` and
-:meth:`~cdcflow.testing.broker.EmbeddedBroker.pause`/``resume`` keep every topic, record
+process, so :meth:`~cdcflow_testkit.services.broker.EmbeddedBroker.restart` and
+:meth:`~cdcflow_testkit.services.broker.EmbeddedBroker.pause`/``resume`` keep every topic, record
 and committed transaction, as a real broker restart does; :meth:`ApacheKafkaBroker.stop`
 removes it.
 
@@ -16,7 +16,7 @@ Source documents: Apache Kafka's *Quick Start* (KRaft: ``kafka-storage.sh format
 (``process.roles``, ``controller.quorum.voters``, ``listeners``).
 
 Needs ``java`` (17 or newer) and, for the first resolution, ``mvn`` with access to Maven
-Central. ``python -m cdcflow.testing.apache_kafka`` resolves the jars and prints their
+Central. ``python -m cdcflow_testkit.services.apache_kafka`` resolves the jars and prints their
 folder (``make test`` runs it first).
 """
 
@@ -33,8 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
-from cdcflow.testing.broker import BrokerError, EmbeddedBroker, _free_port
-from cdcflow.testing.maven import MavenError, maven_libs
+from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker, _free_port
+from cdcflow_testkit.services.maven import MavenError, maven_libs
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "kafka_libs"]
 
@@ -80,7 +80,7 @@ _JVM_OPTIONS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLev
 def kafka_libs(version: str = KAFKA_VERSION) -> Path:
     """The folder holding Apache Kafka ``version``'s broker jars and their dependencies
     (``org.apache.kafka:kafka_2.13`` and an SLF4J binding for its log), resolved from
-    Maven Central on first use (:func:`cdcflow.testing.maven.maven_libs`).
+    Maven Central on first use (:func:`cdcflow_testkit.services.maven.maven_libs`).
 
     Raises:
         BrokerError: ``mvn`` is missing or could not resolve the artifacts.
@@ -106,7 +106,7 @@ def _cluster_id() -> str:
 class ApacheKafkaBroker(EmbeddedBroker):
     """A single-node Apache Kafka broker (KRaft, combined mode) as a child process.
 
-    Use as :class:`~cdcflow.testing.broker.EmbeddedBroker`::
+    Use as :class:`~cdcflow_testkit.services.broker.EmbeddedBroker`::
 
         with ApacheKafkaBroker() as broker:
             broker.create_topic("orders", partitions=3)
@@ -117,7 +117,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
         libs: folder of the broker's jars; default :func:`kafka_libs` (``version``).
         version: Apache Kafka release to resolve when ``libs`` is not given.
         host, port, startup_timeout_s, request_timeout_s, keep_log: as
-            :class:`~cdcflow.testing.broker.EmbeddedBroker`.
+            :class:`~cdcflow_testkit.services.broker.EmbeddedBroker`.
         log_level: the broker's Log4j level (its log goes to :attr:`log_path`).
         java: the ``java`` executable; default ``$JAVA_HOME/bin/java``, else ``java``.
 
@@ -218,7 +218,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
         return self
 
     def stop(self) -> None:
-        """Stop the broker as :class:`~cdcflow.testing.broker.EmbeddedBroker` does, then
+        """Stop the broker as :class:`~cdcflow_testkit.services.broker.EmbeddedBroker` does, then
         remove its log folder. Idempotent."""
         super().stop()
         if self.data_dir is not None:
@@ -227,7 +227,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
             self.data_dir = None
 
 
-if __name__ == "__main__":  # python -m cdcflow.testing.apache_kafka: resolve the jars
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.apache_kafka: resolve the jars
     try:
         print(kafka_libs(sys.argv[1] if len(sys.argv) > 1 else KAFKA_VERSION))
     except BrokerError as exc:

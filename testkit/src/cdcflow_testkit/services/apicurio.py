@@ -39,8 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
-from cdcflow.testing.maven import MavenError, cache_root, maven_libs, run_maven
+from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.maven import MavenError, cache_root, maven_libs, run_maven
 
 __all__ = [
     "APICURIO_VERSION",
@@ -332,7 +332,9 @@ class ApicurioRegistry:
         self.stop(keep_log=exc_info[0] is not None)
 
 
-if __name__ == "__main__":  # python -m cdcflow.testing.apicurio: build the jar, get the jars
+if (
+    __name__ == "__main__"
+):  # python -m cdcflow_testkit.services.apicurio: build the jar, get the jars
     import sys
 
     try:

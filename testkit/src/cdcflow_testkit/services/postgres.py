@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from cdcflow.testing.broker import BrokerError, _free_port
+from cdcflow_testkit.services.broker import BrokerError, _free_port
 
 __all__ = ["LocalPostgres", "PostgresError"]
 

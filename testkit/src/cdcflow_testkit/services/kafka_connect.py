@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cdcflow.testing.apache_kafka import LOG4J2, LOG4J_VERSION
-from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
-from cdcflow.testing.maven import maven_libs
+from cdcflow_testkit.services.apache_kafka import LOG4J2, LOG4J_VERSION
+from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.maven import maven_libs
 
 __all__ = [
     "CONNECT_VERSION",
@@ -82,7 +82,7 @@ def connect_libs(connector: str = "postgres") -> Path:
     Maven Central on first use.
 
     Raises:
-        cdcflow.testing.maven.MavenError: Maven is missing or could not resolve them.
+        cdcflow_testkit.services.maven.MavenError: Maven is missing or could not resolve them.
     """
     version = DEBEZIUM_VERSIONS[connector]
     return maven_libs(
@@ -107,7 +107,7 @@ class ConnectStandalone:
             each message is ``{"schema", "payload"}``, Kafka Connect's default).
         connector: the Debezium connector whose jars to load (``postgres``, ``mysql``).
         avro_registry_url: Apicurio Registry's own API
-            (:attr:`cdcflow.testing.apicurio.ApicurioRegistry.registry_url`): keys and
+            (:attr:`cdcflow_testkit.services.apicurio.ApicurioRegistry.registry_url`): keys and
             values go through Apicurio's ``AvroConverter`` in the Confluent wire format
             instead of ``JsonConverter`` (``schemas`` is then ignored).
         startup_timeout_s: how long :meth:`start` waits for every connector's task.
@@ -155,7 +155,7 @@ class ConnectStandalone:
         if self.avro_registry_url is None:
             converters = _JSON_CONVERTERS.format(schemas=str(self.schemas).lower())
         else:
-            from cdcflow.testing.apicurio import converter_libs
+            from cdcflow_testkit.services.apicurio import converter_libs
 
             converters = "\n".join(
                 _AVRO_CONVERTER.format(side=side, registry=self.avro_registry_url)
@@ -263,10 +263,10 @@ class ConnectStandalone:
         self.stop(keep_log=exc_info[0] is not None)  # a failed test keeps the worker's log
 
 
-if __name__ == "__main__":  # python -m cdcflow.testing.kafka_connect: resolve the jars
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.kafka_connect: resolve the jars
     import sys
 
-    from cdcflow.testing.maven import MavenError
+    from cdcflow_testkit.services.maven import MavenError
 
     try:
         for name in sys.argv[1:] or ["postgres"]:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
 
 __all__ = ["LocalMariaDB", "MariaDBError"]
 

@@ -1,4 +1,4 @@
-"""``cdcflow demo``: the whole pipeline on the embedded default, checked against its source.
+"""``cdcflow-demo`` (``make demo``): the whole pipeline on the embedded default, checked against its source.
 
 1. start the embedded broker (tansu) on 127.0.0.1 with a free port;
 2. for every format: a topic with 2 partitions, a workload of inserts, updates and
@@ -12,17 +12,19 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
 import shutil
 import time
 import zlib
 from pathlib import Path
 
-from cdcflow.formats import embedded_formats, encoder_for
-from cdcflow.formats.base import Message
+from cdcflow.formats import embedded_formats
 from cdcflow.model import dumps
-from cdcflow.testing.workload import Workload, compare_with_mirror, tables_for
+from cdcflow_testkit.encoders import Message, encoder_for
+from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
-__all__ = ["run_demo", "MALFORMED"]
+__all__ = ["MALFORMED", "main", "run_demo"]
 
 PARTITIONS = 2
 #: Every format replicates the same source database; the format prefix keeps their
@@ -40,8 +42,9 @@ def _target(fmt: str, workload: Workload, spec, options: dict) -> str:
     """The mirror a table lands in: encode one insert, decode it, route its source."""
     from cdcflow.apply.batch import Router
     from cdcflow.formats import decoder_for
-    from cdcflow.formats.base import Record, SourceChange
+    from cdcflow.formats.base import Record
     from cdcflow.model import Op
+    from cdcflow_testkit.encoders import SourceChange
 
     key = {c: 1 for c in spec.key_columns}
     change = SourceChange(
@@ -74,7 +77,7 @@ def run_demo(
     from cdcflow.config import parse_config
     from cdcflow.pipeline import Pipeline
     from cdcflow.sinks.delta import DeltaWarehouse
-    from cdcflow.testing.broker import EmbeddedBroker
+    from cdcflow_testkit.services.broker import EmbeddedBroker
 
     formats = formats or embedded_formats()
     root = Path(warehouse).resolve()
@@ -185,3 +188,61 @@ def run_demo(
         else "\nRESULT: FAILED, see MISMATCH lines above"
     )
     return ok
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cdcflow.config import SINKS
+
+    parser = argparse.ArgumentParser(
+        prog="cdcflow-demo",
+        description="Start the embedded broker on 127.0.0.1, produce a workload in every "
+        "format, run the pipeline, and check every Delta table against the "
+        "workload's own final state. Exit 0 when every table matches, 1 when one does not.",
+    )
+    parser.add_argument(
+        "--warehouse",
+        default="demo-warehouse",
+        help="folder for the Delta tables (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--changes", type=int, default=2000, help="source changes per format (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--format", action="append", help="only this format (repeatable); default: all"
+    )
+    parser.add_argument(
+        "--sink",
+        choices=SINKS,
+        default="delta-rs",
+        help="who merges the mirrors: delta-rs on the driver (default) or Delta Lake's Spark "
+        "commands on the executors",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every batch")
+    return parser
+
+
+def _main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+    ok = run_demo(
+        warehouse=args.warehouse,
+        changes_per_format=args.changes,
+        formats=args.format or None,
+        sink=args.sink,
+    )
+    return 0 if ok else 1
+
+
+def main() -> None:
+    """Console-script entry point of ``cdcflow-demo``."""
+    from cdcflow.cli import exit_after
+
+    exit_after(_main)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdcflow.testing.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
 
 __all__ = ["SPARK_KAFKA_VERSION", "StandaloneCluster", "spark_kafka_jars"]
 
@@ -44,9 +44,9 @@ def spark_kafka_jars(version: str = SPARK_KAFKA_VERSION) -> list[str]:
     Maven Central on first use, for ``--jars`` or ``spark.jars``.
 
     Raises:
-        cdcflow.testing.maven.MavenError: Maven is missing or could not resolve them.
+        cdcflow_testkit.services.maven.MavenError: Maven is missing or could not resolve them.
     """
-    from cdcflow.testing.maven import maven_libs
+    from cdcflow_testkit.services.maven import maven_libs
 
     libs = maven_libs(
         f"spark-sql-kafka-{version}", [f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"]
@@ -200,8 +200,8 @@ class StandaloneCluster:
         self.stop()
 
 
-if __name__ == "__main__":  # python -m cdcflow.testing.spark_cluster: resolve the jars
-    from cdcflow.testing.maven import MavenError
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.spark_cluster: resolve the jars
+    from cdcflow_testkit.services.maven import MavenError
 
     try:
         print("\n".join(spark_kafka_jars()))

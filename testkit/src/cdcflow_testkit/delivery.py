@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from cdcflow.formats.base import Message
+from cdcflow_testkit.encoders.base import Message
 
 __all__ = ["KafkaRecord", "kafka_batch", "micro_batches", "partition_of", "produce"]
 

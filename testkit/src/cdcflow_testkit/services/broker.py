@@ -301,7 +301,7 @@ class EmbeddedBroker:
             :meth:`restart` and stops in :meth:`stop`).
 
     Subclasses start other brokers behind the same interface
-    (:class:`cdcflow.testing.apache_kafka.ApacheKafkaBroker`): they override
+    (:class:`cdcflow_testkit.services.apache_kafka.ApacheKafkaBroker`): they override
     :meth:`_resolve_binary` and :meth:`_command`, and set :attr:`name` and
     :attr:`term_grace_s`.
 
@@ -882,7 +882,7 @@ def _quiet() -> Any:
     """A logger that swallows librdkafka's connection-refused noise while starting."""
     import logging
 
-    logger = logging.getLogger("cdcflow.testing.broker.librdkafka")
+    logger = logging.getLogger("cdcflow_testkit.services.broker.librdkafka")
     logger.addHandler(logging.NullHandler())
     logger.propagate = False
     return logger

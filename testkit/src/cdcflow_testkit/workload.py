@@ -24,9 +24,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from cdcflow.formats.base import Encoder, SourceChange
 from cdcflow.model import Op, SourceTable
 from cdcflow.types import parse_type
+from cdcflow_testkit.encoders.base import Encoder, SourceChange
 
 __all__ = [
     "ALL_TYPES_TABLES",

@@ -10,7 +10,7 @@ Three parts, used by ``tests/e2e/test_faults.py`` (small) and ``bench/soak.py`` 
 
 1. a source stream: Debezium (PostgreSQL connector) messages of random inserts, updates,
    deletes and truncates, with the source tables they leave behind
-   (:func:`workload_stream` from :class:`~cdcflow.testing.workload.Workload`: typed, with
+   (:func:`workload_stream` from :class:`~cdcflow_testkit.workload.Workload`: typed, with
    the Connect schema, ~2.9 KB a message; :func:`fast_stream`: schemaless, ~430 bytes,
    ~4x faster, for a million changes), plus a Kafka tombstone after each delete as
    Debezium publishes;
@@ -106,7 +106,7 @@ def workload_stream(workload: Any, n_changes: int, truncate_every: int = 0) -> S
     """Typed Debezium messages (Connect schema included) of ``n_changes`` workload changes.
 
     Args:
-        workload: a :class:`~cdcflow.testing.workload.Workload`; its state is advanced.
+        workload: a :class:`~cdcflow_testkit.workload.Workload`; its state is advanced.
         n_changes: source changes to generate (about 25k per second; ~2.9 KB a message).
         truncate_every: a TRUNCATE every this many changes (0: none).
 
@@ -115,7 +115,7 @@ def workload_stream(workload: Any, n_changes: int, truncate_every: int = 0) -> S
         ``tombstones.on.delete=true``). Targets use the default template
         ``{database}.{schema}.{table}``.
     """
-    from cdcflow.formats import encoder_for
+    from cdcflow_testkit.encoders import encoder_for
 
     encoder = encoder_for("debezium-json")
     messages: list[tuple[Key, Value, int]] = []
@@ -903,7 +903,7 @@ def check_mirrors(
         warehouse: the :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
         expected: target -> (source rows, key columns).
     """
-    from cdcflow.testing.workload import compare_with_mirror
+    from cdcflow_testkit.workload import compare_with_mirror
 
     problems = []
     for target, (rows, key_columns) in sorted(expected.items()):
