@@ -24,9 +24,8 @@ well formed; input that is not JSON yields no event from a JSON format; and
 :func:`cdcflow.decode.batches.flatten` turns the result into Arrow rows without raising.
 
 Bugs found this way keep a minimal reproducer at the end of the file, each asserting the
-fixed behaviour (the dead-letter code and what its message names, or the event). A bug not
-fixed yet is pinned by a reproducer marked ``xfail(strict=True)`` and listed in
-:func:`known_bug`, which the hypothesis tests tolerate so the suite stays green.
+fixed behaviour (the dead-letter code and what its message names, or the event). The
+hypothesis tests tolerate nothing: every event of every example is checked and flattened.
 
 The default run is sized for about a minute on two cores. ``CDCFLOW_FUZZ_EXAMPLES=N``
 runs N examples per format and property instead (e.g. 5000 for a long run); pytest's
@@ -50,7 +49,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import hypothesis
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,36 +125,6 @@ def _check_image(image: Any, where: str) -> None:
         )
 
 
-# Known bugs the fuzzer runs into; the hypothesis tests tolerate a batch that hits one, so
-# the suite stays green. Fixed ones leave this list (their reproducers stay, at the end).
-BUG_DEEP_META = (
-    "a message field nested 255-1024 levels deep is copied into meta, and flatten raises "
-    "TypeError (orjson writes at most 254 levels)"
-)
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists/dicts more than ``limit`` levels deep."""
-    level = [value]
-    for _ in range(limit + 1):
-        level = [
-            c
-            for v in level
-            if isinstance(v, list | dict)
-            for c in (v.values() if isinstance(v, dict) else v)
-        ]
-        if not level:
-            return False
-    return True
-
-
-def known_bug(event: ChangeEvent) -> str | None:
-    """The known bug (one of the ``BUG_*`` names) ``event`` shows, or ``None``."""
-    if isinstance(event.meta, dict) and _deeper_than(event.meta, 254):
-        return BUG_DEEP_META
-    return None
-
-
 def check_event(event: ChangeEvent, decoded: set[Origin]) -> None:
     """The sanity of one decoded event (not its meaning)."""
     assert isinstance(event, ChangeEvent), type(event)
@@ -202,7 +170,6 @@ def check(
     records: Sequence[Record],
     *,
     hang_seconds: float = HANG_SECONDS,
-    tolerate_known_bugs: bool = False,
 ) -> DecodeResult:
     """Decode ``records`` and assert the fuzzing property (see the module docstring).
 
@@ -210,9 +177,6 @@ def check(
         decoder: a fresh decoder.
         records: records with distinct origins.
         hang_seconds: the longest ``decode_batch`` may take.
-        tolerate_known_bugs: for hypothesis tests: when an event shows a known bug
-            (:func:`known_bug`), skip the checks of that event and ``flatten`` (which that
-            bug may crash), and count it as a hypothesis event.
 
     Returns:
         The decode result, for further checks.
@@ -247,14 +211,8 @@ def check(
         assert d.key == record.key
 
     decoded = set(result.decoded_origins)
-    known = set()
     for event in result.events:
-        bug = known_bug(event) if tolerate_known_bugs else None
-        if bug is None:
-            check_event(event, decoded)
-        else:
-            known.add(bug)
-            hypothesis.event(f"known bug: {bug}")
+        check_event(event, decoded)
 
     # a JSON format never makes an event out of bytes that are not JSON
     if not decoder.binary_values:
@@ -265,8 +223,6 @@ def check(
                 f"events from a record that is not JSON: {value[:200]!r}"
             )
 
-    if known:
-        return result
     batch = flatten(result)
     with_events = {e.origin for e in result.events}
     joined = sum(1 for o in result.decoded_origins if o not in with_events)
@@ -782,7 +738,7 @@ def arbitrary_batches(draw: st.DrawFn, fmt: str) -> tuple[Seed, list[Record]]:
 @given(data=st.data())
 def test_arbitrary_input_is_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
     seed, records = data.draw(arbitrary_batches(fmt))
-    check(seed.decoder(fmt), records, tolerate_known_bugs=True)
+    check(seed.decoder(fmt), records)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -790,7 +746,7 @@ def test_arbitrary_input_is_decoded_or_dead_lettered(fmt: str, data: st.DataObje
 @given(data=st.data())
 def test_mutated_messages_are_decoded_or_dead_lettered(fmt: str, data: st.DataObject) -> None:
     seed, records = data.draw(mutated_batches(fmt))
-    check(seed.decoder(fmt), records, tolerate_known_bugs=True)
+    check(seed.decoder(fmt), records)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -418,23 +418,51 @@ def _normalize(value: Any) -> Any:
     return value
 
 
+def _same(expected: Any, got: Any) -> bool:
+    """Equal and of the same Python type: ``1``, ``1.0`` and ``True`` are three values."""
+    return type(expected) is type(got) and expected == got
+
+
 def compare_with_mirror(
     expected: Sequence[Mapping[str, Any]], mirror: pa.Table, key_columns: Sequence[str]
 ) -> list[str]:
     """Differences between the source rows and a Delta mirror (``[]`` when equal).
 
-    ``_cdc_*`` bookkeeping columns are ignored; values compare after normalizing aware
-    datetimes to UTC and times to ISO-8601 text (their stored form). A column the mirror
-    lacks compares as NULL (a column added at the source that no change carried yet).
+    Checks the row count and that no key stands twice (a merge that inserts a second row
+    for a key is a difference, not a row that overwrites the first), the column set (a
+    mirror column the source never had is a difference), and every value by equality and
+    Python type (``1 == 1.0 == True`` is not equal here). ``_cdc_*`` bookkeeping columns
+    are ignored; values compare after normalizing aware datetimes to UTC and times to
+    ISO-8601 text (their stored form). A column the mirror lacks compares as NULL (a
+    column added at the source that no change carried yet).
+
+    Args:
+        expected: the source's rows, column -> typed value.
+        mirror: the Delta table read back.
+        key_columns: the primary key.
+
+    Returns:
+        One line per difference, sorted by kind then key.
     """
-    got = {}
-    for row in mirror.to_pylist():
-        row = {k: _normalize(v) for k, v in row.items() if not k.startswith("_cdc_")}
-        got[tuple(row[k] for k in key_columns)] = row
+    problems = []
+    columns = [c for c in mirror.column_names if not c.startswith("_cdc_")]
+    source_columns = {c for r in expected for c in r}
+    extra = [c for c in columns if c not in source_columns]
+    if extra and expected:
+        problems.append(f"columns the source does not have: {extra}")
+    if mirror.num_rows != len(expected):
+        problems.append(f"{mirror.num_rows} rows, expected {len(expected)}")
+    got: dict[tuple, dict[str, Any]] = {}
+    seen: dict[tuple, int] = {}
+    for row in mirror.select(columns).to_pylist():
+        row = {k: _normalize(v) for k, v in row.items()}
+        key = tuple(row[k] for k in key_columns)
+        seen[key] = seen.get(key, 0) + 1
+        got[key] = row
+    problems += [f"key {k} stands {n} times" for k, n in sorted(seen.items()) if n > 1]
     want = {
         tuple(r[k] for k in key_columns): {k: _normalize(v) for k, v in r.items()} for r in expected
     }
-    problems = []
     for k in sorted(set(want) - set(got)):
         problems.append(f"missing row {k}")
     for k in sorted(set(got) - set(want)):
@@ -442,6 +470,6 @@ def compare_with_mirror(
     for k in sorted(set(want) & set(got)):
         w, g = want[k], got[k]
         for c, v in w.items():
-            if g.get(c) != v:
+            if not _same(v, g.get(c)):
                 problems.append(f"row {k} column {c!r}: expected {v!r}, got {g.get(c)!r}")
     return problems
