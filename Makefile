@@ -38,8 +38,8 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka
-	$(BIN)/python -m pytest -m "not spark and not kafka"
+test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka nor Java services
+	$(BIN)/python -m pytest -m "not spark and not kafka and not services"
 
 bench: $(STAMP) ## benchmark suite: decode per core for every format, e2e Debezium vs plain PySpark, 20-table Canal, freshness at 20k/s, peak RSS; table + bench/results/latest.json (BENCH_ARGS="--scale 0.1" for a quick look)
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)

@@ -1,5 +1,5 @@
 """A second real tool: Maxwell's daemon 1.45.0 (built from its source, see
-``third_party/maxwell``) reads a real MariaDB 10.11's binlog into Apache Kafka;
+``testkit/third_party/maxwell``) reads a real MariaDB 10.11's binlog into Apache Kafka;
 ``cdcflow run --once`` mirrors its topic as ``maxwell-json``; every mirror is compared
 with ``SELECT *``, value by value.
 

@@ -134,6 +134,9 @@ def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
     master, with each sink: every table equals its source, the dead letters are the
     expected ones."""
     env = _env(cluster.master_url)
+    master_log = Path(cluster.log_dir) / "master.log"
+    apps_before = set(cluster.app_ids())
+    registered_before = master_log.read_text().count("Registering app ")
     run = subprocess.run(
         [
             *(sys.executable, "-m", "cdcflow_testkit.demo"),
@@ -148,8 +151,11 @@ def test_the_demo_runs_on_the_cluster(cluster, tmp_path, sink):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "RESULT: every table equals its source" in run.stdout
     assert "-> verified" in run.stdout
-    assert "Registering app cdcflow" in (Path(cluster.log_dir) / "master.log").read_text()
-    assert cluster.last_app_logs(), "no executor ran the demo"
+    # this run's application, not an earlier test's: one more registered, with executors
+    assert master_log.read_text().count("Registering app ") == registered_before + 1
+    new_apps = sorted(set(cluster.app_ids()) - apps_before)
+    assert len(new_apps) == 1, f"the demo ran {new_apps} on the cluster"
+    assert cluster.app_logs(new_apps[0]), "no executor of the demo's application ran"
 
 
 def test_spark_submit_runs_cdcflow_on_the_cluster_with_the_delta_spark_sink(

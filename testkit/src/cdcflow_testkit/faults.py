@@ -687,7 +687,9 @@ def run_with_kills(
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    package_root = str(Path(__file__).resolve().parents[2])  # .../src
+    import cdcflow
+
+    package_root = str(Path(cdcflow.__file__).resolve().parents[1])  # the product's src
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "cdcflow.cli", "-v", "run", str(config_path)]
     run = killer.run

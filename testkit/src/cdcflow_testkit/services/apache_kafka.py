@@ -33,8 +33,9 @@ import time
 import uuid
 from pathlib import Path
 
-from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker, _free_port
+from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker
 from cdcflow_testkit.services.maven import MavenError, maven_libs
+from cdcflow_testkit.services.process import free_port
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "kafka_libs"]
 
@@ -165,7 +166,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
             self.data_dir = tempfile.mkdtemp(prefix="cdcflow-kafka-")
         data = Path(self.data_dir)
         if self._controller_port is None or self.port != port:
-            self._controller_port = _free_port(self.host)
+            self._controller_port = free_port(self.host)
         properties = data / "server.properties"
         properties.write_text(
             _SERVER.format(

@@ -27,20 +27,17 @@ using in-memory storage", "Configuring Kafka serializers/deserializers" (``as-co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError
 from cdcflow_testkit.services.maven import MavenError, cache_root, maven_libs, run_maven
+from cdcflow_testkit.services.process import ManagedProcess, free_port
 
 __all__ = [
     "APICURIO_VERSION",
@@ -209,7 +206,7 @@ def converter_libs() -> Path:
     )
 
 
-class ApicurioRegistry:
+class ApicurioRegistry(ManagedProcess):
     """One Apicurio Registry with in-memory storage (schemas live until :meth:`stop`).
 
     Use as a context manager::
@@ -224,12 +221,14 @@ class ApicurioRegistry:
         log_path: the registry's log file (kept when a start fails).
     """
 
+    name = "Apicurio Registry"
+    log_name = "registry.log"
+    stop_grace_s = 10.0
+    error = BrokerError
+
     def __init__(self, startup_timeout_s: float = 90.0) -> None:
         self.startup_timeout_s = startup_timeout_s
         self.port: int | None = None
-        self.log_path: str | None = None
-        self._dir: str | None = None
-        self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -255,13 +254,14 @@ class ApicurioRegistry:
             MavenError: the jar cannot be built.
             BrokerError: the registry exited or did not answer within the timeout.
         """
-        jar = registry_jar()
-        self._dir = tempfile.mkdtemp(prefix="cdcflow-apicurio-")
-        self.port = _free_port("127.0.0.1")
-        self.log_path = os.path.join(self._dir, "registry.log")
+        self._jar = registry_jar()
+        return super().start()
+
+    def _command(self, folder: str) -> list[str]:
+        self.port = free_port("127.0.0.1")
         home = os.environ.get("JAVA_HOME")
         java = os.path.join(home, "bin", "java") if home else "java"
-        cmd = [
+        return [
             java,
             "-Xms64m",
             "-Xmx384m",
@@ -272,39 +272,15 @@ class ApicurioRegistry:
             "-Dquarkus.management.enabled=false",
             "-Dquarkus.log.level=WARN",
             "-jar",
-            str(jar),
+            str(self._jar),
         ]
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self._dir
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop(keep_log=True)
-            raise
-        return self
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise BrokerError(
-                    f"Apicurio Registry exited with code {self._proc.returncode} during "
-                    f"start-up; see its log: {self.log_path}"
-                )
-            try:
-                self.get("/apis/ccompat/v6/subjects")
-                return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"Apicurio Registry did not answer within {self.startup_timeout_s:.0f} s; "
-                    f"log: {self.log_path}"
-                )
-            time.sleep(0.2)
+    def _ready(self) -> bool:
+        try:
+            self.get("/apis/ccompat/v6/subjects")
+            return True
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def get(self, path: str) -> Any:
         """``GET path`` on the registry, the JSON answer.
@@ -314,22 +290,6 @@ class ApicurioRegistry:
         """
         with urllib.request.urlopen(self.url + path, timeout=5) as answer:
             return json.loads(answer.read())
-
-    def stop(self, keep_log: bool = False) -> None:
-        """Stop the registry and remove its folder (unless ``keep_log``). Idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            _stop_process(proc, grace_s=10.0)
-        if self._dir and not keep_log:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> ApicurioRegistry:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop(keep_log=exc_info[0] is not None)
 
 
 if (

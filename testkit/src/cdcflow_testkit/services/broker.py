@@ -40,7 +40,6 @@ import importlib.util
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cdcflow.errors import CdcflowError
+from cdcflow_testkit.services.process import ServiceError, free_port, stop_process
 
 __all__ = ["BrokerError", "EmbeddedBroker", "LocalS3", "StorageUnavailable"]
 
@@ -78,7 +77,7 @@ _SINGLE_PRODUCER_CONFIG: dict[str, Any] = {
 _TANSU_TERM_GRACE_S = 1.0
 
 
-class BrokerError(CdcflowError):
+class BrokerError(ServiceError):
     """The embedded broker could not start, or a produce/admin request failed."""
 
     code = "BROKER_ERROR"
@@ -88,26 +87,6 @@ class StorageUnavailable(BrokerError):
     """The broker's durable storage cannot be started here (a package is missing)."""
 
     code = "STORAGE_UNAVAILABLE"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop_process(proc: subprocess.Popen, hard: bool = False, grace_s: float = 5.0) -> None:
-    """SIGTERM (SIGKILL if ``hard``) and wait; SIGKILL after ``grace_s`` seconds."""
-    if proc.poll() is None:
-        if hard:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 class LocalS3:
@@ -189,7 +168,7 @@ class LocalS3:
         last_error: BrokerError | None = None
         for _ in range(3):  # a free port can be taken before the server binds it
             try:
-                self._launch(_free_port(self.host))
+                self._launch(free_port(self.host))
                 return self
             except BrokerError as exc:
                 last_error = exc
@@ -245,7 +224,7 @@ class LocalS3:
             return
         with contextlib.suppress(Exception):
             atexit.unregister(self._kill)
-        _stop_process(proc, hard=True)  # its objects are discarded anyway
+        stop_process(proc, hard=True)  # its objects are discarded anyway
 
     def __enter__(self) -> LocalS3:
         return self.start()
@@ -422,7 +401,7 @@ class EmbeddedBroker:
         attempts = 1 if fixed_port else 3
         last_error: BrokerError | None = None
         for _ in range(attempts):
-            port = self.port if fixed_port else _free_port(self.host)
+            port = self.port if fixed_port else free_port(self.host)
             try:
                 self._launch(binary, int(port))  # type: ignore[arg-type]
                 return
@@ -607,7 +586,7 @@ class EmbeddedBroker:
             return
         with contextlib.suppress(Exception):
             atexit.unregister(self._kill)
-        _stop_process(proc, hard=hard, grace_s=self.term_grace_s)
+        stop_process(proc, hard=hard, grace_s=self.term_grace_s)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

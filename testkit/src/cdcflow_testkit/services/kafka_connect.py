@@ -14,13 +14,8 @@ connector documentation (its configuration properties).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -28,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow_testkit.services.apache_kafka import LOG4J2, LOG4J_VERSION
-from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError
 from cdcflow_testkit.services.maven import maven_libs
+from cdcflow_testkit.services.process import ManagedProcess, free_port
 
 __all__ = [
     "CONNECT_VERSION",
@@ -96,7 +92,7 @@ def connect_libs(connector: str = "postgres") -> Path:
     )
 
 
-class ConnectStandalone:
+class ConnectStandalone(ManagedProcess):
     """One Kafka Connect standalone worker running the given connectors.
 
     Args:
@@ -117,6 +113,11 @@ class ConnectStandalone:
         log_path: the worker's log file (kept when a start fails).
     """
 
+    name = "Kafka Connect"
+    log_name = "connect.log"
+    stop_grace_s = 20.0
+    error = BrokerError
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -134,10 +135,8 @@ class ConnectStandalone:
         self.avro_registry_url = avro_registry_url
         self.startup_timeout_s = startup_timeout_s
         self.log_level = log_level
-        self.log_path: str | None = None
-        self._dir: str | None = None
         self._rest_port: int | None = None
-        self._proc: subprocess.Popen | None = None
+        self._waiting: set[str] = set()
 
     def start(self) -> ConnectStandalone:
         """Start the worker and wait until every connector's task is ``RUNNING``.
@@ -147,10 +146,13 @@ class ConnectStandalone:
                 within ``startup_timeout_s`` (the message has the failure's trace head
                 and names the log file).
         """
-        libs = connect_libs(self.connector)
-        self._dir = tempfile.mkdtemp(prefix="cdcflow-connect-")
-        folder = Path(self._dir)
-        self._rest_port = _free_port("127.0.0.1")
+        self._libs = connect_libs(self.connector)
+        self._waiting = set(self.connectors)
+        return super().start()
+
+    def _command(self, directory: str) -> list[str]:
+        folder = Path(directory)
+        self._rest_port = free_port("127.0.0.1")
         worker = folder / "worker.properties"
         if self.avro_registry_url is None:
             converters = _JSON_CONVERTERS.format(schemas=str(self.schemas).lower())
@@ -180,29 +182,18 @@ class ConnectStandalone:
             files.append(str(path))
         log4j = folder / "log4j2.properties"
         log4j.write_text(LOG4J2.format(level=self.log_level))
-        self.log_path = str(folder / "connect.log")
         home = os.environ.get("JAVA_HOME")
         java = os.path.join(home, "bin", "java") if home else "java"
-        cmd = [
+        return [
             java,
             *_JVM_OPTIONS,
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
-            os.path.join(str(libs), "*"),
+            os.path.join(str(self._libs), "*"),
             "org.apache.kafka.connect.cli.ConnectStandalone",
             str(worker),
             *files,
         ]
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        try:
-            self._wait_running()
-        except BaseException:
-            self.stop(keep_log=True)
-            raise
-        return self
 
     def status(self, name: str) -> dict[str, Any] | None:
         """The REST API's ``/connectors/{name}/status``, or ``None`` while it does not
@@ -214,53 +205,22 @@ class ConnectStandalone:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def _wait_running(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        waiting = set(self.connectors)
-        while waiting:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
+    def _ready(self) -> bool:
+        """Every connector and its tasks ``RUNNING``; a ``FAILED`` one raises."""
+        for name in sorted(self._waiting):
+            status = self.status(name)
+            if status is None:
+                continue
+            states = [status.get("connector", {}), *status.get("tasks", [])]
+            failed = [s for s in states if s.get("state") == "FAILED"]
+            if failed:
+                trace = str(failed[0].get("trace", "")).splitlines()[:3]
                 raise BrokerError(
-                    f"Kafka Connect exited with code {self._proc.returncode} during start-up; "
-                    f"see its log: {self.log_path}"
+                    f"Debezium connector {name!r} failed: {' | '.join(trace)}; log: {self.log_path}"
                 )
-            for name in sorted(waiting):
-                status = self.status(name)
-                if status is None:
-                    continue
-                states = [status.get("connector", {}), *status.get("tasks", [])]
-                failed = [s for s in states if s.get("state") == "FAILED"]
-                if failed:
-                    trace = str(failed[0].get("trace", "")).splitlines()[:3]
-                    raise BrokerError(
-                        f"Debezium connector {name!r} failed: {' | '.join(trace)}; "
-                        f"log: {self.log_path}"
-                    )
-                if status.get("tasks") and all(s.get("state") == "RUNNING" for s in states):
-                    waiting.discard(name)
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"Debezium connectors {sorted(waiting)} did not run within "
-                    f"{self.startup_timeout_s:.0f} s; log: {self.log_path}"
-                )
-            time.sleep(0.2)
-
-    def stop(self, keep_log: bool = False) -> None:
-        """Stop the worker (SIGTERM, then SIGKILL) and remove its folder (unless
-        ``keep_log``). Idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            _stop_process(proc, grace_s=20.0)
-        if self._dir and not keep_log:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> ConnectStandalone:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop(keep_log=exc_info[0] is not None)  # a failed test keeps the worker's log
+            if status.get("tasks") and all(s.get("state") == "RUNNING" for s in states):
+                self._waiting.discard(name)
+        return not self._waiting
 
 
 if __name__ == "__main__":  # python -m cdcflow_testkit.services.kafka_connect: resolve the jars

@@ -23,7 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError
+from cdcflow_testkit.services.process import free_port, stop_process
 
 __all__ = ["LocalMariaDB", "MariaDBError"]
 
@@ -97,7 +98,7 @@ class LocalMariaDB:
             if run.returncode != 0:
                 tail = (run.stdout + run.stderr).strip().splitlines()[-3:]
                 raise MariaDBError(f"mariadb-install-db failed: {' | '.join(tail)}")
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
             self.log_path = os.path.join(self._root, "server.log")
             cmd = [
                 server,
@@ -156,7 +157,7 @@ class LocalMariaDB:
         """Stop the server (SIGTERM: a clean shutdown) and remove its folder. Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _stop_process(proc, grace_s=30.0)
+            stop_process(proc, grace_s=30.0)
         if self._root:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self._root)

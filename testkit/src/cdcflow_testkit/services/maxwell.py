@@ -2,7 +2,7 @@
 
 Maven Central has Maxwell only up to 1.22.6 (2019), which fails on MariaDB 10.11
 ("unhandled character set 'utf8mb3'"). Maxwell 1.45.0 is therefore built from its
-source: ``third_party/maxwell/maxwell-1.45.0-src.tar.gz`` holds its ``pom.xml``,
+source: ``testkit/third_party/maxwell/maxwell-1.45.0-src.tar.gz`` holds its ``pom.xml``,
 ``LICENSE`` (Apache 2.0), ``bin/`` and ``src/main`` exactly as tagged ``v1.45.0``
 (commit 1fd299dc) in github.com/zendesk/maxwell. :func:`maxwell_home` builds it once with
 Maven into the test kit's cache (dependencies from Maven Central; about 200 MB, 30 s
@@ -26,12 +26,11 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import tempfile
-import time
 from pathlib import Path
 
 from cdcflow_testkit.services.broker import BrokerError
 from cdcflow_testkit.services.maven import MavenError, cache_root, run_maven
+from cdcflow_testkit.services.process import ManagedProcess
 
 __all__ = ["MAXWELL_VERSION", "Maxwell", "maxwell_home", "source_tarball"]
 
@@ -57,13 +56,13 @@ _CHANGES = [
 
 
 def source_tarball() -> Path:
-    """Maxwell's source in this repository (``third_party/maxwell``), or
+    """Maxwell's source kept beside the test kit (``testkit/third_party/maxwell``), or
     ``$CDCFLOW_MAXWELL_SOURCE``."""
     env = os.environ.get("CDCFLOW_MAXWELL_SOURCE")
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[3]
-    return repo / "third_party" / "maxwell" / f"maxwell-{MAXWELL_VERSION}-src.tar.gz"
+    kit = Path(__file__).resolve().parents[3]  # testkit/ (src/cdcflow_testkit/services/)
+    return kit / "third_party" / "maxwell" / f"maxwell-{MAXWELL_VERSION}-src.tar.gz"
 
 
 def maxwell_home(tarball: Path | None = None) -> Path:
@@ -110,7 +109,7 @@ def maxwell_home(tarball: Path | None = None) -> Path:
     return dist
 
 
-class Maxwell:
+class Maxwell(ManagedProcess):
     """One Maxwell daemon publishing a database's binlog to Kafka.
 
     Args:
@@ -125,6 +124,11 @@ class Maxwell:
     Attributes:
         log_path: Maxwell's log (kept when a start fails or a test fails).
     """
+
+    name = "Maxwell"
+    log_name = "maxwell.log"
+    error = BrokerError
+    new_session = True  # bin/maxwell is a script: SIGTERM goes to its process group
 
     def __init__(
         self,
@@ -150,9 +154,6 @@ class Maxwell:
             *(f"--{k}={v}" for k, v in (options or {}).items()),
         ]
         self.startup_timeout_s = startup_timeout_s
-        self.log_path: str | None = None
-        self._dir: str | None = None
-        self._proc: subprocess.Popen | None = None
 
     def start(self) -> Maxwell:
         """Build Maxwell if needed, start it and wait until it reads the binlog.
@@ -161,44 +162,22 @@ class Maxwell:
             MavenError: Maxwell cannot be built.
             BrokerError: Maxwell exited or did not connect within the timeout.
         """
-        dist = maxwell_home()
-        self._dir = tempfile.mkdtemp(prefix="cdcflow-maxwell-")
-        self.log_path = os.path.join(self._dir, "maxwell.log")
-        env = dict(os.environ, JAVA_OPTS="-Xmx384m -XX:+UseSerialGC -Duser.timezone=UTC")
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [str(dist / "bin" / "maxwell"), *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self._dir,
-                env=env,
-                start_new_session=True,
-            )
-        try:
-            deadline = time.monotonic() + self.startup_timeout_s
-            while _READY not in Path(self.log_path).read_text(errors="replace"):
-                if self._proc.poll() is not None:
-                    raise BrokerError(
-                        f"Maxwell exited with code {self._proc.returncode} during start-up; "
-                        f"see its log: {self.log_path}"
-                    )
-                if time.monotonic() > deadline:
-                    raise BrokerError(
-                        f"Maxwell did not connect within {self.startup_timeout_s:.0f} s; "
-                        f"log: {self.log_path}"
-                    )
-                time.sleep(0.2)
-        except BaseException:
-            self.stop(keep_log=True)
-            raise
-        return self
+        self._home = maxwell_home()
+        return super().start()
 
-    def stop(self, keep_log: bool = False) -> None:
-        """SIGTERM (Maxwell stores its position and exits), SIGKILL after 30 s; removes
-        its folder unless ``keep_log``. Idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+    def _command(self, folder: str) -> list[str]:
+        return [str(self._home / "bin" / "maxwell"), *self.args]
+
+    def _environment(self) -> dict[str, str]:
+        return dict(os.environ, JAVA_OPTS="-Xmx384m -XX:+UseSerialGC -Duser.timezone=UTC")
+
+    def _ready(self) -> bool:
+        assert self.log_path is not None
+        return _READY in Path(self.log_path).read_text(errors="replace")
+
+    def _terminate(self, proc: subprocess.Popen) -> None:
+        """SIGTERM to the group (Maxwell stores its position and exits), SIGKILL after 30 s."""
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -207,16 +186,6 @@ class Maxwell:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self._dir and not keep_log:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Maxwell:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop(keep_log=exc_info[0] is not None)
 
 
 if __name__ == "__main__":  # python -m cdcflow_testkit.services.maxwell: build Maxwell

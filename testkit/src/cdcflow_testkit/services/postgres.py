@@ -23,7 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from cdcflow_testkit.services.broker import BrokerError, _free_port
+from cdcflow_testkit.services.broker import BrokerError
+from cdcflow_testkit.services.process import free_port
 
 __all__ = ["LocalPostgres", "PostgresError"]
 
@@ -118,7 +119,7 @@ class LocalPostgres:
                 "--encoding=UTF8",
                 "--locale=C.UTF-8",
             )
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
             with open(os.path.join(self.data_dir, "postgresql.conf"), "a") as conf:
                 conf.write(
                     f"listen_addresses = '{self.host}'\n"

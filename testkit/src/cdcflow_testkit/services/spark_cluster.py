@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdcflow_testkit.services.broker import BrokerError, _free_port, _stop_process
+from cdcflow_testkit.services.broker import BrokerError
+from cdcflow_testkit.services.process import free_port, stop_process
 
 __all__ = ["SPARK_KAFKA_VERSION", "StandaloneCluster", "spark_kafka_jars"]
 
@@ -119,7 +120,7 @@ class StandaloneCluster:
                 message names the log folder).
         """
         self.log_dir = tempfile.mkdtemp(prefix="cdcflow-spark-cluster-")
-        port = _free_port("127.0.0.1")
+        port = free_port("127.0.0.1")
         self.master_url = f"spark://127.0.0.1:{port}"
         try:
             self._launch(
@@ -131,7 +132,7 @@ class StandaloneCluster:
                     "--port",
                     str(port),
                     "--webui-port",
-                    str(_free_port("127.0.0.1")),
+                    str(free_port("127.0.0.1")),
                 ],
             )
             for i in range(self.workers):
@@ -146,7 +147,7 @@ class StandaloneCluster:
                         "--memory",
                         self.memory,
                         "--webui-port",
-                        str(_free_port("127.0.0.1")),
+                        str(free_port("127.0.0.1")),
                         self.master_url,
                     ],
                 )
@@ -177,21 +178,28 @@ class StandaloneCluster:
                 )
             time.sleep(0.2)
 
-    def last_app_logs(self) -> str:
-        """The text of every executor's stderr of the application that started last
-        (``<log_dir>/work/app-<time>-<n>/<executor>/stderr``); empty before any."""
+    def app_ids(self) -> list[str]:
+        """The applications the workers ran, oldest first (``app-<time>-<n>``)."""
         assert self.log_dir is not None
-        apps = sorted(Path(self.log_dir).glob("work/app-*"))
-        if not apps:
-            return ""
-        return "".join(p.read_text(errors="replace") for p in sorted(apps[-1].glob("*/stderr")))
+        return sorted(p.name for p in Path(self.log_dir).glob("work/app-*"))
+
+    def app_logs(self, app_id: str) -> str:
+        """The text of every executor's stderr of application ``app_id``."""
+        assert self.log_dir is not None
+        folder = Path(self.log_dir) / "work" / app_id
+        return "".join(p.read_text(errors="replace") for p in sorted(folder.glob("*/stderr")))
+
+    def last_app_logs(self) -> str:
+        """:meth:`app_logs` of the application that started last; empty before any."""
+        apps = self.app_ids()
+        return self.app_logs(apps[-1]) if apps else ""
 
     def stop(self) -> None:
         """Stop the workers and the master. Idempotent; the logs stay in :attr:`log_dir`."""
         procs, self._procs = self._procs, []
         for proc in reversed(procs):
             with contextlib.suppress(Exception):
-                _stop_process(proc, grace_s=10.0)
+                stop_process(proc, grace_s=10.0)
 
     def __enter__(self) -> StandaloneCluster:
         return self.start()
