@@ -221,15 +221,6 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_streams(spark) -> None:
-    """Stop every streaming query of the session (the lease was lost: stop writing)."""
-    for query in spark.streams.active:
-        try:
-            query.stop()
-        except Exception:  # stopping the others matters more
-            log.exception("could not stop streaming query %s", query.name)
-
-
 def _interrupt_on_sigterm() -> None:
     """SIGTERM (``kill``, ``docker stop``, Kubernetes) stops a run as Ctrl-C does, so the
     lease is released on the way out and the next run, anywhere, takes it at once."""
@@ -242,38 +233,10 @@ def _interrupt_on_sigterm() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cdcflow.config import load_config
-    from cdcflow.errors import LeaseLost
-    from cdcflow.sinks.lease import PipelineLease
+    from cdcflow.runner import run
 
-    config = load_config(args.config)
     _interrupt_on_sigterm()
-    # Taken before Spark starts, so a second run of the pipeline is refused in well under a
-    # second; released on every way out (Ctrl-C included). See docs/decisions.md (21).
-    with PipelineLease(config.warehouse, config.pipeline_id) as lease:
-        from cdcflow.pipeline import Pipeline
-
-        def fence() -> None:
-            if lease.lost:  # before an apply's first commit and its completion
-                raise LeaseLost(lease.lost_reason or "")
-
-        pipeline = Pipeline(
-            config,
-            on_batch=lambda source, report: fence(),  # fail the query: no further batch
-            config_path=args.config,
-            fence=fence,
-        )
-        lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
-        if lease.lost:  # lost while Spark started
-            raise LeaseLost(lease.lost_reason or "")
-        try:
-            summary = pipeline.run(once=args.once)
-        except Exception as exc:
-            if lease.lost:
-                raise LeaseLost(lease.lost_reason or "") from exc
-            raise
-        if lease.lost:
-            raise LeaseLost(lease.lost_reason or "")
+    summary = run(args.config, once=args.once)  # loads the configuration, then the lease
     totals = summary.totals()
     print(
         f"{totals['batches']} batches: {totals['records']} records, {totals['events']} events, "

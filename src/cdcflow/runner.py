@@ -1,0 +1,74 @@
+"""Running a pipeline the one safe way: under its lease, whoever calls it.
+
+:func:`run` is what ``cdcflow run`` does, as a library call: it takes the pipeline's lease
+before Spark starts (a second run of the same ``pipeline_id`` and warehouse is refused at
+once), fences every micro-batch's apply on it, stops the streaming queries when the lease
+is lost, and releases it on every way out. ``Pipeline(config).run()`` stays the bare
+engine under it (tests, the demo's own warehouse). See docs/decisions.md (21).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cdcflow.config import PipelineConfig, load_config
+from cdcflow.errors import LeaseLost
+from cdcflow.pipeline import Pipeline, RunSummary
+from cdcflow.sinks.lease import PipelineLease
+
+__all__ = ["run"]
+
+log = logging.getLogger(__name__)
+
+
+def _stop_streams(spark) -> None:
+    """Stop every streaming query of the session (the lease was lost: stop writing)."""
+    for query in spark.streams.active:
+        try:
+            query.stop()
+        except Exception:  # stopping the others matters more
+            log.exception("could not stop streaming query %s", query.name)
+
+
+def run(config: PipelineConfig | str | Path, *, once: bool = False) -> RunSummary:
+    """Run the pipeline of ``config`` (a loaded configuration or a YAML file's path) under
+    its lease; with ``once``, drain what the topics hold now and return.
+
+    Returns:
+        The run's totals per source.
+
+    Raises:
+        ConfigError: the configuration is invalid (a path is loaded first).
+        LeaseHeld: another run holds the pipeline's lease (before Spark starts).
+        LeaseLost: this run's lease was taken over; its queries were stopped.
+        CdcflowError, SourceError: as :meth:`cdcflow.pipeline.Pipeline.run`.
+    """
+    config_path = "CONFIG"  # named in the fixes of error messages
+    if not isinstance(config, PipelineConfig):
+        config_path = str(config)
+        config = load_config(config)
+    with PipelineLease(config.warehouse, config.pipeline_id) as lease:
+
+        def fence() -> None:
+            if lease.lost:  # before an apply's first commit and its completion
+                raise LeaseLost(lease.lost_reason or "")
+
+        pipeline = Pipeline(
+            config,
+            on_batch=lambda source, report: fence(),  # fail the query: no further batch
+            config_path=config_path,
+            fence=fence,
+        )
+        lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
+        if lease.lost:  # lost while Spark started
+            raise LeaseLost(lease.lost_reason or "")
+        try:
+            summary = pipeline.run(once=once)
+        except Exception as exc:
+            if lease.lost:
+                raise LeaseLost(lease.lost_reason or "") from exc
+            raise
+        if lease.lost:
+            raise LeaseLost(lease.lost_reason or "")
+    return summary
