@@ -51,6 +51,7 @@ from cdcflow.sinks.faults import storage_error
 from cdcflow.types import arrow_type
 
 __all__ = [
+    "DELETE_FLAG",
     "DeltaWarehouse",
     "MirrorResult",
     "CHANGELOG_COLUMNS",
@@ -62,11 +63,12 @@ __all__ = [
     "SEQ_COLUMN",
     "SOFT_DELETE_COLUMN",
     "TS_COLUMN",
+    "quote_column",
 ]
 
 SEQ_COLUMN = "_cdc_seq"
 TS_COLUMN = "_cdc_ts_ms"
-_DELETE_FLAG = "_cdc_delete"
+DELETE_FLAG = "_cdc_delete"
 _PRESENT_PREFIX = "_cdc_present__"
 SYSTEM_FOLDER = "_cdcflow"
 
@@ -247,7 +249,7 @@ def _images_read(
     return pa.concat_tables([after, removed]).combine_chunks()
 
 
-def _q(name: str) -> str:
+def quote_column(name: str) -> str:
     """Quote a column name for a SQL expression (delta-rs's DataFusion and Spark SQL
     quote alike)."""
     return "`" + name.replace("`", "``") + "`"
@@ -260,7 +262,7 @@ def merge_expressions(
     target, ``s`` source), and per stored column (unquoted name) the expression of a
     matched update -- a column a partial image lacks keeps the stored value -- and of an
     insert. With ``soft_delete`` both clear ``_deleted``."""
-    seq = _q(SEQ_COLUMN)
+    seq = quote_column(SEQ_COLUMN)
     newer = f"(t.{seq} IS NULL OR s.{seq} IS NULL OR s.{seq} >= t.{seq})"
     present = {
         c[len(_PRESENT_PREFIX) :] for c in source.column_names if c.startswith(_PRESENT_PREFIX)
@@ -268,13 +270,13 @@ def merge_expressions(
     data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
     updates = {
         c: (
-            f"CASE WHEN s.{_q(_PRESENT_PREFIX + c)} THEN s.{_q(c)} ELSE t.{_q(c)} END"
+            f"CASE WHEN s.{quote_column(_PRESENT_PREFIX + c)} THEN s.{quote_column(c)} ELSE t.{quote_column(c)} END"
             if c in present
-            else f"s.{_q(c)}"
+            else f"s.{quote_column(c)}"
         )
         for c in data_cols
     }
-    inserts = {c: f"s.{_q(c)}" for c in data_cols}
+    inserts = {c: f"s.{quote_column(c)}" for c in data_cols}
     if soft_delete:
         updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
     return newer, updates, inserts
@@ -551,7 +553,7 @@ class DeltaWarehouse:
                 upserts, deletes, stored_types, columns, key_columns
             )
             if result.rejected:
-                result.upserts = int(pc.sum(pc.invert(source[_DELETE_FLAG])).as_py() or 0)
+                result.upserts = int(pc.sum(pc.invert(source[DELETE_FLAG])).as_py() or 0)
                 result.deletes = source.num_rows - result.upserts
 
         # truncate first: only rows whose sequence is below it
@@ -670,8 +672,8 @@ class DeltaWarehouse:
             if old not in names or new not in names:
                 continue
             table.update(
-                updates={_q(new): _q(old), _q(old): "NULL"},
-                predicate=f"{_q(new)} IS NULL AND {_q(old)} IS NOT NULL",
+                updates={quote_column(new): quote_column(old), quote_column(old): "NULL"},
+                predicate=f"{quote_column(new)} IS NULL AND {quote_column(old)} IS NOT NULL",
             )
             table = self.open(path)
         self._tables.pop(path, None)
@@ -792,7 +794,7 @@ class DeltaWarehouse:
             ),
         )
         data = data.append_column(
-            _DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
+            DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
         )
         if any(partial):
             for c in columns:
@@ -811,12 +813,17 @@ class DeltaWarehouse:
         """Remove (or, with ``soft_delete``, flag) the rows stored before a truncate at
         ``truncate_seq``; the commit carries the batch's transaction when ``batch_id`` is
         given (the truncate is the batch's last change to the table)."""
-        predicate = f"{_q(SEQ_COLUMN)} IS NULL OR {_q(SEQ_COLUMN)} < '{truncate_seq}'"
+        predicate = (
+            f"{quote_column(SEQ_COLUMN)} IS NULL OR {quote_column(SEQ_COLUMN)} < '{truncate_seq}'"
+        )
         props = self._commit(batch_id) if batch_id is not None else None
         if soft_delete:
             table.update(
-                updates={_q(SOFT_DELETE_COLUMN): "true", _q(SEQ_COLUMN): f"'{truncate_seq}'"},
-                predicate=f"({predicate}) AND NOT {_q(SOFT_DELETE_COLUMN)}",
+                updates={
+                    quote_column(SOFT_DELETE_COLUMN): "true",
+                    quote_column(SEQ_COLUMN): f"'{truncate_seq}'",
+                },
+                predicate=f"({predicate}) AND NOT {quote_column(SOFT_DELETE_COLUMN)}",
                 commit_properties=props,
             )
         else:
@@ -849,10 +856,10 @@ class DeltaWarehouse:
     ) -> dict[str, Any]:
         eq = "IS NOT DISTINCT FROM" if null_safe else "="
         # parenthesised: delta-rs parses `a IS NOT DISTINCT FROM b AND c` as `a ... (b AND c)`
-        on = " AND ".join(f"(t.{_q(k)} {eq} s.{_q(k)})" for k in key_columns)
+        on = " AND ".join(f"(t.{quote_column(k)} {eq} s.{quote_column(k)})" for k in key_columns)
         newer, updates, inserts = merge_expressions(source, columns, soft_delete)
-        updates = {_q(c): v for c, v in updates.items()}
-        inserts = {_q(c): v for c, v in inserts.items()}
+        updates = {quote_column(c): v for c, v in updates.items()}
+        inserts = {quote_column(c): v for c, v in inserts.items()}
         started = time.perf_counter()
         merger = table.merge(
             source,
@@ -861,14 +868,14 @@ class DeltaWarehouse:
             target_alias="t",
             commit_properties=self._commit(batch_id),
         )
-        is_delete = f"s.{_q(_DELETE_FLAG)} AND {newer}"
+        is_delete = f"s.{quote_column(DELETE_FLAG)} AND {newer}"
         if soft_delete:
-            flag = _q(SOFT_DELETE_COLUMN)
+            flag = quote_column(SOFT_DELETE_COLUMN)
             merger = merger.when_matched_update(
                 updates={
                     flag: "true",
-                    _q(SEQ_COLUMN): f"s.{_q(SEQ_COLUMN)}",
-                    _q(TS_COLUMN): f"s.{_q(TS_COLUMN)}",
+                    quote_column(SEQ_COLUMN): f"s.{quote_column(SEQ_COLUMN)}",
+                    quote_column(TS_COLUMN): f"s.{quote_column(TS_COLUMN)}",
                 },
                 predicate=is_delete,
             )
@@ -876,9 +883,11 @@ class DeltaWarehouse:
             merger = merger.when_matched_delete(predicate=is_delete)
         metrics = (
             merger.when_matched_update(
-                updates=updates, predicate=f"NOT s.{_q(_DELETE_FLAG)} AND {newer}"
+                updates=updates, predicate=f"NOT s.{quote_column(DELETE_FLAG)} AND {newer}"
             )
-            .when_not_matched_insert(updates=inserts, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
+            .when_not_matched_insert(
+                updates=inserts, predicate=f"NOT s.{quote_column(DELETE_FLAG)}"
+            )
             .execute()
         )
         metrics["merge_s"] = round(time.perf_counter() - started, 4)
@@ -1129,7 +1138,7 @@ def _merged_rows(
         for j, key in enumerate(_key_tuples(source, key_columns, null_safe))
         if key is not None
     }
-    is_delete = source[_DELETE_FLAG].to_pylist()
+    is_delete = source[DELETE_FLAG].to_pylist()
     source_seq = source[SEQ_COLUMN].to_pylist()
     stored_seq = stored[SEQ_COLUMN].to_pylist()
     kept: list[int] = []

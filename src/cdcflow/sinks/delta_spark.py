@@ -39,13 +39,13 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.sinks.delta import (
-    _DELETE_FLAG,
+    DELETE_FLAG,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     DeltaWarehouse,
-    _q,
     merge_expressions,
+    quote_column,
 )
 
 __all__ = ["DELTA_EXTENSION", "SparkDeltaWarehouse", "delta_spark_ready"]
@@ -93,16 +93,16 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         return session
 
     def _target(self, table: DeltaTable) -> str:
-        return f"delta.{_q(table.table_uri)}"
+        return f"delta.{quote_column(table.table_uri)}"
 
     def _truncate(
         self, table: DeltaTable, truncate_seq: str, batch_id: int | None, soft_delete: bool
     ) -> None:
-        seq = _q(SEQ_COLUMN)
+        seq = quote_column(SEQ_COLUMN)
         before = f"({seq} IS NULL OR {seq} < '{truncate_seq}')"
         session = self._session(batch_id)
         if soft_delete:
-            flag = _q(SOFT_DELETE_COLUMN)
+            flag = quote_column(SOFT_DELETE_COLUMN)
             session.sql(
                 f"UPDATE {self._target(table)} SET {flag} = true, {seq} = '{truncate_seq}' "
                 f"WHERE {before} AND NOT {flag}"
@@ -128,18 +128,16 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         view = f"cdcflow_merge_source_{batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
         eq = "<=>" if null_safe else "="
-        on = " AND ".join(f"t.{_q(k)} {eq} s.{_q(k)}" for k in key_columns)
+        on = " AND ".join(f"t.{quote_column(k)} {eq} s.{quote_column(k)}" for k in key_columns)
         newer, updates, inserts = merge_expressions(source, columns, soft_delete)
-        flag = _q(_DELETE_FLAG)
+        flag = quote_column(DELETE_FLAG)
         if soft_delete:
-            seq, ts = _q(SEQ_COLUMN), _q(TS_COLUMN)
-            on_delete = (
-                f"UPDATE SET t.{_q(SOFT_DELETE_COLUMN)} = true, t.{seq} = s.{seq}, t.{ts} = s.{ts}"
-            )
+            seq, ts = quote_column(SEQ_COLUMN), quote_column(TS_COLUMN)
+            on_delete = f"UPDATE SET t.{quote_column(SOFT_DELETE_COLUMN)} = true, t.{seq} = s.{seq}, t.{ts} = s.{ts}"
         else:
             on_delete = "DELETE"
-        set_clause = ", ".join(f"t.{_q(c)} = {v}" for c, v in updates.items())
-        names = ", ".join(_q(c) for c in inserts)
+        set_clause = ", ".join(f"t.{quote_column(c)} = {v}" for c, v in updates.items())
+        names = ", ".join(quote_column(c) for c in inserts)
         values = ", ".join(inserts.values())
         sql = (
             f"MERGE INTO {self._target(table)} AS t USING {view} AS s ON {on} "

@@ -85,7 +85,14 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.event_schema import KIND_EVENT
 from cdcflow.images import logical_from_arrow, rows_to_arrow
 from cdcflow.model import Op, json_default
-from cdcflow.sinks.delta import SEQ_COLUMN, TS_COLUMN, DeltaWarehouse, arrow_schema
+from cdcflow.sinks.delta import (
+    DELETE_FLAG,
+    SEQ_COLUMN,
+    TS_COLUMN,
+    DeltaWarehouse,
+    arrow_schema,
+    quote_column,
+)
 
 __all__ = [
     "HISTORY_COLUMNS",
@@ -110,7 +117,6 @@ _SYSTEM_FIELDS = [
     pa.field(SEQ_COLUMN, pa.string()),
     pa.field(TS_COLUMN, pa.int64()),
 ]
-_DELETE_FLAG = "_cdc_delete"
 
 _UPSERT, _DELETE, _TRUNCATE = "upsert", "delete", "truncate"
 _UPSERT_OPS = {Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value}
@@ -204,10 +210,6 @@ class _Version:
 def log_path(warehouse: DeltaWarehouse, target: str) -> str:
     """Folder of the change log of the history table ``target``."""
     return warehouse.system_path("history_log/" + warehouse.table_path(target).rsplit("/", 1)[1])
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _canonical(row: Mapping[str, Any]) -> str:
@@ -737,8 +739,8 @@ def _merge_source(upserts: pa.Table, gone: pa.Table, schema: pa.Schema) -> pa.Ta
     gone = gone.select(schema.names).cast(schema)
     return pa.concat_tables(
         [
-            upserts.append_column(_DELETE_FLAG, pa.array([False] * upserts.num_rows, pa.bool_())),
-            gone.append_column(_DELETE_FLAG, pa.array([True] * gone.num_rows, pa.bool_())),
+            upserts.append_column(DELETE_FLAG, pa.array([False] * upserts.num_rows, pa.bool_())),
+            gone.append_column(DELETE_FLAG, pa.array([True] * gone.num_rows, pa.bool_())),
         ]
     )
 
@@ -761,8 +763,12 @@ def _merge(
     key_columns: Sequence[str],
     batch_id: int,
 ) -> dict[str, Any]:
-    on = " AND ".join(f"t.{_q(c)} = s.{_q(c)}" for c in (*key_columns, START_AT))
-    columns = {_q(n): f"s.{_q(n)}" for n in source.column_names if n != _DELETE_FLAG}
+    on = " AND ".join(
+        f"t.{quote_column(c)} = s.{quote_column(c)}" for c in (*key_columns, START_AT)
+    )
+    columns = {
+        quote_column(n): f"s.{quote_column(n)}" for n in source.column_names if n != DELETE_FLAG
+    }
     started = time.perf_counter()
     metrics = (
         table.merge(
@@ -772,9 +778,9 @@ def _merge(
             target_alias="t",
             commit_properties=warehouse.commit_properties(batch_id),
         )
-        .when_matched_delete(predicate=f"s.{_q(_DELETE_FLAG)}")
-        .when_matched_update(updates=columns, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
-        .when_not_matched_insert(updates=columns, predicate=f"NOT s.{_q(_DELETE_FLAG)}")
+        .when_matched_delete(predicate=f"s.{quote_column(DELETE_FLAG)}")
+        .when_matched_update(updates=columns, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
+        .when_not_matched_insert(updates=columns, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
         .execute()
     )
     metrics["merge_s"] = round(time.perf_counter() - started, 4)
