@@ -67,6 +67,33 @@ class Checkpoint:
         """Spark's micro-batch ids that were planned (``offsets/``)."""
         return self._batches("offsets")
 
+    def read_nothing(self) -> bool:
+        """Whether the finished micro-batches can have read no record: the last one's
+        end offsets (``offsets/<id>``, one JSON object per source after Spark's two header
+        lines) name no partition (the topic did not exist yet) or only partitions at
+        offset 0 (it had no record yet). Kafka offsets only grow, so then no micro-batch
+        read anything. Anything else, or a file that does not read so, is ``False``."""
+        committed = self.committed_batches()
+        if not committed:
+            return True
+        try:
+            with open(
+                os.path.join(self.path, "offsets", str(committed[-1])), encoding="utf-8"
+            ) as f:
+                lines = [line for line in f.read().splitlines()[2:] if line.strip()]
+            sources = [json.loads(line) for line in lines]
+        except (OSError, ValueError):
+            return False
+        for offsets in sources:
+            if not isinstance(offsets, dict):
+                return False
+            for partitions in offsets.values():
+                if not isinstance(partitions, dict):
+                    return False
+                if any(not isinstance(o, int) or o != 0 for o in partitions.values()):
+                    return False
+        return bool(sources)
+
     def is_new(self) -> bool:
         """No micro-batch was ever planned: the query starts from ``startingOffsets``."""
         return not self.planned_batches()

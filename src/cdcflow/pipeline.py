@@ -359,8 +359,8 @@ class Pipeline:
         is finished, and a new checkpoint starts at the warehouse's offsets.
 
         Raises:
-            ConfigError: the checkpoint belongs to another stream, or it is ahead of a
-                warehouse that has applied nothing of this source.
+            ConfigError: the checkpoint belongs to another stream, or it has read records
+                that a warehouse which has applied nothing of this source never got.
             SourceError: Kafka cannot be reached, or an interrupted apply's records are
                 gone (DATA_LOSS).
         """
@@ -368,7 +368,9 @@ class Pipeline:
         checkpoint.claim(self.fingerprint(source), self.config_path)
         ledger = applier.ledger
         committed = checkpoint.committed_batches()
-        if committed and ledger.completed_id() < 0:
+        # a checkpoint whose micro-batches read nothing (started before the replication
+        # tool created or filled its topic) agrees with a warehouse that applied nothing
+        if committed and ledger.completed_id() < 0 and not checkpoint.read_nothing():
             raise ConfigError(
                 f"checkpoint {checkpoint.path} has {len(committed)} finished micro-batches, "
                 f"but warehouse {self.config.warehouse} has applied nothing of source "

@@ -60,7 +60,7 @@ def pipeline_config(tmp_path, broker, fmt, topic, options=None, batch=100_000) -
 class Scenario:
     """A format, a topic and a workload over the demo tables."""
 
-    def __init__(self, broker, fmt, seed=11, topic_config=None):
+    def __init__(self, broker, fmt, seed=11, topic_config=None, create_topic=True):
         self.fmt = fmt
         self.broker = broker
         self.encoder = encoder_for(fmt)
@@ -71,7 +71,8 @@ class Scenario:
             seed=seed,
         )
         self.topic = f"e2e.{fmt}.{next(_topics)}"
-        broker.create_topic(self.topic, partitions=PARTITIONS, config=topic_config)
+        if create_topic:  # else the test creates it when it wants
+            broker.create_topic(self.topic, partitions=PARTITIONS, config=topic_config)
         self.options: dict = {}
         self.produced = 0
 
