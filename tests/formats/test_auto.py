@@ -42,7 +42,9 @@ from cdcflow_testkit.encoders.debezium_json import DebeziumJsonEncoder
 from cdcflow_testkit.golden import GoldenCase, load_case
 
 CASES = Path(__file__).parent / "cases"
-ALIYUN = Path("/work/shared/corpus/aliyun")  # DataWorks messages (Paimon's aliyun-json tests)
+ALIYUN = (
+    Path(__file__).parent / "corpus" / "aliyun"
+)  # DataWorks messages (Paimon's aliyun-json tests)
 
 #: dead-letter codes about the envelope: where the field at fault is one a format is
 #: recognized by, auto cannot recognize the record and says UNKNOWN_FORMAT instead

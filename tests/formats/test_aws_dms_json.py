@@ -16,7 +16,7 @@ from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
-CORPUS = Path("/work/shared/corpus/aws_dms")
+CORPUS = Path(__file__).parent / "corpus" / "aws_dms"
 FMT = "aws-dms-json"
 KEYS = {"primary_keys": {"*": ["id"]}}
 

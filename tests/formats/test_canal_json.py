@@ -21,7 +21,7 @@ from cdcflow.formats.canal_json import CanalJsonDecoder, CanalJsonOptions
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
-CORPUS = Path("/work/shared/corpus/canal")
+CORPUS = Path(__file__).parent / "corpus" / "canal"
 D = decimal.Decimal
 
 

@@ -24,7 +24,7 @@ from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 from cdcflow_testkit.encoders.dataworks_json import DataWorksJsonEncoder
 
-CORPUS = Path("/work/shared/corpus/aliyun")
+CORPUS = Path(__file__).parent / "corpus" / "aliyun"
 CASES = Path(__file__).parent / "cases" / "dataworks-json"
 UTC = dt.UTC
 ROW_ID = "#alibaba_rds_row_id#"

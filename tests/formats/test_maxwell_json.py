@@ -18,7 +18,7 @@ from cdcflow.formats.maxwell_json import COMMIT_ROW_XOFFSET
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
-CORPUS = Path("/work/shared/corpus/maxwell")
+CORPUS = Path(__file__).parent / "corpus" / "maxwell"
 FMT = "maxwell-json"
 
 

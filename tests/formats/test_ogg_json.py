@@ -16,7 +16,7 @@ from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
-CORPUS = Path("/work/shared/corpus/ogg")
+CORPUS = Path(__file__).parent / "corpus" / "ogg"
 FMT = "ogg-json"
 
 

@@ -4,7 +4,7 @@
 Source documents: AWS DMS user guide, *Using Apache Kafka as a target* (message format,
 ``IncludeTransactionDetails``, ``IncludeControlDetails``, ``IncludeTableAlterOperations``,
 ``IncludeNullAndEmpty``), *Before image task settings* and the ``add-before-image-columns``
-transformation rule; corpus files under ``/work/shared/corpus/aws_dms/``. One record is::
+transformation rule; corpus files under ``tests/formats/corpus/aws_dms/``. One record is::
 
     {"data": {col: value, ["BI_<col>": before value]},
      ["<BeforeImageSettings.FieldName>": {col: before value}],

@@ -1,7 +1,7 @@
 """Alibaba Canal flat-message JSON (``canal-json``), as written by Canal and Alibaba DTS.
 
 Source documents: Alibaba Cloud DTS *Data storage formats in message queues*, part
-"Canal Json" (``/work/shared/seeds/dts-kafka-storage-formats.txt``), and Canal's own
+"Canal Json" (``https://www.alibabacloud.com/help/en/dts/user-guide/data-formats-of-a-kafka-cluster``), and Canal's own
 ``FlatMessage`` (open-source Canal MQ mode). One message is::
 
     {"data": [{col: "text", ...}, ...], "old": [{col: "old text"}, ...] | null,

@@ -1,7 +1,7 @@
 """Alibaba Cloud DataWorks "sync to Kafka" JSON (``dataworks-json``).
 
 Source document: *Formats of messages written to Kafka* (DataWorks data integration,
-``/work/shared/seeds/dataworks-kafka-message-format.txt``); Apache Paimon reads the same
+``https://www.alibabacloud.com/help/en/doc-detail/252741.htm``); Apache Paimon reads the same
 messages as ``aliyun-json``. A message is ``{"schema": {...}, "payload": {...},
 "version"}``:
 

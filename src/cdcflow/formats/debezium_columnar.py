@@ -12,7 +12,7 @@ Arrow's JSON reader and proven equal to the exact reading by their canonical tex
 window, before any effect; the decode stage then decodes it record by record.
 
 Source document: Debezium's PostgreSQL connector event format
-(``../shared/seeds/``, Debezium connector documentation, "Data change events").
+(https://debezium.io/documentation/reference/stable/connectors/postgresql.html, Debezium connector documentation, "Data change events").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Huawei Cloud DRS "synchronize to Kafka" Avro (``drs-avro``).
 
 Source document: *Kafka Message Format* of Huawei Cloud Data Replication Service
-(``/work/shared/seeds/drs-kafka-message-format.txt``): "For details about the schema
+(``https://support.huaweicloud.com/intl/en-us/realtimesyn-drs/drs_03_0052.html``): "For details about the schema
 definition in Avro format, see record.rar" -- an archive that is not public here. What
 *is* public is Huawei's own Flink sample that reads these records
 (``com.huawei.bigdata.flink.avro.parser.Avro2Json``): it decodes each Kafka value with

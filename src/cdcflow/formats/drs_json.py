@@ -1,7 +1,7 @@
 """Huawei Cloud DRS "synchronize to Kafka" JSON and JSON-C (``drs-json``, ``drs-json-c``).
 
 Source document: *Kafka Message Format* of Huawei Cloud Data Replication Service
-(``/work/shared/seeds/drs-kafka-message-format.txt``, updated 2023-01-05), MySQL to Kafka.
+(``https://support.huaweicloud.com/intl/en-us/realtimesyn-drs/drs_03_0052.html``, updated 2023-01-05), MySQL to Kafka.
 A message is one Canal-like flat object::
 
     {"mysqlType": {col: "int", ...}, "sqlType": {col: 4, ...}, "id": 27677,

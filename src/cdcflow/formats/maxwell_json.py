@@ -2,7 +2,7 @@
 
 Source documents: Maxwell's *Data format* page (``docs/docs/dataformat.md``) and its
 ``RowMap``/``DDLMap``/``RowIdentity`` serializers (zendesk/maxwell); corpus files under
-``/work/shared/corpus/maxwell/``. One row message is::
+``tests/formats/corpus/maxwell/``. One row message is::
 
     {"database", "table", "type": "insert"|"update"|"delete"|"bootstrap-*",
      "ts": commit seconds, ["xid", "xoffset" | "commit": true], ["position": "file:off"],

@@ -4,7 +4,7 @@ GoldenGate for Big Data (GG for DAA) Kafka handler.
 Source documents: GoldenGate for Big Data *Using the Pluggable Formatters* (JSON
 formatter, operation model; metacolumn keywords ``${position}``, ``${csn}``, ``${xid}``,
 ``${txind}``, ``${primarykeycolumns}``, ``${alltokens}``); corpus files under
-``/work/shared/corpus/ogg/``. One message is::
+``tests/formats/corpus/ogg/``. One message is::
 
     {"table": "SCHEMA.TABLE" | "CATALOG.SCHEMA.TABLE", "op_type": "I"|"U"|"D"|"T",
      "op_ts": "yyyy-MM-dd HH:mm:ss.SSSSSS", "current_ts": "...", "pos": "000...0143",
