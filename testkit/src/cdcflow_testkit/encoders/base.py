@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cdcflow.model import Op, SourceTable
+from cdcflow.types import LOGICAL_TYPES
 
-__all__ = ["Encoder", "Message", "SourceChange"]
+__all__ = ["ENCODABLE_TYPES", "Encoder", "Message", "SourceChange"]
+
+#: every logical type a workload column can have (``decimal`` stands for ``decimal(p,s)``);
+#: an encoder's ``exact_types`` is these less what its format cannot carry without loss
+ENCODABLE_TYPES = LOGICAL_TYPES | {"decimal"}
 
 
 @dataclass(frozen=True, slots=True)

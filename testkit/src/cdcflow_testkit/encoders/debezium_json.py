@@ -25,7 +25,7 @@ from cdcflow.formats.debezium_json import (
     IDENTIFIER,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
 
 
 def _connect_field(name: str, logical: str) -> dict[str, Any]:
@@ -84,23 +84,7 @@ class DebeziumJsonEncoder(Encoder):
     """
 
     identifier = IDENTIFIER
-    exact_types = frozenset(
-        {
-            "boolean",
-            "int32",
-            "int64",
-            "float32",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-            "timestamptz",
-        }
-    )
+    exact_types = ENCODABLE_TYPES
 
     def __init__(self) -> None:
         self._schemas: dict[Any, tuple[dict[str, Any], dict[str, Any] | None]] = {}

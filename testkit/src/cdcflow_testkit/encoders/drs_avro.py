@@ -25,7 +25,7 @@ from cdcflow.formats.drs_avro import (
 )
 from cdcflow.formats.drs_json import _ENCODE_TYPES
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
 from cdcflow_testkit.encoders.drs_json import encode_text
 
 
@@ -35,21 +35,7 @@ class DrsAvroEncoder(Encoder):
     Avro bytes)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-            "timestamptz",
-        }
-    )
+    exact_types: ClassVar[frozenset[str]] = ENCODABLE_TYPES - {"boolean", "float32"}
 
     def __init__(self) -> None:
         self._schema = parse_schema(STANDIN_SCHEMA)

@@ -27,7 +27,7 @@ from cdcflow.formats.drs_json import (
     OP_UPDATE,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
 
 
 def java_double(x: float) -> str:
@@ -161,21 +161,7 @@ class DrsJsonEncoder(_DrsJsonEncoderBase):
 
     identifier: ClassVar[str] = IDENTIFIER_JSON
     _json_c: ClassVar[bool] = False
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-            "timestamptz",
-        }
-    )
+    exact_types: ClassVar[frozenset[str]] = ENCODABLE_TYPES - {"boolean", "float32"}
 
 
 class DrsJsonCEncoder(_DrsJsonEncoderBase):
@@ -184,17 +170,4 @@ class DrsJsonCEncoder(_DrsJsonEncoderBase):
 
     identifier: ClassVar[str] = IDENTIFIER_JSON_C
     _json_c: ClassVar[bool] = True
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-        }
-    )
+    exact_types: ClassVar[frozenset[str]] = ENCODABLE_TYPES - {"boolean", "float32", "timestamptz"}

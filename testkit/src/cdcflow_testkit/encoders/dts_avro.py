@@ -22,7 +22,7 @@ from cdcflow.formats.dts_avro import (
 )
 from cdcflow.model import Op
 from cdcflow.types import EPOCH, parse_type
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
 
 
 def _encode_value(value: Any, logical: str) -> Any:
@@ -102,21 +102,7 @@ class DtsAvroEncoder(Encoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "int32",
-            "int64",
-            "float64",
-            "decimal",
-            "string",
-            "json",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-            "timestamptz",
-        }
-    )
+    exact_types: ClassVar[frozenset[str]] = ENCODABLE_TYPES - {"boolean", "float32"}
 
     def encode(self, change: SourceChange) -> list[Message]:
         table = change.table

@@ -28,7 +28,7 @@ from cdcflow.model import Op
 from cdcflow.types import (
     parse_type,
 )
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
 
 
 def _json_value(value: Any) -> Any:
@@ -57,21 +57,7 @@ class QlikJsonEncoder(Encoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    exact_types: ClassVar[frozenset[str]] = frozenset(
-        {
-            "boolean",
-            "int32",
-            "int64",
-            "float32",
-            "float64",
-            "decimal",
-            "string",
-            "binary",
-            "date",
-            "time",
-            "timestamp",
-        }
-    )
+    exact_types: ClassVar[frozenset[str]] = ENCODABLE_TYPES - {"json", "timestamptz"}
 
     def __init__(self) -> None:
         self._tables: dict[str, tuple[Any, str, int]] = {}  # name -> (signature, schemaId, version)
