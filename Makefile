@@ -48,8 +48,8 @@ soak: $(STAMP) ## fault soak: 1M Debezium events with duplicates, replays, bad r
 	$(BIN)/python bench/soak.py
 
 lint: $(STAMP) ## ruff lint and format check
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src testkit/src tests bench
+	$(BIN)/ruff format --check src testkit/src tests bench
 
 clean: ## remove the virtual environment and generated folders
 	rm -rf $(VENV) demo-warehouse .pytest_cache build testkit/build
