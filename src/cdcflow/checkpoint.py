@@ -6,6 +6,8 @@ adds ``cdcflow.json``, the checkpoint's *fingerprint*: which pipeline, source, f
 topics and warehouse it belongs to. A checkpoint whose fingerprint differs from the
 configuration would make Spark resume another stream's positions; it is refused with one
 line naming the difference and the fix (``cdcflow reset``).
+``cdcflow-read.json`` records the first micro-batch that delivered a record, so that
+micro-batches that read nothing never count as reading something.
 
 The warehouse, not the checkpoint, knows what was applied (:mod:`cdcflow.apply.offsets`),
 so a deleted checkpoint loses nothing: the next run starts from the warehouse's offsets.
@@ -22,6 +24,9 @@ from cdcflow.errors import ConfigError
 __all__ = ["Checkpoint", "Fingerprint"]
 
 FINGERPRINT_FILE = "cdcflow.json"
+#: ``{"first_batch_with_records": id | null}``: the first micro-batch that delivered a
+#: record, written by cdcflow before the micro-batch can finish (decision 41)
+READ_FILE = "cdcflow-read.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +72,56 @@ class Checkpoint:
         """Spark's micro-batch ids that were planned (``offsets/``)."""
         return self._batches("offsets")
 
+    def _first_read(self) -> tuple[bool, int | None]:
+        """``(tracked, id)``: whether cdcflow has tracked this checkpoint's reads since its
+        first micro-batch (:data:`READ_FILE` exists) and the first micro-batch that
+        delivered a record (``None``: none did)."""
+        try:
+            with open(os.path.join(self.path, READ_FILE), encoding="utf-8") as f:
+                first = json.load(f).get("first_batch_with_records")
+        except FileNotFoundError:
+            return False, None
+        except (OSError, ValueError, AttributeError):
+            return False, None  # unreadable: judged by the offsets, as before tracking
+        return True, first if isinstance(first, int) else None
+
+    def _write_read(self, first: int | None) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        tmp = os.path.join(self.path, READ_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"first_batch_with_records": first}, f)
+        os.replace(tmp, os.path.join(self.path, READ_FILE))
+
+    def track_reads(self) -> None:
+        """Start tracking reads on a new checkpoint (no micro-batch planned yet)."""
+        if self.is_new() and not self._first_read()[0]:
+            self._write_read(None)
+
+    def delivered(self, batch_id: int) -> None:
+        """Record that micro-batch ``batch_id`` delivered records; called before it is
+        applied, so before Spark can record it finished."""
+        tracked, first = self._first_read()
+        if tracked and (first is None or batch_id < first):
+            self._write_read(batch_id)
+
     def read_nothing(self) -> bool:
-        """Whether the finished micro-batches can have read no record: the last one's
-        end offsets (``offsets/<id>``, one JSON object per source after Spark's two header
-        lines) name no partition (the topic did not exist yet) or only partitions at
-        offset 0 (it had no record yet). Kafka offsets only grow, so then no micro-batch
-        read anything. Anything else, or a file that does not read so, is ``False``."""
+        """Whether no finished micro-batch delivered a record.
+
+        A tracked checkpoint (:meth:`track_reads`) knows it: no finished micro-batch is at
+        or after the first one that delivered records. Whatever the start offsets were
+        (``earliest``, ``latest``, a trimmed topic), an empty micro-batch does not count.
+        An untracked one (written before tracking, or its file unreadable) is judged by
+        the last finished micro-batch's end offsets (``offsets/<id>``, one JSON object per
+        source after Spark's two header lines): they name no partition (the topic did not
+        exist yet) or only partitions at offset 0 (it had no record yet). Kafka offsets
+        only grow, so then no micro-batch read anything. Anything else, or a file that
+        does not read so, is ``False``."""
         committed = self.committed_batches()
         if not committed:
             return True
+        tracked, first = self._first_read()
+        if tracked:
+            return first is None or first > committed[-1]
         try:
             with open(
                 os.path.join(self.path, "offsets", str(committed[-1])), encoding="utf-8"

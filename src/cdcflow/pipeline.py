@@ -291,6 +291,7 @@ class Pipeline:
             fence=self.fence,
         )
         self._prepare(source, applier, options)
+        checkpoint = self.checkpoint_for(source)
         staging = self._staging_path(source)
         decoded = self._decoded_stream(source, options, staging)
         if staging is not None and os.path.isdir(staging):
@@ -308,6 +309,8 @@ class Pipeline:
                 events = read_staged(manifest)
             else:
                 events = df.toArrow()
+            if events.num_rows:  # before Spark can record the micro-batch finished
+                checkpoint.delivered(batch_id)
 
             def work(on_durable: Callable[[], None]) -> None:
                 try:
@@ -366,10 +369,12 @@ class Pipeline:
         """
         checkpoint = self.checkpoint_for(source)
         checkpoint.claim(self.fingerprint(source), self.config_path)
+        checkpoint.track_reads()
         ledger = applier.ledger
         committed = checkpoint.committed_batches()
         # a checkpoint whose micro-batches read nothing (started before the replication
-        # tool created or filled its topic) agrees with a warehouse that applied nothing
+        # tool created or filled its topic, or at "latest" before a new change) agrees
+        # with a warehouse that applied nothing
         if committed and ledger.completed_id() < 0 and not checkpoint.read_nothing():
             raise ConfigError(
                 f"checkpoint {checkpoint.path} has {len(committed)} finished micro-batches, "

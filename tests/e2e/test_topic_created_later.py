@@ -6,8 +6,15 @@ applies them all."""
 from __future__ import annotations
 
 import pytest
-from tests.e2e.helpers import PARTITIONS, Scenario, check_accounting, pipeline_config
+from tests.e2e.helpers import (
+    PARTITIONS,
+    Scenario,
+    check_accounting,
+    config_dict,
+    pipeline_config,
+)
 
+from cdcflow.config import parse_config
 from cdcflow.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 
@@ -29,3 +36,24 @@ def test_a_run_before_the_topic_exists_then_a_run_after_applies_everything(spark
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     s.check_mirrors(wh)
     check_accounting(wh, s.produced)
+
+
+def test_a_run_at_latest_that_read_nothing_then_a_run_after_applies_the_new_changes(
+    spark, broker, tmp_path
+):
+    """``starting_offsets: latest`` on a topic with history: the first micro-batch reads
+    nothing but its end offsets are above 0; it must not count either."""
+    s = Scenario(broker, "debezium-json")
+    s.produce(50)  # history before cdcflow starts, skipped at "latest"
+    history = s.produced
+    raw = config_dict(tmp_path, broker, s.fmt, s.topic, s.options)
+    raw["kafka"]["starting_offsets"] = "latest"
+    first = Pipeline(parse_config(raw), spark=spark).run(once=True)
+    assert first.totals()["records"] == 0
+    s.produce(50)
+    raw = config_dict(tmp_path, broker, s.fmt, s.topic, s.options)
+    raw["kafka"]["starting_offsets"] = "latest"
+    second = Pipeline(parse_config(raw), spark=spark).run(once=True)
+    assert second.totals()["records"] == s.produced - history
+    batches = DeltaWarehouse(str(tmp_path / "wh")).read("batches", system=True).to_pylist()
+    assert sum(b["records"] for b in batches) == s.produced - history
