@@ -4,7 +4,8 @@ Implements the message format of Debezium's relational connectors (PostgreSQL, M
 MariaDB, Oracle, SQL Server, Db2) as serialized by Kafka Connect's ``JsonConverter``,
 with (``schemas.enable=true``) or without the ``{"schema": ..., "payload": ...}`` wrapper.
 
-Source documents: ``seeds/debezium-postgresql-message-format.txt`` and the Debezium
+Source documents: Tencent Cloud TDMQ for CKafka, "PostgreSQL Data Subscription"
+(``https://www.tencentcloud.com/document/product/597/64333``) and the Debezium
 reference documentation (``connectors/postgresql.adoc``, ``mysql.adoc``, ``oracle.adoc``,
 ``sqlserver.adoc``: "Data change events", "Transaction metadata", "Data type mappings").
 ``docs/formats/debezium-json.md`` lists what is and is not supported.

@@ -1,7 +1,7 @@
 """Qlik Replicate JSON messages on Kafka (identifier ``qlik-json``).
 
 Source: Qlik Replicate help, "Data messages" of the Kafka / Amazon MSK target endpoint
-(``seeds/qlik-replicate-kafka-data-messages.txt``), "Metadata and data messages", "The
+(``https://help.qlik.com/en-US/replicate/November2024/Content/Replicate/Main/Amazon%20MSK/AmazonMSK_metadata_data_messages.htm``), "Metadata and data messages", "The
 Replicate envelope" and the data-type table of the Kafka target ("When using the JSON
 message format, binary values are represented as hexadecimal digits").
 
