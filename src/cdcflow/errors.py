@@ -11,20 +11,26 @@ terminal for that record (it becomes a dead letter and the stream goes on); a
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 __all__ = [
     "ApplyError",
     "CdcflowError",
+    "Code",
     "ConfigError",
     "DecodeError",
     "LeaseHeld",
     "LeaseLost",
+    "SkipReason",
     "SourceError",
-    "Code",
+    "StorageError",
 ]
 
 
-class Code:
-    """Stable dead-letter and error codes."""
+class Code(StrEnum):
+    """Stable dead-letter and error codes (``docs/semantics.md``, "Codes", lists them all;
+    ``tests/test_codes.py`` holds the two in step). A member is its own name as a string,
+    so ``Code.BAD_JSON == "BAD_JSON"`` and it lands in Arrow and Delta as that text."""
 
     BAD_JSON = "BAD_JSON"  # the value is not JSON (or not UTF-8)
     BAD_AVRO = "BAD_AVRO"  # the value is not a record of the expected Avro schema
@@ -53,6 +59,20 @@ class Code:
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
     TABLE_FAULT = "TABLE_FAULT"  # the target table could not be read or written; it stops
     STORAGE_ERROR = "STORAGE_ERROR"  # the warehouse cannot be written (disk full); run stops
+    BAD_CONFIG = "BAD_CONFIG"  # a configuration value is missing or wrong (exit 2)
+    SOURCE_ERROR = "SOURCE_ERROR"  # the Kafka source cannot go on (data loss, outage)
+    APPLY_ERROR = "APPLY_ERROR"  # a change cannot be applied to its Delta table
+    CDCFLOW_ERROR = "CDCFLOW_ERROR"  # any other cdcflow error
+
+
+class SkipReason(StrEnum):
+    """Why a record was skipped on purpose: accounted for, never applied, never a dead letter
+    (``docs/semantics.md``, "Codes")."""
+
+    TOMBSTONE = "TOMBSTONE"  # a Kafka tombstone (null value) that follows a delete
+    NO_EVENTS = "NO_EVENTS"  # a well-formed record that carries no row change
+    DTS_NOOP = "DTS_NOOP"  # a DTS Avro NOOP operation
+    JOINED = "JOINED"  # a record whose events were joined into another record's event
 
 
 class CdcflowError(Exception):
@@ -63,7 +83,7 @@ class CdcflowError(Exception):
         message: what went wrong and how to fix it.
     """
 
-    code: str = "CDCFLOW_ERROR"
+    code: str = Code.CDCFLOW_ERROR
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message, code)
@@ -84,20 +104,20 @@ class DecodeError(CdcflowError):
 class ConfigError(CdcflowError):
     """A configuration value is missing or wrong; the message names the key and the fix."""
 
-    code = "BAD_CONFIG"
+    code = Code.BAD_CONFIG
 
 
 class SourceError(CdcflowError):
     """The Kafka source cannot go on (e.g. data lost to retention, or the brokers stayed
     unreachable longer than the outage budget: ``SOURCE_UNAVAILABLE``). Not a dead letter."""
 
-    code = "SOURCE_ERROR"
+    code = Code.SOURCE_ERROR
 
 
 class ApplyError(CdcflowError):
     """A change cannot be applied to its Delta table."""
 
-    code = "APPLY_ERROR"
+    code = Code.APPLY_ERROR
 
 
 class StorageError(CdcflowError):

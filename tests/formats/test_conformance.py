@@ -19,7 +19,7 @@ from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
 FORMATS = embedded_formats()
-KNOWN_CODES = {v for k, v in vars(Code).items() if k.isupper()}
+KNOWN_CODES = set(Code)
 
 COLUMNS = {
     "id": "int64",

@@ -661,7 +661,7 @@ def test_fast_path_with_other_layouts():
 def test_arbitrary_bytes_never_crash(value):
     result = _batch(value)
     assert len(result.events) + len(result.dead_letters) + len(result.skipped) >= 1
-    assert all(d.code in vars(Code).values() for d in result.dead_letters)
+    assert all(d.code in set(Code) for d in result.dead_letters)
 
 
 _GOOD = orjson.dumps(_msg("UPDATE_AFTER", before=ROW, after=ROW))

@@ -65,7 +65,7 @@ from cdcflow_testkit.golden import load_case
 from cdcflow_testkit.workload import TableSpec, Workload, tables_for
 
 FORMATS = embedded_formats()
-KNOWN_CODES = frozenset(v for k, v in vars(Code).items() if k.isupper())
+KNOWN_CODES = frozenset(Code)
 CASES = Path(__file__).parent / "cases"
 
 #: A batch of a few small records taking longer than this is a hang.

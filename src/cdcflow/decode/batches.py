@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.errors import Code
+from cdcflow.errors import Code, SkipReason
 from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.formats.base import (
     ColumnarEvents,
@@ -392,7 +392,7 @@ def flatten(
         if pos not in index_in_record:
             add(
                 kind=KIND_JOINED,
-                reason="JOINED",
+                reason=SkipReason.JOINED,
                 topic=o.topic,
                 partition=o.partition,
                 offset=o.offset,

@@ -93,7 +93,7 @@ CANAL_FAMILY: tuple[str, ...] = ("canal-json", "drs-json", "drs-json-c")
 
 #: dead-letter code of a record that fits several formats. ``Code.AMBIGUOUS_FORMAT`` once
 #: errors.py defines it; until then ``UNKNOWN_FORMAT`` (the message says "ambiguous").
-AMBIGUOUS_CODE: str = getattr(Code, "AMBIGUOUS_FORMAT", Code.UNKNOWN_FORMAT)
+AMBIGUOUS_CODE: str = Code.AMBIGUOUS_FORMAT
 
 _SHARED_SKELETON = (MaxwellJsonDecoder, OggJsonDecoder, AwsDmsJsonDecoder)
 _loads = orjson.loads

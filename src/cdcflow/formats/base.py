@@ -23,7 +23,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cdcflow.errors import Code, DecodeError, SourceError
+from cdcflow.errors import Code, DecodeError, SkipReason, SourceError
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
 
 __all__ = [
@@ -398,7 +398,7 @@ class Decoder(ABC):
         for record in records:  # names bound above: this loop runs once per record
             value = record.value
             if value is None:
-                skipped.append(Skipped("TOMBSTONE", record.origin))
+                skipped.append(Skipped(SkipReason.TOMBSTONE, record.origin))
                 continue
             if len(value) > limit:
                 message = (
@@ -426,7 +426,7 @@ class Decoder(ABC):
                 dead_letters.append(self._dead(record, Code.BAD_FIELD, msg))
                 continue
             if not decoded:
-                skipped.append(Skipped("NO_EVENTS", record.origin))
+                skipped.append(Skipped(SkipReason.NO_EVENTS, record.origin))
                 continue
             for event in decoded:  # three len() per event: the limit costs nothing measurable
                 before, after, columns = event.before, event.after, event.columns

@@ -38,7 +38,7 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
 
-from cdcflow.errors import Code, DecodeError
+from cdcflow.errors import Code, DecodeError, SkipReason
 from cdcflow.formats.base import ColumnarEvents, DecoderOptions, FlatEvent, Record, SkipRecord
 from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.formats.schema_registry import (
@@ -287,7 +287,7 @@ class DebeziumAvroDecoder(DebeziumJsonDecoder):
         """
         value = record.value
         if value is None:
-            raise SkipRecord("TOMBSTONE")
+            raise SkipRecord(SkipReason.TOMBSTONE)
         payload, schema = self._read(value, "value")
         if payload.__class__ is not dict:
             raise DecodeError("the Avro value is not a record", Code.BAD_AVRO)

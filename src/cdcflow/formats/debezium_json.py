@@ -58,7 +58,7 @@ from typing import Any
 import orjson
 
 from cdcflow import types as T
-from cdcflow.errors import Code, ConfigError, DecodeError
+from cdcflow.errors import Code, ConfigError, DecodeError, SkipReason
 from cdcflow.formats.base import (
     ColumnarEvents,
     Decoder,
@@ -855,7 +855,7 @@ class DebeziumJsonDecoder(Decoder):
         """
         value = record.value
         if value is None:
-            raise SkipRecord("TOMBSTONE")
+            raise SkipRecord(SkipReason.TOMBSTONE)
         if self._always_exact:
             return self._decode(self._loads_exact(value), record, True)
         try:
@@ -1104,7 +1104,7 @@ class DebeziumJsonDecoder(Decoder):
             payload = obj["payload"]
             schema = obj.get("schema")
             if payload is None:
-                raise SkipRecord("TOMBSTONE")
+                raise SkipRecord(SkipReason.TOMBSTONE)
             if payload.__class__ is not dict:
                 raise DecodeError(
                     f'"payload" is a JSON {_kind(payload)}, not an event object',

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import fastavro
 import orjson
 
-from cdcflow.errors import Code, DecodeError
+from cdcflow.errors import Code, DecodeError, SkipReason
 from cdcflow.formats.base import (
     Decoder,
     DecoderOptions,
@@ -73,8 +73,8 @@ OPERATIONS: dict[str, Op] = {
     "INIT": Op.SNAPSHOT,
 }
 #: Operations that are deliberately not applied: the record is skipped with this reason.
-SKIPPED_OPERATIONS: dict[str, str] = {
-    "NOOP": "DTS_NOOP",  # explicitly a no-operation record
+SKIPPED_OPERATIONS: dict[str, SkipReason] = {
+    "NOOP": SkipReason.DTS_NOOP,  # explicitly a no-operation record
 }
 # Every other symbol of the enum -- ROLLBACK and ABORT (cdcflow cannot undo rows already
 # applied), COMMAND and RDB (Redis/MongoDB records, not rows), FILL, FINISH, CONTROL (no
