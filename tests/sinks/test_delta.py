@@ -247,7 +247,7 @@ def test_system_tables_of_an_older_warehouse_gain_new_columns(tmp_path):
     column was added takes the new rows (older rows read NULL there)."""
     from deltalake import write_deltalake
 
-    from cdcflow.sinks.delta import PROGRESS_SCHEMA, TOMBSTONE_SCHEMA
+    from cdcflow.sinks.system_tables import PROGRESS_SCHEMA, TOMBSTONE_SCHEMA
 
     wh, ap = _wh(tmp_path)
     old_progress = pa.schema([f for f in PROGRESS_SCHEMA if not f.name.startswith("txn_")])

@@ -50,21 +50,23 @@ from cdcflow.errors import ApplyError, Code, LeaseHeld
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.images import logical_from_arrow
 from cdcflow.model import Op
-from cdcflow.sinks.delta import (
-    BATCHES_SCHEMA,
-    BOOKKEEPING_COLUMNS,
-    CHANGELOG_COLUMNS,
-    DEAD_LETTER_SCHEMA,
-    DECODER_STATE_SCHEMA,
-    PROGRESS_SCHEMA,
-    SCHEMA_CHANGES_SCHEMA,
-    DeltaWarehouse,
-    MirrorResult,
-    arrow_schema,
-)
+from cdcflow.sinks.delta import BOOKKEEPING_COLUMNS, DeltaWarehouse, MirrorResult, arrow_schema
 from cdcflow.sinks.faults import GLOBAL_KINDS, storage_error
 from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
 from cdcflow.sinks.history import apply_history
+from cdcflow.sinks.system_tables import (
+    BATCHES_SCHEMA,
+    CHANGELOG,
+    CHANGELOG_COLUMNS,
+    DEAD_LETTER_SCHEMA,
+    DEAD_LETTERS,
+    DECODER_STATE,
+    DECODER_STATE_SCHEMA,
+    PROGRESS,
+    PROGRESS_SCHEMA,
+    SCHEMA_CHANGES,
+    SCHEMA_CHANGES_SCHEMA,
+)
 
 __all__ = ["BatchApplier", "BatchReport", "Router", "TableFault"]
 
@@ -315,7 +317,7 @@ class BatchApplier:
             # first commit of the batch after the decoder state: what waits for the next one
             ready, report.transactions = self._whole_transactions(rows, batch_id)
         if self.changelog and ready.num_rows:
-            wh.append(wh.system_path("changelog"), self._changelog(ready, batch_id), batch_id)
+            wh.append(wh.system_path(CHANGELOG), self._changelog(ready, batch_id), batch_id)
 
         self._schema_rows = []
         self._schema_log = None  # re-read once a batch: `cdcflow resume` may have written
@@ -351,13 +353,13 @@ class BatchApplier:
                 dead_letters.append(self._apply_dead_letters(part, target, exc, batch_id))
         if self._schema_rows:
             data = pa.Table.from_pylist(self._schema_rows, schema=SCHEMA_CHANGES_SCHEMA)
-            wh.append(wh.system_path("schema_changes"), data, batch_id)
+            wh.append(wh.system_path(SCHEMA_CHANGES), data, batch_id)
         self._maybe_purge_tombstones()
         all_dead = pa.concat_tables(dead_letters)
         # dead letters are written after the mirrors so apply failures land in the same commit
-        wh.append(wh.system_path("dead_letters"), all_dead, batch_id)
+        wh.append(wh.system_path(DEAD_LETTERS), all_dead, batch_id)
         per_record = self._per_record(events)
-        wh.append(wh.system_path("progress"), self._progress(rows, report, batch_id), batch_id)
+        wh.append(wh.system_path(PROGRESS), self._progress(rows, report, batch_id), batch_id)
         # the completion: last, with the next offset of every partition the apply covered
         self.fence()
         accounting = self._accounting(per_record, rows, batch_id, delivery_id)
@@ -408,7 +410,7 @@ class BatchApplier:
             },
             schema=DECODER_STATE_SCHEMA,
         )
-        self.warehouse.append(self.warehouse.system_path("decoder_state"), data, batch_id)
+        self.warehouse.append(self.warehouse.system_path(DECODER_STATE), data, batch_id)
 
     def _by_target(self, rows: pa.Table):
         """``(target, rows)`` per target table, for the row changes, truncates and DDL."""
@@ -755,10 +757,7 @@ class BatchApplier:
 
     def _schema_changes(self) -> pa.Table:
         if self._schema_log is None:
-            table = self.warehouse.open(self.warehouse.system_path("schema_changes"))
-            self._schema_log = (
-                SCHEMA_CHANGES_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
-            )
+            self._schema_log = self.warehouse.read_system(SCHEMA_CHANGES, SCHEMA_CHANGES_SCHEMA)
         return self._schema_log
 
     def _last_records(self, on: str, undo: str, target: str | None = None) -> dict:

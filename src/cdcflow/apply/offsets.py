@@ -33,7 +33,8 @@ import pyarrow.compute as pc
 from deltalake import Transaction
 
 from cdcflow.errors import ApplyError, Code
-from cdcflow.sinks.delta import OFFSETS_SCHEMA, DeltaWarehouse
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.system_tables import BATCHES, OFFSETS, OFFSETS_SCHEMA
 
 __all__ = ["IncompleteApply", "OffsetLedger", "PendingApply", "TopicPartition", "offset_ranges"]
 
@@ -120,11 +121,11 @@ class OffsetLedger:
 
     @property
     def offsets_path(self) -> str:
-        return self.warehouse.system_path("offsets")
+        return self.warehouse.system_path(OFFSETS)
 
     @property
     def batches_path(self) -> str:
-        return self.warehouse.system_path("batches")
+        return self.warehouse.system_path(BATCHES)
 
     def _app(self, tp: TopicPartition) -> str:
         return f"{self.warehouse.app_id}@{tp[0]}#{tp[1]}"
@@ -134,9 +135,8 @@ class OffsetLedger:
     def completed_id(self) -> int:
         """The id of the last completed apply (-1: none)."""
         if self._completed is None:
-            table = self.warehouse.open(self.batches_path)
-            version = None if table is None else table.transaction_version(self.warehouse.app_id)
-            self._completed = -1 if version is None else int(version)
+            version = self.warehouse.system_version(BATCHES)
+            self._completed = -1 if version is None else version
         return self._completed
 
     def next_offsets(self, tps) -> dict[TopicPartition, int]:
@@ -144,12 +144,9 @@ class OffsetLedger:
         the warehouse has applied records of (the others are absent)."""
         wanted = [tp for tp in tps if tp not in self._next]
         if wanted:
-            table = self.warehouse.open(self.batches_path)
-            if table is not None:
-                for tp in wanted:
-                    version = table.transaction_version(self._app(tp))
-                    if version is not None:
-                        self._next[tp] = int(version)
+            apps = {self._app(tp): tp for tp in wanted}
+            for app, version in self.warehouse.system_versions(BATCHES, list(apps)).items():
+                self._next[apps[app]] = version
         return {tp: self._next[tp] for tp in tps if tp in self._next}
 
     def pending(self) -> PendingApply | None:
@@ -159,14 +156,13 @@ class OffsetLedger:
         return self._pending  # type: ignore[return-value]
 
     def _read_pending(self) -> PendingApply | None:
-        table = self.warehouse.open(self.offsets_path)
-        if table is None:
-            return None
-        intent = table.transaction_version(self.warehouse.app_id)
+        intent = self.warehouse.system_version(OFFSETS)
         if intent is None or intent <= self.completed_id():
             return None
-        rows = table.to_pyarrow_table(
-            filters=[("source", "=", self.warehouse.pipeline_id), ("apply_id", "=", intent)]
+        rows = self.warehouse.read_system(
+            OFFSETS,
+            OFFSETS_SCHEMA,
+            filters=[("source", "=", self.warehouse.pipeline_id), ("apply_id", "=", intent)],
         )
         ranges = {
             (t, p): (a, b)

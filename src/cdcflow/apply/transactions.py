@@ -96,6 +96,7 @@ import pyarrow.compute as pc
 from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.model import Op
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.system_tables import HELD_SCHEMA, PENDING_SCHEMA, PENDING_TRANSACTIONS
 
 __all__ = [
     "HELD_SCHEMA",
@@ -110,23 +111,7 @@ __all__ = [
     "split_transactions",
 ]
 
-#: Held rows: the events plus when (wall clock, ms) and in which batch each was first held.
-HELD_SCHEMA = pa.schema(
-    [*EVENT_SCHEMA, pa.field("held_since_ms", pa.int64()), pa.field("held_batch_id", pa.int64())]
-)
-
-#: ``_cdcflow/pending_transactions``: one snapshot of held rows per (source, batch).
-PENDING_SCHEMA = pa.schema(
-    [
-        pa.field("source", pa.string()),
-        pa.field("batch_id", pa.int64()),  # the batch that wrote the snapshot
-        pa.field("previous_batch_id", pa.int64()),  # the snapshot it replaced (null: none)
-        pa.field("split_at_ms", pa.int64()),  # now_ms of that batch's split (its clock)
-        *HELD_SCHEMA,
-    ]
-)
-
-PENDING_TABLE = "pending_transactions"
+PENDING_TABLE = PENDING_TRANSACTIONS
 
 #: ``kind`` of the one row that records an empty snapshot (nothing held any more).
 KIND_NO_PENDING = "none"
@@ -406,22 +391,19 @@ def _brackets(idless: pa.Table) -> tuple[pa.Array, pa.Array]:
 def _read(
     wh: DeltaWarehouse, source_id: str, batch_id: int, columns: list[str] | None = None
 ) -> pa.Table:
-    table = wh.open(wh.system_path(PENDING_TABLE))
-    if table is None:
-        return PENDING_SCHEMA.empty_table()
-    return table.to_pyarrow_table(
-        columns=columns, filters=[("source", "=", source_id), ("batch_id", "=", batch_id)]
+    return wh.read_system(
+        PENDING_TRANSACTIONS,
+        PENDING_SCHEMA,
+        columns=columns,
+        filters=[("source", "=", source_id), ("batch_id", "=", batch_id)],
     )
 
 
 def _previous_batch(wh: DeltaWarehouse, source_id: str, batch_id: int) -> int | None:
     """The batch of the latest snapshot of ``source_id`` written by a batch < ``batch_id``."""
-    table = wh.open(wh.system_path(PENDING_TABLE))
-    if table is None:
-        return None
     # the source's snapshots are written through one warehouse view (its application id):
     # the view's last committed batch is the latest snapshot, found without a scan
-    latest = table.transaction_version(wh.app_id)
+    latest = wh.system_version(PENDING_TRANSACTIONS)
     if latest is None:
         return None
     if latest < batch_id:
@@ -432,8 +414,11 @@ def _previous_batch(wh: DeltaWarehouse, source_id: str, batch_id: int) -> int | 
         if own.num_rows:
             return own["previous_batch_id"][0].as_py()
     # an older batch replayed, or the view wrote other sources' snapshots: look them up
-    ids = table.to_pyarrow_table(
-        columns=["batch_id"], filters=[("source", "=", source_id), ("batch_id", "<", batch_id)]
+    ids = wh.read_system(
+        PENDING_TRANSACTIONS,
+        PENDING_SCHEMA,
+        columns=["batch_id"],
+        filters=[("source", "=", source_id), ("batch_id", "<", batch_id)],
     )["batch_id"]
     return pc.max(ids).as_py() if len(ids) else None
 
@@ -499,7 +484,7 @@ def save_pending(
         "split_at_ms": _repeat(now_ms, n),
     }
     data = pa.table({**front, **{c: held[c] for c in HELD_SCHEMA.names}}, schema=PENDING_SCHEMA)
-    return wh.append(wh.system_path(PENDING_TABLE), data, batch_id)
+    return wh.append(wh.system_path(PENDING_TRANSACTIONS), data, batch_id)
 
 
 def batch_clock_ms(wh: DeltaWarehouse, source_id: str, batch_id: int, now_ms: int) -> int:

@@ -671,21 +671,24 @@ def decode_kafka_batch(decoder: Decoder, batch: pa.RecordBatch) -> pa.RecordBatc
         return decode_records(decoder, records_from_kafka_batch(batch))
 
 
-def load_decoder_state(path: str | None, key: str) -> list[Any]:
+def load_decoder_state(
+    path: str | None, key: str, storage_options: dict[str, str] | None = None
+) -> list[Any]:
     """The decoder-state items persisted for source ``key`` at ``path``, oldest first.
 
-    ``path`` is the warehouse's ``_cdcflow/decoder_state`` table; a missing table means
-    no state yet.
+    ``path`` is the warehouse's ``_cdcflow/decoder_state`` table
+    (``DeltaWarehouse.system_path("decoder_state")``); a missing table means no state yet.
+    It is read through a warehouse at its root, so ``storage_options`` and the
+    warehouse's error mapping (``StorageError``) apply.
     """
     if not path:
         return []
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.system_tables import DECODER_STATE_SCHEMA
 
-    try:
-        table = DeltaTable(path).to_pyarrow_table(filters=[("source", "=", key)])
-    except TableNotFoundError:
-        return []
+    root = path.rstrip("/").rsplit("/", 2)[0]  # <root>/_cdcflow/decoder_state
+    warehouse = DeltaWarehouse(root, storage_options=storage_options)
+    table = warehouse.read_table(path, DECODER_STATE_SCHEMA, filters=[("source", "=", key)])
     table = table.sort_by([("batch_id", "ascending"), ("position", "ascending")])
     return [orjson.loads(x) for x in table["item"].to_pylist()]
 
@@ -696,6 +699,9 @@ class DecodeFunction:
     Args:
         format_name: registered format identifier.
         options: the format's options as a plain mapping.
+        state_path, state_key: the warehouse's decoder-state table and the source's key
+            in it (:func:`load_decoder_state`); no path: no state.
+        storage_options: the warehouse's storage options, for reading that table.
     """
 
     def __init__(
@@ -704,17 +710,21 @@ class DecodeFunction:
         options: dict[str, Any] | None = None,
         state_path: str | None = None,
         state_key: str = "",
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         self.format_name = format_name
         self.options = options or {}
         self.state_path = state_path
         self.state_key = state_key
+        self.storage_options = storage_options
 
     def _decoder(self) -> Decoder:
         from cdcflow.formats import decoder_for
 
         decoder = decoder_for(self.format_name, self.options or None)
-        decoder.load_state(load_decoder_state(self.state_path, self.state_key))
+        decoder.load_state(
+            load_decoder_state(self.state_path, self.state_key, self.storage_options)
+        )
         return decoder
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -3,14 +3,7 @@
 Layout under the warehouse folder::
 
     <warehouse>/<database>.<schema>.<table>/   one mirror per source table
-    <warehouse>/_cdcflow/changelog/            every decoded event, with its origin
-    <warehouse>/_cdcflow/dead_letters/         raw bytes, topic/partition/offset, code
-    <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
-    <warehouse>/_cdcflow/batches/              per micro-batch and partition: offsets and counts
-    <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
-    <warehouse>/_cdcflow/progress/             per batch and source: last sequence, source time, lag
-    <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
-    <warehouse>/_cdcflow/pending_transactions/ events of open transactions (consistent mode)
+    <warehouse>/_cdcflow/...                   the system tables (:mod:`cdcflow.sinks.system_tables`)
 
 Exactly once: every commit of an apply carries the application transaction
 ``(cdcflow-<pipeline>, apply_id)`` and, in its commit metadata, the Kafka offset ranges the
@@ -48,18 +41,21 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
 from cdcflow.model import NetChange, dumps
 from cdcflow.sinks.faults import storage_error
+from cdcflow.sinks.system_tables import (
+    SCHEMA_CHANGES,
+    SCHEMA_CHANGES_SCHEMA,
+    SYSTEM_FOLDER,
+    TOMBSTONE_SCHEMA,
+    TOMBSTONES,
+)
 from cdcflow.types import arrow_type
 
 __all__ = [
     "DELETE_FLAG",
     "DeltaWarehouse",
+    "MergeSpec",
     "MirrorResult",
-    "CHANGELOG_COLUMNS",
-    "DEAD_LETTER_SCHEMA",
-    "BATCHES_SCHEMA",
-    "OFFSETS_SCHEMA",
     "BOOKKEEPING_COLUMNS",
-    "SCHEMA_CHANGES_SCHEMA",
     "SEQ_COLUMN",
     "SOFT_DELETE_COLUMN",
     "TS_COLUMN",
@@ -70,135 +66,6 @@ SEQ_COLUMN = "_cdc_seq"
 TS_COLUMN = "_cdc_ts_ms"
 DELETE_FLAG = "_cdc_delete"
 _PRESENT_PREFIX = "_cdc_present__"
-SYSTEM_FOLDER = "_cdcflow"
-
-#: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
-CHANGELOG_COLUMNS = [
-    "op",
-    "format",
-    "database",
-    "schema",
-    "table",
-    "key",
-    "before",
-    "after",
-    "columns",
-    "seq",
-    "ts_ms",
-    "txn_id",
-    "txn_order",
-    "txn_last",
-    "ddl",
-    "meta",
-    "topic",
-    "partition",
-    "offset",
-    "event_index",
-]
-
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        ("batch_id", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("format", pa.string()),
-        ("stage", pa.string()),  # decode | apply
-        ("code", pa.string()),
-        ("message", pa.string()),
-        ("target_table", pa.string()),
-        ("raw_key", pa.binary()),
-        ("raw_value", pa.binary()),  # record bytes (decode) or the event's JSON (apply)
-    ]
-)
-
-BATCHES_SCHEMA = pa.schema(
-    [
-        ("batch_id", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("first_offset", pa.int64()),
-        ("last_offset", pa.int64()),
-        ("records", pa.int64()),
-        ("events", pa.int64()),
-        ("joined", pa.int64()),  # records whose change another record's event carries
-        ("skipped", pa.int64()),
-        ("dead_letters", pa.int64()),
-        ("committed_at_ms", pa.int64()),
-        ("source", pa.string()),  # <pipeline>.<source> (null in warehouses before 0.3)
-        ("delivery_id", pa.int64()),  # Spark's micro-batch id that delivered the records
-    ]
-)
-
-#: The apply ledger ``_cdcflow/offsets``: what each apply is about to write, first.
-OFFSETS_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),  # <pipeline>.<source>
-        ("apply_id", pa.int64()),  # the warehouse's own batch number (batch_id elsewhere)
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("first_offset", pa.int64()),  # first record of the apply in this partition
-        ("last_offset", pa.int64()),  # last record of the apply in this partition
-        ("delivery_id", pa.int64()),  # Spark's micro-batch id (null: not from Spark)
-        ("started_at_ms", pa.int64()),
-    ]
-)
-
-PROGRESS_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),  # <pipeline>.<source>
-        ("batch_id", pa.int64()),
-        ("last_seq", pa.string()),  # highest source sequence seen (seq_key form)
-        ("last_source_ts_ms", pa.int64()),  # newest source time seen, heartbeats included
-        ("events", pa.int64()),  # decoded events in the batch
-        ("rows_changed", pa.int64()),  # upserts + deletes committed to mirrors
-        ("committed_at_ms", pa.int64()),
-        ("lag_ms", pa.int64()),  # committed_at_ms - last_source_ts_ms
-        # transaction-consistent apply only (NULL otherwise):
-        ("txn_complete", pa.int64()),  # transactions completed in the batch
-        ("txn_released_open", pa.int64()),  # released incomplete by max_wait_ms/max_events
-        ("txn_held", pa.int64()),  # open transactions waiting for the next batch
-        ("txn_max_wait_ms", pa.int64()),  # longest wait among the released transactions
-    ]
-)
-
-DECODER_STATE_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),  # the warehouse view's pipeline id (<pipeline>.<source>)
-        ("batch_id", pa.int64()),
-        ("position", pa.int64()),  # order inside the batch
-        ("item", pa.string()),  # JSON, as Decoder.state_items gave it
-    ]
-)
-
-TOMBSTONE_SCHEMA = pa.schema(
-    [
-        ("target_table", pa.string()),
-        ("key", pa.string()),  # null: a truncate watermark for the whole table
-        ("seq", pa.string()),
-        ("batch_id", pa.int64()),
-        ("deleted_at_ms", pa.int64()),  # commit time: tombstone retention counts from here
-    ]
-)
-
-SCHEMA_CHANGES_SCHEMA = pa.schema(
-    [
-        ("target_table", pa.string()),
-        ("batch_id", pa.int64()),
-        ("change", pa.string()),  # add | widen | drop | restore | rename | stop | resume
-        ("column", pa.string()),
-        ("old_type", pa.string()),
-        ("new_type", pa.string()),
-        ("policy", pa.string()),  # evolve | ignore | fail
-        ("applied", pa.bool_()),  # false: ignored by the policy, or the table stopped
-        ("message", pa.string()),
-        ("seq", pa.string()),  # the first event that carried the change
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("recorded_at_ms", pa.int64()),
-    ]
-)
 
 #: Column a soft-deleting mirror keeps: true once the row's key was deleted at the source.
 SOFT_DELETE_COLUMN = "_deleted"
@@ -280,6 +147,31 @@ def merge_expressions(
     if soft_delete:
         updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
     return newer, updates, inserts
+
+
+@dataclass(frozen=True, slots=True)
+class MergeSpec:
+    """How one batch's checked merge source goes into a mirror (one commit).
+
+    Attributes:
+        columns: the data columns in table order.
+        key_columns: the match columns, in key order.
+        batch_id: the commit's application transaction.
+        soft_delete: a delete sets ``_deleted`` instead of removing the row.
+        null_safe: full-row identity: NULL key values match each other (``IS NOT
+            DISTINCT FROM``, Spark's ``<=>``) instead of matching nothing (``=``).
+    """
+
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    batch_id: int
+    soft_delete: bool = False
+    null_safe: bool = False
+
+    @property
+    def written(self) -> list[str]:
+        """The columns an update or insert writes: data, sequence, source time."""
+        return [*self.columns, SEQ_COLUMN, TS_COLUMN]
 
 
 @dataclass(slots=True)
@@ -416,7 +308,7 @@ class DeltaWarehouse:
         return True
 
     def _write_append(
-        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties
+        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties | None
     ) -> None:
         """Append ``data`` through the cached handle of the table at ``path`` when there is
         one: delta-rs then commits on the snapshot it holds instead of replaying the log
@@ -454,6 +346,56 @@ class DeltaWarehouse:
             raise FileNotFoundError(f"no Delta table at {path}")
         return table.to_pyarrow_table()
 
+    def read_table(
+        self,
+        path: str,
+        schema: pa.Schema,
+        columns: Sequence[str] | None = None,
+        filters: Any = None,
+    ) -> pa.Table:
+        """The rows of the table at ``path`` (``filters``/``columns`` as delta-rs takes
+        them); ``schema``'s empty table when there is no table yet.
+
+        Raises:
+            StorageError: the table cannot be read (:mod:`cdcflow.sinks.faults`).
+        """
+        table = self.open(path)
+        if table is None:
+            return schema.empty_table()
+        try:
+            return table.to_pyarrow_table(
+                columns=list(columns) if columns is not None else None, filters=filters
+            )
+        except (DeltaError, OSError) as exc:
+            self._tables.pop(path, None)
+            raise storage_error(exc, path, self._target_of(path)) from exc
+
+    def read_system(
+        self,
+        name: str,
+        schema: pa.Schema,
+        columns: Sequence[str] | None = None,
+        filters: Any = None,
+    ) -> pa.Table:
+        """:meth:`read_table` of the system table ``name``
+        (:mod:`cdcflow.sinks.system_tables`)."""
+        return self.read_table(self.system_path(name), schema, columns, filters)
+
+    def system_version(self, name: str, app_id: str | None = None) -> int | None:
+        """The last version of application transaction ``app_id`` (default: the
+        warehouse view's) in the system table ``name``; ``None``: none, or no table."""
+        app = app_id or self.app_id
+        return self.system_versions(name, [app]).get(app)
+
+    def system_versions(self, name: str, app_ids: Sequence[str]) -> dict[str, int]:
+        """``{app_id: last version}`` of the application transactions in the system table
+        ``name`` (one refresh of the table for all); absent ones are left out."""
+        table = self.open(self.system_path(name))
+        if table is None:
+            return {}
+        versions = {app: table.transaction_version(app) for app in app_ids}
+        return {app: int(v) for app, v in versions.items() if v is not None}
+
     def mirrors(self) -> list[str]:
         """Folders of the mirror tables (everything but the system folder)."""
         if "://" in self.root or not os.path.isdir(self.root):
@@ -468,10 +410,11 @@ class DeltaWarehouse:
 
     def _tombstones(self, target: str) -> tuple[dict[str, str], str | None]:
         """(key -> highest tombstone seq, truncate watermark) for one mirror."""
-        table = self.open(self.system_path("tombstones"))
-        if table is None:
+        data = self.read_system(
+            TOMBSTONES, TOMBSTONE_SCHEMA, filters=[("target_table", "=", target)]
+        )
+        if data.num_rows == 0:
             return {}, None
-        data = table.to_pyarrow_table(filters=[("target_table", "=", target)])
         keyed: dict[str, str] = {}
         watermark: str | None = None
         for key, seq in zip(data["key"].to_pylist(), data["seq"].to_pylist(), strict=True):
@@ -566,9 +509,10 @@ class DeltaWarehouse:
             table = self.open(path)
 
         if source is not None and source.num_rows:
-            result.metrics = self._merge_rows(
-                table, source, columns, key_columns, batch_id, soft_delete, full_row_identity
+            spec = MergeSpec(
+                tuple(columns), tuple(key_columns), batch_id, soft_delete, full_row_identity
             )
+            result.metrics = self._merge_rows(table, source, spec)
             commit_done = True
         if not commit_done:
             # nothing to change, but the batch must still count as committed here
@@ -829,35 +773,19 @@ class DeltaWarehouse:
         else:
             table.delete(predicate, commit_properties=props)
 
-    def _merge_rows(
-        self,
-        table: DeltaTable,
-        source: pa.Table,
-        columns: Sequence[str],
-        key_columns: Sequence[str],
-        batch_id: int,
-        soft_delete: bool = False,
-        null_safe: bool = False,
-    ) -> dict[str, Any]:
+    def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         """Merge the checked merge source into the mirror in one commit that carries the
         batch's transaction; the merge's metrics (delta-rs's names, plus ``merge_s``)."""
-        merge = self._rewrite_merge if len(columns) >= REWRITE_MIN_COLUMNS else self._merge
-        return merge(table, source, columns, key_columns, batch_id, soft_delete, null_safe)
+        merge = self._rewrite_merge if len(spec.columns) >= REWRITE_MIN_COLUMNS else self._merge
+        return merge(table, source, spec)
 
-    def _merge(
-        self,
-        table: DeltaTable,
-        source: pa.Table,
-        columns: Sequence[str],
-        key_columns: Sequence[str],
-        batch_id: int,
-        soft_delete: bool = False,
-        null_safe: bool = False,
-    ) -> dict[str, Any]:
-        eq = "IS NOT DISTINCT FROM" if null_safe else "="
+    def _merge(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
+        eq = "IS NOT DISTINCT FROM" if spec.null_safe else "="
         # parenthesised: delta-rs parses `a IS NOT DISTINCT FROM b AND c` as `a ... (b AND c)`
-        on = " AND ".join(f"(t.{quote_column(k)} {eq} s.{quote_column(k)})" for k in key_columns)
-        newer, updates, inserts = merge_expressions(source, columns, soft_delete)
+        on = " AND ".join(
+            f"(t.{quote_column(k)} {eq} s.{quote_column(k)})" for k in spec.key_columns
+        )
+        newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         updates = {quote_column(c): v for c, v in updates.items()}
         inserts = {quote_column(c): v for c, v in inserts.items()}
         started = time.perf_counter()
@@ -866,10 +794,10 @@ class DeltaWarehouse:
             predicate=on,
             source_alias="s",
             target_alias="t",
-            commit_properties=self._commit(batch_id),
+            commit_properties=self._commit(spec.batch_id),
         )
         is_delete = f"s.{quote_column(DELETE_FLAG)} AND {newer}"
-        if soft_delete:
+        if spec.soft_delete:
             flag = quote_column(SOFT_DELETE_COLUMN)
             merger = merger.when_matched_update(
                 updates={
@@ -894,14 +822,7 @@ class DeltaWarehouse:
         return metrics
 
     def _rewrite_merge(
-        self,
-        table: DeltaTable,
-        source: pa.Table,
-        columns: Sequence[str],
-        key_columns: Sequence[str],
-        batch_id: int,
-        soft_delete: bool = False,
-        null_safe: bool = False,
+        self, table: DeltaTable, source: pa.Table, spec: MergeSpec
     ) -> dict[str, Any]:
         """The merge of :meth:`_merge`, computed in Arrow: linear in the number of columns.
 
@@ -916,11 +837,8 @@ class DeltaWarehouse:
         Args:
             table: the mirror, refreshed.
             source: the merge source (:meth:`_merge_source`), at least one row.
-            columns: the data columns in table order.
-            key_columns: matched with ``=`` (``IS NOT DISTINCT FROM`` when ``null_safe``).
-            batch_id: the commit's application transaction.
-            soft_delete: a delete sets ``_deleted`` instead of removing the row.
-            null_safe: full-row identity: NULL key values match each other.
+            spec: columns, keys (matched with ``=``, ``IS NOT DISTINCT FROM`` when
+                ``null_safe``), the commit's batch and soft delete.
 
         Returns:
             Merge metrics named as delta-rs names them, plus ``merge_s`` (seconds).
@@ -929,16 +847,8 @@ class DeltaWarehouse:
         dataset = table.to_pyarrow_dataset()
         schema = dataset.schema
         source = _cast_like(source, schema)
-        files, stored = self._files_with_keys(dataset, source, key_columns, null_safe)
-        merged, metrics = _merged_rows(
-            stored,
-            source,
-            schema,
-            [*columns, SEQ_COLUMN, TS_COLUMN],
-            key_columns,
-            soft_delete,
-            null_safe,
-        )
+        files, stored = self._files_with_keys(dataset, source, spec.key_columns, spec.null_safe)
+        merged, metrics = _merged_rows(stored, source, schema, spec)
         now_ms = int(time.time() * 1000)
         stored_files = table.get_add_actions()
         sizes = dict(
@@ -955,10 +865,10 @@ class DeltaWarehouse:
             actions.append(_write_data_file(dataset.filesystem, merged, now_ms))
         if actions:
             table.create_write_transaction(
-                actions, "append", table.schema(), commit_properties=self._commit(batch_id)
+                actions, "append", table.schema(), commit_properties=self._commit(spec.batch_id)
             )
         else:
-            self._mark(table, batch_id)
+            self._mark(table, spec.batch_id)
         metrics["num_target_files_removed"] = len(files)
         metrics["num_target_files_added"] = 1 if merged.num_rows else 0
         metrics["merge_s"] = round(time.perf_counter() - started, 4)
@@ -1015,7 +925,7 @@ class DeltaWarehouse:
         )
         # One tombstone commit per (target, batch): its own application id keeps it
         # idempotent independently of the other mirrors written in the same batch.
-        path = self.system_path("tombstones")
+        path = self.system_path(TOMBSTONES)
         app = f"{self.app_id}:{target}"
         table = self.open(path)
         if table is not None:
@@ -1042,7 +952,7 @@ class DeltaWarehouse:
         """
         if retention_hours <= 0:
             return 0
-        path = self.system_path("tombstones")
+        path = self.system_path(TOMBSTONES)
         table = self.open(path)
         if table is None or "deleted_at_ms" not in arrow_schema(table).names:
             return 0  # none yet, or only tombstones older than retention (kept)
@@ -1069,13 +979,16 @@ class DeltaWarehouse:
             message=f"resumed by {by or 'an operator'}",
             recorded_at_ms=now,
         )
-        write_deltalake(
-            self.system_path("schema_changes"),
-            pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA),
-            mode="append",
-            storage_options=self.storage_options or None,
-        )
-        self._tables.pop(self.system_path("schema_changes"), None)
+        path = self.system_path(SCHEMA_CHANGES)
+        table = self.open(path)
+        try:
+            self._write_append(
+                path, table, pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA), None
+            )
+        except (DeltaError, OSError) as exc:
+            raise storage_error(exc, path) from exc
+        finally:
+            self._tables.pop(path, None)
 
 
 def _key_tuples(
@@ -1101,13 +1014,7 @@ def _cast_like(source: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _merged_rows(
-    stored: pa.Table,
-    source: pa.Table,
-    schema: pa.Schema,
-    data_columns: Sequence[str],
-    key_columns: Sequence[str],
-    soft_delete: bool,
-    null_safe: bool,
+    stored: pa.Table, source: pa.Table, schema: pa.Schema, spec: MergeSpec
 ) -> tuple[pa.Table, dict[str, int]]:
     """What the guarded MERGE of :meth:`DeltaWarehouse._merge` makes of some stored rows.
 
@@ -1124,15 +1031,15 @@ def _merged_rows(
         stored: the rows of the files to rewrite, in ``schema``.
         source: the merge source, its data columns already in ``schema``'s types.
         schema: the table's schema (the result's).
-        data_columns: the columns an update or insert writes (data, sequence, time).
-        key_columns: the match columns.
-        soft_delete: as in :meth:`DeltaWarehouse.apply_mirror`.
-        null_safe: NULL key values match each other (full-row identity).
+        spec: the match columns, soft delete and NULL-safe match; an update or insert
+            writes :attr:`MergeSpec.written` (data, sequence, time).
 
     Returns:
         ``(rows, metrics)``: the rows to write in place of ``stored``, and counts named
         as delta-rs's merge metrics.
     """
+    key_columns, null_safe, soft_delete = spec.key_columns, spec.null_safe, spec.soft_delete
+    data_columns = spec.written
     source_row = {
         key: j
         for j, key in enumerate(_key_tuples(source, key_columns, null_safe))

@@ -31,7 +31,7 @@ Source documents: Delta Lake 4.x documentation, "Table deletes, updates, and mer
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -44,6 +44,7 @@ from cdcflow.sinks.delta import (
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     DeltaWarehouse,
+    MergeSpec,
     merge_expressions,
     quote_column,
 )
@@ -110,28 +111,19 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         else:
             session.sql(f"DELETE FROM {self._target(table)} WHERE {before}")
 
-    def _merge_rows(
-        self,
-        table: DeltaTable,
-        source: pa.Table,
-        columns: Sequence[str],
-        key_columns: Sequence[str],
-        batch_id: int,
-        soft_delete: bool = False,
-        null_safe: bool = False,
-    ) -> dict[str, Any]:
+    def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         """One ``MERGE INTO`` of ``source`` (the checked merge source of
         :meth:`~cdcflow.sinks.delta.DeltaWarehouse.apply_mirror`) run by Spark; the
         metrics under delta-rs's names, plus ``merge_s``."""
         started = time.perf_counter()
-        session = self._session(batch_id)
-        view = f"cdcflow_merge_source_{batch_id}"
+        session = self._session(spec.batch_id)
+        view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
-        eq = "<=>" if null_safe else "="
-        on = " AND ".join(f"t.{quote_column(k)} {eq} s.{quote_column(k)}" for k in key_columns)
-        newer, updates, inserts = merge_expressions(source, columns, soft_delete)
+        eq = "<=>" if spec.null_safe else "="
+        on = " AND ".join(f"t.{quote_column(k)} {eq} s.{quote_column(k)}" for k in spec.key_columns)
+        newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         flag = quote_column(DELETE_FLAG)
-        if soft_delete:
+        if spec.soft_delete:
             seq, ts = quote_column(SEQ_COLUMN), quote_column(TS_COLUMN)
             on_delete = f"UPDATE SET t.{quote_column(SOFT_DELETE_COLUMN)} = true, t.{seq} = s.{seq}, t.{ts} = s.{ts}"
         else:

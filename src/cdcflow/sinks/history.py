@@ -93,6 +93,7 @@ from cdcflow.sinks.delta import (
     arrow_schema,
     quote_column,
 )
+from cdcflow.sinks.system_tables import HISTORY_LOG, HISTORY_LOG_SCHEMA
 
 __all__ = [
     "HISTORY_COLUMNS",
@@ -122,22 +123,8 @@ _UPSERT, _DELETE, _TRUNCATE = "upsert", "delete", "truncate"
 _UPSERT_OPS = {Op.INSERT.value, Op.UPDATE.value, Op.SNAPSHOT.value}
 _ROW_OPS = pa.array([*_UPSERT_OPS, Op.DELETE.value, Op.TRUNCATE.value])
 
-#: One row per applied change of one history table.
-LOG_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),  # canonical key JSON (typed values); null for a truncate
-        ("op", pa.string()),  # upsert | delete | truncate
-        ("seq", pa.string()),
-        ("image", pa.string()),  # after image JSON (upserts)
-        ("partial", pa.bool_()),
-        ("ts_ms", pa.int64()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("event_index", pa.int32()),
-        ("sub", pa.int8()),  # 0: the old key's delete of a key move, 1 otherwise
-        ("batch_id", pa.int64()),
-    ]
-)
+#: One row per applied change of one history table (``_cdcflow/history_log/<table>``).
+LOG_SCHEMA = HISTORY_LOG_SCHEMA
 _ORJSON_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_NON_STR_KEYS
 _TOP = "\U0010ffff"  # sorts after every sequence
 
@@ -209,7 +196,7 @@ class _Version:
 
 def log_path(warehouse: DeltaWarehouse, target: str) -> str:
     """Folder of the change log of the history table ``target``."""
-    return warehouse.system_path("history_log/" + warehouse.table_path(target).rsplit("/", 1)[1])
+    return warehouse.system_path(f"{HISTORY_LOG}/" + warehouse.table_path(target).rsplit("/", 1)[1])
 
 
 def _canonical(row: Mapping[str, Any]) -> str:

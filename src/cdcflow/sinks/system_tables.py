@@ -1,0 +1,229 @@
+"""The ``_cdcflow`` system tables: their names and Arrow schemas, in one place.
+
+Every read and write of one goes through :class:`~cdcflow.sinks.delta.DeltaWarehouse`
+(:meth:`~cdcflow.sinks.delta.DeltaWarehouse.system_path`,
+:meth:`~cdcflow.sinks.delta.DeltaWarehouse.read_system`,
+:meth:`~cdcflow.sinks.delta.DeltaWarehouse.append`), so the warehouse's storage options
+and its error mapping (``StorageError``, :mod:`cdcflow.sinks.faults`) apply to them all.
+
+Layout under the warehouse folder::
+
+    <warehouse>/_cdcflow/changelog/            every decoded event, with its origin
+    <warehouse>/_cdcflow/dead_letters/         raw bytes, topic/partition/offset, code
+    <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
+    <warehouse>/_cdcflow/offsets/              per apply: the offset ranges it is about to write
+    <warehouse>/_cdcflow/batches/              per apply and partition: offsets and counts
+    <warehouse>/_cdcflow/decoder_state/        what decoders learned (Qlik metadata), per source
+    <warehouse>/_cdcflow/progress/             per batch and source: last sequence, source time, lag
+    <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
+    <warehouse>/_cdcflow/pending_transactions/ events of open transactions (consistent mode)
+    <warehouse>/_cdcflow/history_log/<table>/  every change applied to a history table
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from cdcflow.event_schema import EVENT_SCHEMA
+
+__all__ = [
+    "BATCHES",
+    "BATCHES_SCHEMA",
+    "CHANGELOG",
+    "CHANGELOG_COLUMNS",
+    "DEAD_LETTERS",
+    "DEAD_LETTER_SCHEMA",
+    "DECODER_STATE",
+    "DECODER_STATE_SCHEMA",
+    "HELD_SCHEMA",
+    "HISTORY_LOG",
+    "HISTORY_LOG_SCHEMA",
+    "OFFSETS",
+    "OFFSETS_SCHEMA",
+    "PENDING_SCHEMA",
+    "PENDING_TRANSACTIONS",
+    "PROGRESS",
+    "PROGRESS_SCHEMA",
+    "SCHEMA_CHANGES",
+    "SCHEMA_CHANGES_SCHEMA",
+    "SYSTEM_FOLDER",
+    "TOMBSTONES",
+    "TOMBSTONE_SCHEMA",
+]
+
+#: The folder of the system tables, under the warehouse root.
+SYSTEM_FOLDER = "_cdcflow"
+
+# table names (``DeltaWarehouse.system_path(name)``)
+CHANGELOG = "changelog"
+DEAD_LETTERS = "dead_letters"
+TOMBSTONES = "tombstones"
+OFFSETS = "offsets"
+BATCHES = "batches"
+DECODER_STATE = "decoder_state"
+PROGRESS = "progress"
+SCHEMA_CHANGES = "schema_changes"
+PENDING_TRANSACTIONS = "pending_transactions"
+#: folder of the history tables' change logs, one table per history table under it
+HISTORY_LOG = "history_log"
+
+#: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
+CHANGELOG_COLUMNS = [
+    "op",
+    "format",
+    "database",
+    "schema",
+    "table",
+    "key",
+    "before",
+    "after",
+    "columns",
+    "seq",
+    "ts_ms",
+    "txn_id",
+    "txn_order",
+    "txn_last",
+    "ddl",
+    "meta",
+    "topic",
+    "partition",
+    "offset",
+    "event_index",
+]
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("batch_id", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("format", pa.string()),
+        ("stage", pa.string()),  # decode | apply
+        ("code", pa.string()),
+        ("message", pa.string()),
+        ("target_table", pa.string()),
+        ("raw_key", pa.binary()),
+        ("raw_value", pa.binary()),  # record bytes (decode) or the event's JSON (apply)
+    ]
+)
+
+BATCHES_SCHEMA = pa.schema(
+    [
+        ("batch_id", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("records", pa.int64()),
+        ("events", pa.int64()),
+        ("joined", pa.int64()),  # records whose change another record's event carries
+        ("skipped", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("committed_at_ms", pa.int64()),
+        ("source", pa.string()),  # <pipeline>.<source> (null in warehouses before 0.3)
+        ("delivery_id", pa.int64()),  # Spark's micro-batch id that delivered the records
+    ]
+)
+
+#: The apply ledger ``_cdcflow/offsets``: what each apply is about to write, first.
+OFFSETS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("apply_id", pa.int64()),  # the warehouse's own batch number (batch_id elsewhere)
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),  # first record of the apply in this partition
+        ("last_offset", pa.int64()),  # last record of the apply in this partition
+        ("delivery_id", pa.int64()),  # Spark's micro-batch id (null: not from Spark)
+        ("started_at_ms", pa.int64()),
+    ]
+)
+
+PROGRESS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("batch_id", pa.int64()),
+        ("last_seq", pa.string()),  # highest source sequence seen (seq_key form)
+        ("last_source_ts_ms", pa.int64()),  # newest source time seen, heartbeats included
+        ("events", pa.int64()),  # decoded events in the batch
+        ("rows_changed", pa.int64()),  # upserts + deletes committed to mirrors
+        ("committed_at_ms", pa.int64()),
+        ("lag_ms", pa.int64()),  # committed_at_ms - last_source_ts_ms
+        # transaction-consistent apply only (NULL otherwise):
+        ("txn_complete", pa.int64()),  # transactions completed in the batch
+        ("txn_released_open", pa.int64()),  # released incomplete by max_wait_ms/max_events
+        ("txn_held", pa.int64()),  # open transactions waiting for the next batch
+        ("txn_max_wait_ms", pa.int64()),  # longest wait among the released transactions
+    ]
+)
+
+DECODER_STATE_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # the warehouse view's pipeline id (<pipeline>.<source>)
+        ("batch_id", pa.int64()),
+        ("position", pa.int64()),  # order inside the batch
+        ("item", pa.string()),  # JSON, as Decoder.state_items gave it
+    ]
+)
+
+TOMBSTONE_SCHEMA = pa.schema(
+    [
+        ("target_table", pa.string()),
+        ("key", pa.string()),  # null: a truncate watermark for the whole table
+        ("seq", pa.string()),
+        ("batch_id", pa.int64()),
+        ("deleted_at_ms", pa.int64()),  # commit time: tombstone retention counts from here
+    ]
+)
+
+SCHEMA_CHANGES_SCHEMA = pa.schema(
+    [
+        ("target_table", pa.string()),
+        ("batch_id", pa.int64()),
+        ("change", pa.string()),  # add | widen | drop | restore | rename | stop | resume
+        ("column", pa.string()),
+        ("old_type", pa.string()),
+        ("new_type", pa.string()),
+        ("policy", pa.string()),  # evolve | ignore | fail
+        ("applied", pa.bool_()),  # false: ignored by the policy, or the table stopped
+        ("message", pa.string()),
+        ("seq", pa.string()),  # the first event that carried the change
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("recorded_at_ms", pa.int64()),
+    ]
+)
+
+#: Held rows: the events plus when (wall clock, ms) and in which batch each was first held.
+HELD_SCHEMA = pa.schema(
+    [*EVENT_SCHEMA, pa.field("held_since_ms", pa.int64()), pa.field("held_batch_id", pa.int64())]
+)
+
+#: ``_cdcflow/pending_transactions``: one snapshot of held rows per (source, batch).
+PENDING_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string()),
+        pa.field("batch_id", pa.int64()),  # the batch that wrote the snapshot
+        pa.field("previous_batch_id", pa.int64()),  # the snapshot it replaced (null: none)
+        pa.field("split_at_ms", pa.int64()),  # now_ms of that batch's split (its clock)
+        *HELD_SCHEMA,
+    ]
+)
+
+#: ``_cdcflow/history_log/<table>``: one row per applied change of one history table.
+HISTORY_LOG_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),  # canonical key JSON (typed values); null for a truncate
+        ("op", pa.string()),  # upsert | delete | truncate
+        ("seq", pa.string()),
+        ("image", pa.string()),  # after image JSON (upserts)
+        ("partial", pa.bool_()),
+        ("ts_ms", pa.int64()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("event_index", pa.int32()),
+        ("sub", pa.int8()),  # 0: the old key's delete of a key move, 1 otherwise
+        ("batch_id", pa.int64()),
+    ]
+)
