@@ -22,7 +22,7 @@ GOOD = {
 def test_defaults_and_reader_options(tmp_path):
     cfg = parse_config(GOOD, base_dir=tmp_path)
     assert cfg.warehouse == str(tmp_path / "wh") and cfg.pipeline_id == "default"
-    assert cfg.trigger == "processing_time" and cfg.trigger_interval == "1 second"
+    assert cfg.trigger.processing_time == "1 second" and not cfg.trigger.available_now
     src = cfg.sources[0]
     assert (src.name, src.topics) == ("debezium-json", ("a", "b"))
     opts = cfg.kafka.reader_options()
@@ -78,7 +78,7 @@ def test_exactly_one_of_topics_or_pattern():
 
 def test_available_now_trigger_and_duplicate_source_names():
     cfg = parse_config({**GOOD, "trigger": "available_now"})
-    assert cfg.trigger == "available_now"
+    assert cfg.trigger.available_now and cfg.trigger.processing_time is None
     two = [
         {"format": "debezium-json", "topics": ["a"]},
         {"format": "debezium-json", "topics": ["b"]},

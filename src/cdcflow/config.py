@@ -1,4 +1,4 @@
-"""Pipeline configuration: YAML validated at the edge, frozen dataclasses inside.
+"""Pipeline configuration: one set of frozen pydantic models, checked whole at load.
 
 Example (every key with its default where it has one)::
 
@@ -38,33 +38,46 @@ Example (every key with its default where it has one)::
         max_events: 100000         # ... or when more events than this are held
 
 An unknown key is an error that lists the valid ones; a missing one names the key.
+Everything that can be checked without a broker is checked by :func:`load_config`,
+before Spark starts: the format's options (by the format's own options class), the
+starting offsets, the trigger interval, the topic pattern and the Kafka client settings
+cdcflow owns. The models are the configuration the pipeline reads; there is no second
+copy of it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from cdcflow.apply.options import SCHEMA_POLICIES, TableRules
+from cdcflow.apply.options import TableOptions, TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
-from cdcflow.errors import ConfigError
+from cdcflow.errors import CdcflowError, ConfigError
 
 __all__ = [
+    "SINKS",
     "ApplyConfig",
     "KafkaConfig",
     "PipelineConfig",
     "SourceConfig",
+    "TransactionsConfig",
+    "TriggerConfig",
     "load_config",
     "parse_config",
 ]
-
-
-# --------------------------------------------------------------------------- inside
 
 
 #: ``kafka.outage_budget_s``: long enough for a broker restart, a leader election or a
@@ -72,16 +85,81 @@ __all__ = [
 #: for a supervisor or an alert to act on. See docs/decisions.md.
 DEFAULT_OUTAGE_BUDGET_S = 300.0
 
+#: ``sink``: who merges the mirrors (docs/decisions.md, 39)
+Sink = Literal["delta-rs", "delta-spark"]
+SINKS: tuple[str, ...] = get_args(Sink)
 
-@dataclass(frozen=True)
-class KafkaConfig:
-    bootstrap_servers: str
+#: Spark's processing-time interval: ``<number> <unit>`` terms, optionally after
+#: ``interval`` (Spark's ``Trigger.ProcessingTime``); units of fixed length only
+_INTERVAL_TERM = r"\d+(?:\.\d+)?\s*(?:week|day|hour|minute|second|millisecond|microsecond)s?"
+_INTERVAL = re.compile(rf"\s*(?:interval\s+)?{_INTERVAL_TERM}(?:\s+{_INTERVAL_TERM})*\s*", re.I)
+
+#: librdkafka settings that ``kafka.options`` must not set, with the fix
+_OWNED_KAFKA_OPTIONS = {
+    "bootstrap.servers": "set kafka.bootstrap_servers instead",
+    "auto.offset.reset": "set kafka.starting_offsets instead",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(_Strict):
+    """``kafka:``: the brokers and how the sources read them.
+
+    Attributes:
+        bootstrap_servers: ``host:port[,host:port...]``.
+        starting_offsets: ``earliest`` | ``latest`` | Spark's per-partition JSON; where a
+            source's first run starts (later runs resume from their checkpoint).
+        max_offsets_per_trigger: records per micro-batch at most (``None``: no limit).
+        fail_on_data_loss: stop (``DATA_LOSS``) when records were deleted before read.
+        outage_budget_s: seconds transient broker errors are retried before the run
+            stops (exit 69); 0 stops at the first error.
+        options: librdkafka settings (``security.protocol``, ``sasl.*``, ...), as text.
+    """
+
+    bootstrap_servers: str = Field(min_length=1)
     starting_offsets: str = "earliest"
-    max_offsets_per_trigger: int | None = 200_000
+    max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
     fail_on_data_loss: bool = True
-    #: seconds transient broker errors are retried (with backoff) before the run stops
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _starting_offsets(cls, v: str) -> str:
+        from cdcflow.source.starting_offsets import parse_starting_offsets
+
+        parse_starting_offsets(v)  # ValueError names the fix
+        return v
+
+    @field_validator("outage_budget_s", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
+            raise ValueError(
+                f"must be a number of seconds >= 0, got {v!r}; e.g. 300 to retry an "
+                "unreachable broker for 5 minutes, 0 to stop at the first broker error"
+            )
+        return float(v)
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _client_options(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping):
+            return v  # pydantic names the type error
+        from cdcflow.source.kafka import FORBIDDEN_KAFKA_KEYS
+
+        out = {}
+        for key, value in v.items():
+            owned = _OWNED_KAFKA_OPTIONS.get(key) or FORBIDDEN_KAFKA_KEYS.get(key)
+            if owned:
+                raise ValueError(f"{key!r} is set by cdcflow: {owned}")
+            if not isinstance(value, str | int | float | bool):
+                raise ValueError(f"{key!r} must be text, a number or a boolean, got {value!r}")
+            out[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
 
     def reader_options(self) -> dict[str, str]:
         """Options for the Kafka source, in the names Spark's own Kafka source uses."""
@@ -94,92 +172,24 @@ class KafkaConfig:
         }
         if self.max_offsets_per_trigger:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        out.update({f"kafka.{k}": str(v) for k, v in self.options.items()})
+        out.update({f"kafka.{k}": v for k, v in self.options.items()})
         return out
 
 
-@dataclass(frozen=True)
-class SourceConfig:
-    name: str
+class SourceConfig(_Strict):
+    """One ``sources:`` entry: a set of topics in one format.
+
+    Attributes:
+        name: names the source's checkpoint and offsets (default: the format identifier).
+        format: a format identifier (``cdcflow.formats.format_names()``).
+        topics: the topics, or empty when ``topic_pattern`` is set.
+        topic_pattern: a regular expression matched against whole topic names.
+        options: the format's options, checked by the format's options class at load.
+    """
+
+    name: str = ""
     format: str
     topics: tuple[str, ...] = ()
-    topic_pattern: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ApplyConfig:
-    """Warehouse-wide apply settings (see docs/semantics.md)."""
-
-    #: tombstones older than this (by commit time) are purged; 0 keeps them forever
-    tombstone_retention_hours: float = 168.0
-    #: apply only whole source transactions per micro-batch
-    consistent_transactions: bool = False
-    transaction_max_wait_ms: int = 60_000
-    transaction_max_events: int = 100_000
-    #: a table whose apply of one micro-batch takes longer is stopped after it; 0: no budget
-    table_budget_s: float = 600.0
-
-    def transaction_policy(self) -> TransactionPolicy | None:
-        """The policy for :class:`~cdcflow.apply.batch.BatchApplier` (``None``: off)."""
-        if not self.consistent_transactions:
-            return None
-        return TransactionPolicy(
-            max_wait_ms=self.transaction_max_wait_ms, max_events=self.transaction_max_events
-        )
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    pipeline_id: str
-    warehouse: str
-    checkpoint: str
-    kafka: KafkaConfig
-    sources: tuple[SourceConfig, ...]
-    target_template: str = "{database}.{schema}.{table}"
-    trigger: str = "processing_time"  # processing_time | available_now
-    trigger_interval: str = "1 second"
-    tables: TableRules = field(default_factory=TableRules)
-    apply: ApplyConfig = field(default_factory=ApplyConfig)
-    #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
-    sink: str = "delta-rs"
-
-
-#: ``sink``: who merges the mirrors (docs/decisions.md, 39)
-Sink = Literal["delta-rs", "delta-spark"]
-SINKS: tuple[str, ...] = get_args(Sink)
-
-
-# --------------------------------------------------------------------------- edge
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Kafka(_Strict):
-    bootstrap_servers: str
-    starting_offsets: str = "earliest"
-    max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
-    fail_on_data_loss: bool = True
-    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
-    options: dict[str, str | int | bool] = Field(default_factory=dict)
-
-    @field_validator("outage_budget_s", mode="before")
-    @classmethod
-    def _budget(cls, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
-            raise ValueError(
-                f"must be a number of seconds >= 0, got {v!r}; e.g. 300 to retry an "
-                "unreachable broker for 5 minutes, 0 to stop at the first broker error"
-            )
-        return float(v)
-
-
-class _Source(_Strict):
-    name: str | None = None
-    format: str
-    topics: list[str] | None = None
     topic_pattern: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -192,106 +202,175 @@ class _Source(_Strict):
             raise ValueError(f"unknown format {v!r}; valid formats: {format_names()}")
         return v
 
-    @model_validator(mode="after")
-    def _one_subscription(self) -> _Source:
-        if bool(self.topics) == bool(self.topic_pattern):
-            raise ValueError("set exactly one of 'topics' (a list) or 'topic_pattern' (a regex)")
-        return self
-
-
-class _TableRule(_Strict):
-    match: str
-    mode: Literal["mirror", "history"] | None = None
-    sequence_by: list[str] | None = None
-    soft_delete: bool | None = None
-    ignore_null_updates: bool | None = None
-    schema_changes: str | None = None
-    track_history: list[str] | None = None
-
-    @field_validator("schema_changes")
+    @field_validator("topic_pattern")
     @classmethod
-    def _known_policy(cls, v: str | None) -> str | None:
-        if v is not None and v not in SCHEMA_POLICIES:
-            raise ValueError(f"unknown schema_changes {v!r}; use one of {list(SCHEMA_POLICIES)}")
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _format_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        fmt = info.data.get("format")
+        if fmt is None or not v:
+            return v  # an unknown format is reported on its own key
+        from cdcflow.formats import decoder_for
+
+        try:
+            decoder_for(fmt, v)  # the format's options class checks names and values
+        except CdcflowError as exc:
+            raise ValueError(f"{exc.message} (format {fmt})") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not valid for format {fmt}: {exc}") from None
         return v
 
     @model_validator(mode="after")
-    def _history_only(self) -> _TableRule:
-        if self.track_history is not None and self.mode == "mirror":
-            raise ValueError("track_history applies to mode: history only; remove one of them")
-        if self.soft_delete and self.mode == "history":
-            raise ValueError(
-                "soft_delete applies to mirrors; a history table closes the version on delete "
-                "(__end_at); remove soft_delete"
-            )
+    def _one_subscription(self) -> SourceConfig:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("set exactly one of 'topics' (a list) or 'topic_pattern' (a regex)")
+        if not self.name:
+            object.__setattr__(self, "name", self.format)
         return self
 
-    def overrides(self) -> dict[str, Any]:
-        out = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if name == "match" or name not in self.model_fields_set:
-                continue
-            out[name] = tuple(value) if isinstance(value, list) else value
-        return out
 
+class TransactionsConfig(_Strict):
+    """``apply.transactions:`` transaction-consistent micro-batches (off by default)."""
 
-class _Transactions(_Strict):
     consistent: bool = False
     max_wait_ms: int = Field(default=60_000, ge=0)
     max_events: int = Field(default=100_000, gt=0)
 
 
-class _Apply(_Strict):
+class ApplyConfig(_Strict):
+    """``apply:``: warehouse-wide apply settings (see docs/semantics.md).
+
+    Attributes:
+        tombstone_retention_hours: tombstones older than this (by commit time) are
+            purged; 0 keeps them forever.
+        table_budget_s: a table whose apply of one micro-batch takes longer is stopped
+            after it; 0: no budget.
+        transactions: apply only whole source transactions per micro-batch.
+    """
+
     tombstone_retention_hours: float = Field(default=168.0, ge=0)
     table_budget_s: float = Field(default=600.0, ge=0)
-    transactions: _Transactions = Field(default_factory=_Transactions)
+    transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
+
+    def transaction_policy(self) -> TransactionPolicy | None:
+        """The policy for :class:`~cdcflow.apply.batch.BatchApplier` (``None``: off)."""
+        if not self.transactions.consistent:
+            return None
+        return TransactionPolicy(
+            max_wait_ms=self.transactions.max_wait_ms, max_events=self.transactions.max_events
+        )
 
 
-class _Trigger(_Strict):
+class TriggerConfig(_Strict):
+    """``trigger:``: ``{processing_time: "1 second"}`` (the default), or
+    ``available_now`` (drain what is there, then stop; ``cdcflow run --once`` forces it)."""
+
     processing_time: str | None = None
-    available_now: bool | None = None
+    available_now: bool = False
+
+    @field_validator("processing_time")
+    @classmethod
+    def _interval(cls, v: str | None) -> str | None:
+        if v is not None and not _INTERVAL.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not an interval; write a number and a unit, e.g. '1 second', "
+                "'500 milliseconds', '2 minutes'"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TriggerConfig:
+        if self.available_now and self.processing_time is not None:
+            raise ValueError("set either processing_time or available_now, not both")
+        if not self.available_now and self.processing_time is None:
+            object.__setattr__(self, "processing_time", "1 second")
+        return self
 
 
-class _Pipeline(_Strict):
+class PipelineConfig(_Strict):
+    """The whole configuration (see the module docstring for every key)."""
+
     pipeline_id: str = "default"
     warehouse: str
     checkpoint: str
     target_template: str = "{database}.{schema}.{table}"
-    trigger: _Trigger | Literal["available_now"] = Field(
-        default_factory=lambda: _Trigger(processing_time="1 second")
-    )
-    kafka: _Kafka
-    sources: list[_Source] = Field(min_length=1)
-    tables: list[_TableRule] = Field(default_factory=list)
-    apply: _Apply = Field(default_factory=_Apply)
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
+    kafka: KafkaConfig
+    sources: tuple[SourceConfig, ...]
+    tables: TableRules = Field(default_factory=TableRules)
+    apply: ApplyConfig = Field(default_factory=ApplyConfig)
+    #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
     sink: Sink = "delta-rs"
+
+    @field_validator("trigger", mode="before")
+    @classmethod
+    def _trigger_word(cls, v: Any) -> Any:
+        if v == "available_now":
+            return {"available_now": True}
+        if isinstance(v, str):
+            raise ValueError(
+                f"{v!r} is not a trigger; write trigger: available_now, or "
+                f"trigger: {{processing_time: {v!r}}} for a micro-batch every interval"
+            )
+        return v
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _some_sources(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple) and not v:
+            raise ValueError("name at least one source (format and topics)")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_sources(self) -> PipelineConfig:
+        names = [s.name for s in self.sources]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(
+                    f"sources: two sources are called {name!r}; give each a distinct 'name'"
+                )
+        return self
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model whose keys are valid at ``loc`` (a pydantic error location)."""
+    model: type[BaseModel] = PipelineConfig
+    for part in loc:
+        if isinstance(part, int) or part not in model.model_fields:
+            continue
+        pending = [model.model_fields[part].annotation]
+        while pending:
+            ann = pending.pop()
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                if ann is TableRules:
+                    ann = TableRule
+                model = ann
+                break
+            pending.extend(get_args(ann))
+    return model
 
 
 def _explain(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        where = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            model = _Pipeline
-            for part in err["loc"][:-1]:
-                if isinstance(part, int):
-                    continue
-                fld = model.model_fields.get(str(part))
-                ann = getattr(fld, "annotation", None) if fld else None
-                model = next(
-                    (
-                        m
-                        for m in (_Kafka, _Source, _Trigger, _TableRule, _Apply, _Transactions)
-                        if m is ann or str(ann).endswith(f".{m.__name__}]")
-                    ),
-                    model,
-                )
-            lines.append(f"{where}: unknown key; valid keys here: {sorted(model.model_fields)}")
+            valid = sorted(_model_at(loc[:-1]).model_fields)
+            lines.append(f"{where}: unknown key; valid keys here: {valid}")
         elif err["type"] == "missing":
             lines.append(f"{where}: required key is missing")
         else:
-            lines.append(f"{where}: {err['msg']}")
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {msg}" if loc else msg)
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -303,14 +382,17 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
         base_dir: relative ``warehouse``/``checkpoint`` paths are taken from here.
 
     Raises:
-        ConfigError: listing each bad key, with the valid keys or the fix.
+        ConfigError: listing each bad key (one line each), with the valid keys or the fix.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
             "the configuration must be a YAML mapping (key: value), see docs/configuration.md"
         )
+    data = dict(data)
+    if isinstance(data.get("tables"), list):
+        data["tables"] = tuple(data["tables"])
     try:
-        model = _Pipeline.model_validate(dict(data))
+        config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from exc
 
@@ -319,51 +401,8 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
             return p
         return str((base_dir / p).resolve())
 
-    trig = model.trigger
-    if trig == "available_now" or (isinstance(trig, _Trigger) and trig.available_now):
-        trigger, interval = "available_now", ""
-    else:
-        trigger, interval = "processing_time", (trig.processing_time or "1 second")
-    names: set[str] = set()
-    sources = []
-    for s in model.sources:
-        name = s.name or s.format
-        if name in names:
-            raise ConfigError(
-                f"sources: two sources are called {name!r}; give each a distinct 'name'"
-            )
-        names.add(name)
-        sources.append(
-            SourceConfig(name, s.format, tuple(s.topics or ()), s.topic_pattern, s.options)
-        )
-    return PipelineConfig(
-        pipeline_id=model.pipeline_id,
-        warehouse=_path(model.warehouse),
-        checkpoint=_path(model.checkpoint),
-        kafka=KafkaConfig(
-            bootstrap_servers=model.kafka.bootstrap_servers,
-            starting_offsets=model.kafka.starting_offsets,
-            max_offsets_per_trigger=model.kafka.max_offsets_per_trigger,
-            fail_on_data_loss=model.kafka.fail_on_data_loss,
-            outage_budget_s=model.kafka.outage_budget_s,
-            options={
-                k: str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in model.kafka.options.items()
-            },
-        ),
-        sources=tuple(sources),
-        target_template=model.target_template,
-        trigger=trigger,
-        trigger_interval=interval,
-        tables=TableRules.of([(r.match, r.overrides()) for r in model.tables]),
-        apply=ApplyConfig(
-            tombstone_retention_hours=model.apply.tombstone_retention_hours,
-            consistent_transactions=model.apply.transactions.consistent,
-            transaction_max_wait_ms=model.apply.transactions.max_wait_ms,
-            transaction_max_events=model.apply.transactions.max_events,
-            table_budget_s=model.apply.table_budget_s,
-        ),
-        sink=model.sink,
+    return config.model_copy(
+        update={"warehouse": _path(config.warehouse), "checkpoint": _path(config.checkpoint)}
     )
 
 
@@ -381,3 +420,6 @@ def load_config(path: str | Path) -> PipelineConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     return parse_config(data or {}, base_dir=path.parent)
+
+
+__all__ += ["TableOptions"]

@@ -333,10 +333,10 @@ class Pipeline:
             .foreachBatch(apply_batch)
             .option("checkpointLocation", os.path.join(self.config.checkpoint, source.name))
         )
-        if once or self.config.trigger == "available_now":
+        if once or self.config.trigger.available_now:
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=self.config.trigger_interval)
+            writer = writer.trigger(processingTime=self.config.trigger.processing_time)
         query = writer.start()
         lane.on_failure = lambda: _stop_queries([query])
         return query

@@ -7,7 +7,6 @@ source, then checks that every Kafka offset is accounted for exactly once.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -263,7 +262,7 @@ def test_the_delta_spark_sink_mirrors_the_source_through_restarts(spark, broker,
     s.produce(400)
     for _ in range(2):
         config = pipeline_config(tmp_path, broker, fmt, s.topic, s.options, batch=150)
-        config = dataclasses.replace(config, sink="delta-spark")
+        config = config.model_copy(update={"sink": "delta-spark"})
         Pipeline(config, spark=spark).run(once=True)
         s.produce(200)
     Pipeline(config, spark=spark).run(once=True)

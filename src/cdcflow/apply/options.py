@@ -18,17 +18,27 @@ Example::
       - match: "shop.audit.*"
         soft_delete: true
 
-See docs/semantics.md for what each option does.
+The options are declared once, in :class:`TableOptions`; :class:`TableRule` is derived
+from it (every option optional, plus ``match``), so the YAML and the applier cannot
+disagree. See docs/semantics.md for what each option does.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
-__all__ = ["SCHEMA_POLICIES", "TableOptions", "TableRules"]
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    RootModel,
+    create_model,
+    model_validator,
+)
+
+__all__ = ["SCHEMA_POLICIES", "TableOptions", "TableRule", "TableRules"]
 
 #: What a schema change does to a table (Flink CDC's schema-change behaviours):
 #: ``evolve`` applies it (add, widen, record drops and renames); ``ignore`` keeps the
@@ -37,8 +47,16 @@ __all__ = ["SCHEMA_POLICIES", "TableOptions", "TableRules"]
 SCHEMA_POLICIES = ("evolve", "ignore", "fail")
 
 
-@dataclass(frozen=True, slots=True)
-class TableOptions:
+def _known_policy(value: Any) -> Any:
+    if value not in SCHEMA_POLICIES:
+        raise ValueError(f"unknown schema_changes {value!r}; use one of {list(SCHEMA_POLICIES)}")
+    return value
+
+
+SchemaPolicy = Annotated[Literal["evolve", "ignore", "fail"], BeforeValidator(_known_policy)]
+
+
+class TableOptions(BaseModel):
     """How changes are applied to one target table.
 
     Attributes:
@@ -57,40 +75,76 @@ class TableOptions:
             ``None``: every column is tracked.
     """
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     mode: Literal["mirror", "history"] = "mirror"
     sequence_by: tuple[str, ...] = ()
     soft_delete: bool = False
     ignore_null_updates: bool = False
-    schema_changes: Literal["evolve", "ignore", "fail"] = "evolve"
+    schema_changes: SchemaPolicy = "evolve"
     track_history: tuple[str, ...] | None = None
 
 
-_OPTION_NAMES = tuple(f.name for f in fields(TableOptions))
+class _RuleBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: str
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _RuleBase:
+        given = self.overrides()
+        if "track_history" in given and given.get("mode") == "mirror":
+            raise ValueError("track_history applies to mode: history only; remove one of them")
+        if given.get("soft_delete") and given.get("mode") == "history":
+            raise ValueError(
+                "soft_delete applies to mirrors; a history table closes the version on delete "
+                "(__end_at); remove soft_delete"
+            )
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The options this rule sets (those written in it), by name."""
+        return {name: getattr(self, name) for name in self.model_fields_set if name != "match"}
 
 
-@dataclass(frozen=True, slots=True)
-class TableRules:
-    """Ordered ``(pattern, overrides)`` rules; see the module docstring.
+#: One ``tables:`` rule: ``match`` (an fnmatch pattern over target names) and any of
+#: :class:`TableOptions`' fields, each optional (unset: the earlier rules' value stands).
+TableRule = create_model(  # type: ignore[call-overload]
+    "TableRule",
+    __base__=_RuleBase,
+    __module__=__name__,
+    **{
+        name: (Optional[field.rebuild_annotation()], None)  # noqa: UP045 - runtime type
+        for name, field in TableOptions.model_fields.items()
+    },
+)
 
-    Args:
-        rules: ``(fnmatch pattern, {option: value})`` pairs in file order.
-    """
 
-    rules: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+class TableRules(RootModel[tuple[TableRule, ...]]):  # type: ignore[valid-type]
+    """Ordered rules; see the module docstring. Called with a target name, gives its
+    :class:`TableOptions` (cached per name by the caller if it matters)."""
+
+    model_config = ConfigDict(frozen=True)
+    root: tuple[TableRule, ...] = ()  # type: ignore[valid-type]
 
     def __call__(self, target: str) -> TableOptions:
-        """The options of ``target`` (cached per name by the caller if it matters)."""
         options = TableOptions()
-        for pattern, overrides in self.rules:
-            if fnmatch.fnmatchcase(target, pattern):
-                options = replace(options, **overrides)
+        for rule in self.root:
+            if fnmatch.fnmatchcase(target, rule.match):
+                options = options.model_copy(update=rule.overrides())
         return options
 
     @classmethod
     def of(cls, rules: Sequence[tuple[str, Mapping[str, Any]]]) -> TableRules:
-        """Rules from ``(pattern, overrides)`` pairs; unknown option names raise ``KeyError``."""
+        """Rules from ``(pattern, overrides)`` pairs.
+
+        Raises:
+            KeyError: an unknown option name.
+            pydantic.ValidationError: a value of the wrong type.
+        """
+        names = tuple(TableOptions.model_fields)
         for _, overrides in rules:
-            unknown = set(overrides) - set(_OPTION_NAMES)
+            unknown = set(overrides) - set(names)
             if unknown:
-                raise KeyError(f"unknown table options {sorted(unknown)}; valid: {_OPTION_NAMES}")
-        return cls(tuple((p, dict(o)) for p, o in rules))
+                raise KeyError(f"unknown table options {sorted(unknown)}; valid: {names}")
+        return cls(tuple(TableRule(match=p, **o) for p, o in rules))

@@ -71,10 +71,12 @@ from cdcflow.errors import ConfigError, SourceError
 from cdcflow.formats.base import Record, new_record
 from cdcflow.model import new_origin
 from cdcflow.source.outage import OutageBudget
+from cdcflow.source.starting_offsets import EARLIEST, LATEST, parse_starting_offsets
 
 __all__ = [
     "ARROW_SCHEMA",
     "DATA_LOSS",
+    "FORBIDDEN_KAFKA_KEYS",
     "FORMAT",
     "KAFKA_SCHEMA",
     "JVM_KAFKA_PROVIDER",
@@ -105,8 +107,6 @@ JVM_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 DATA_LOSS = "DATA_LOSS"
 """Error code of a :class:`SourceError` for records that can no longer be read."""
 
-EARLIEST = -2  # startingOffsets JSON: the partition's low watermark
-LATEST = -1  # startingOffsets JSON: the partition's high watermark
 
 _DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark: spark.network.timeout
 _DEFAULT_RECORDS_PER_BATCH = 10_000
@@ -150,7 +150,7 @@ _OWN_OPTIONS = {
     "outagebudgetms": "outageBudgetMs",
 }
 # librdkafka settings the source owns (Spark rejects the same ones).
-_FORBIDDEN_KAFKA_KEYS = {
+FORBIDDEN_KAFKA_KEYS = {
     "auto.offset.reset": "use the option startingOffsets instead",
     "enable.auto.commit": "offsets are kept in Spark's checkpoint, not committed to Kafka",
     "key.deserializer": "keys are always returned as bytes (cast or decode them in Spark)",
@@ -290,38 +290,10 @@ def _outage_budget_ms(raw: str) -> int:
 
 
 def _parse_starting_offsets(raw: str) -> str | dict[str, dict[int, int]]:
-    text = raw.strip()
-    if text.lower() in ("earliest", "latest"):
-        return text.lower()
-    fix = (
-        'use "earliest", "latest" or JSON such as {"topic":{"0":23,"1":-2}} '
-        "(-2 = earliest, -1 = latest)"
-    )
     try:
-        parsed = json.loads(text)
+        return parse_starting_offsets(raw)
     except ValueError as exc:
-        raise ConfigError(f"option startingOffsets={raw!r} is not valid; {fix}") from exc
-    if not isinstance(parsed, dict) or not parsed:
-        raise ConfigError(f"option startingOffsets={raw!r} is not valid; {fix}")
-    result: dict[str, dict[int, int]] = {}
-    for topic, parts in parsed.items():
-        if not isinstance(parts, dict):
-            raise ConfigError(f"option startingOffsets: {topic!r} must map to an object; {fix}")
-        result[topic] = {}
-        for p, off in parts.items():
-            try:
-                partition = int(p)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"option startingOffsets: partition {p!r} of {topic!r} is not a number; {fix}"
-                ) from exc
-            if isinstance(off, bool) or not isinstance(off, int) or off < EARLIEST:
-                raise ConfigError(
-                    f"option startingOffsets: offset {off!r} of {topic}[{p}] must be an "
-                    f"offset >= 0, -2 (earliest) or -1 (latest)"
-                )
-            result[topic][partition] = off
-    return result
+        raise ConfigError(f"option startingOffsets: {exc}") from None
 
 
 def _parse_assign(raw: str) -> dict[str, tuple[int, ...]]:
@@ -382,9 +354,9 @@ def parse_options(options: Mapping[str, Any]) -> KafkaSourceOptions:
     for key, value in opts.items():
         if key.startswith("kafka."):
             name = key[len("kafka.") :]
-            if name in _FORBIDDEN_KAFKA_KEYS:
+            if name in FORBIDDEN_KAFKA_KEYS:
                 raise ConfigError(
-                    f"option kafka.{name} is not supported: {_FORBIDDEN_KAFKA_KEYS[name]}"
+                    f"option kafka.{name} is not supported: {FORBIDDEN_KAFKA_KEYS[name]}"
                 )
             client[name] = value
     if not client.get("bootstrap.servers", "").strip():
