@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import Transaction
 
 from cdcflow.errors import ApplyError, Code
 from cdcflow.sinks.delta import DeltaWarehouse
@@ -222,9 +221,10 @@ class OffsetLedger:
         self.warehouse.append(self.offsets_path, data, apply_id)
         self._pending = PendingApply(apply_id, dict(ranges))
 
-    def completion(self, ranges: dict[TopicPartition, tuple[int, int]]) -> list[Transaction]:
-        """The per-partition transactions the completing commit carries (next offsets)."""
-        return [Transaction(self._app(tp), last + 1) for tp, (_, last) in sorted(ranges.items())]
+    def completion(self, ranges: dict[TopicPartition, tuple[int, int]]) -> dict[str, int]:
+        """The per-partition application transactions the completing commit carries:
+        ``{app_id@topic#partition: next offset}``."""
+        return {self._app(tp): last + 1 for tp, (_, last) in sorted(ranges.items())}
 
     def completed(self, apply_id: int, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
         """Note (in the cache) that ``apply_id`` completed with ``ranges``."""

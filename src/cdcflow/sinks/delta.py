@@ -270,14 +270,16 @@ class DeltaWarehouse:
         return version is not None and version >= batch_id
 
     def commit_properties(
-        self, batch_id: int, app_id: str | None = None, extra: Sequence[Transaction] = ()
+        self, batch_id: int, app_id: str | None = None, extra: Mapping[str, int] | None = None
     ) -> CommitProperties:
         """Commit properties of the current apply: its application transaction
-        ``(app_id or self.app_id, batch_id)``, ``extra`` transactions, and the apply's
-        :attr:`commit_metadata` (the Kafka offset ranges it covers)."""
+        ``(app_id or self.app_id, batch_id)``, the ``extra`` application transactions
+        (``{app_id: version}``, in their order), and the apply's :attr:`commit_metadata`
+        (the Kafka offset ranges it covers)."""
+        others = [Transaction(app, version) for app, version in (extra or {}).items()]
         return CommitProperties(
             custom_metadata=dict(self.commit_metadata) or None,
-            app_transactions=[Transaction(app_id or self.app_id, batch_id), *extra],
+            app_transactions=[Transaction(app_id or self.app_id, batch_id), *others],
         )
 
     def _commit(self, batch_id: int) -> CommitProperties:
@@ -288,9 +290,10 @@ class DeltaWarehouse:
         path: str,
         data: pa.Table,
         batch_id: int,
-        transactions: Sequence[Transaction] = (),
+        transactions: Mapping[str, int] | None = None,
     ) -> bool:
-        """Append ``data`` once per batch, with ``transactions`` besides the batch's own.
+        """Append ``data`` once per batch, with the application ``transactions``
+        (``{app_id: version}``) besides the batch's own.
 
         Returns ``False`` if the batch was already there.
         """
