@@ -140,3 +140,107 @@ def test_bad_table_and_apply_settings_name_the_key(bad, named):
     with pytest.raises(ConfigError) as e:
         parse_config({**GOOD, **bad})
     assert named in str(e.value)
+
+
+# ---------------------------------------------------------------- checked at load
+
+
+def _problem(bad: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, **bad})
+    lines = str(e.value).splitlines()
+    assert lines[0] == "[BAD_CONFIG] invalid configuration:" and len(lines) == 2, lines
+    return lines[1].strip()  # one line, naming the key
+
+
+def _source(**over) -> dict:
+    return {"sources": [{"format": "canal-json", "topics": ["t"], **over}]}
+
+
+@pytest.mark.parametrize(
+    ("bad", "line"),
+    [
+        ({"trigger": "10 seconds"}, "trigger: '10 seconds' is not a trigger; write trigger: "),
+        ({"trigger": {"processing_time": "10 sekunds"}}, "trigger.processing_time: '10 sekunds'"),
+        (
+            {"trigger": {"processing_time": "1 second", "available_now": True}},
+            "trigger: set either processing_time or available_now",
+        ),
+        (
+            {"kafka": {**GOOD["kafka"], "starting_offsets": "earliset"}},
+            "kafka.starting_offsets: 'earliset' is not valid; use \"earliest\"",
+        ),
+        (
+            {"kafka": {**GOOD["kafka"], "starting_offsets": '{"t": {"0": -3}}'}},
+            "kafka.starting_offsets: offset -3 of t[0] must be",
+        ),
+        (
+            {"kafka": {**GOOD["kafka"], "options": {"auto.offset.reset": "earliest"}}},
+            "kafka.options: 'auto.offset.reset' is set by cdcflow: set kafka.starting_offsets",
+        ),
+        (
+            {"kafka": {**GOOD["kafka"], "options": {"bootstrap.servers": "h:1"}}},
+            "kafka.options: 'bootstrap.servers' is set by cdcflow: set kafka.bootstrap_servers",
+        ),
+        (
+            _source(options={"timestamp_zon": "UTC"}),
+            "sources.0.options: unknown option(s) ['timestamp_zon']",
+        ),
+        (_source(options={"keyless": "maybe"}), "sources.0.options: "),
+        (
+            _source(topics=[], topic_pattern="("),
+            "sources.0.topic_pattern: '(' is not a valid regular",
+        ),
+        ({"sources": []}, "sources: name at least one source"),
+    ],
+)
+def test_what_load_config_checks_before_spark_starts(bad, line):
+    """Each mistake is one line that names the YAML key (not a Spark option) and the fix."""
+    assert _problem(bad).startswith(line)
+
+
+def test_the_format_options_are_checked_by_the_formats_own_class():
+    cfg = parse_config(
+        {**GOOD, **_source(options={"timestamp_zone": "UTC", "keyless": "full_row"})}
+    )
+    assert cfg.sources[0].options == {"timestamp_zone": "UTC", "keyless": "full_row"}
+    assert "(format canal-json)" in _problem(_source(options={"keyless": "maybe"}))
+
+
+@pytest.mark.parametrize("word", ["available_now", {"available_now": True}])
+def test_available_now_in_either_spelling(word):
+    trigger = parse_config({**GOOD, "trigger": word}).trigger
+    assert trigger.available_now and trigger.processing_time is None
+
+
+INTERVALS = [
+    "1 second", "1 seconds", "500 milliseconds", "interval 2 minutes", "1.5 seconds",
+    "1 hour 30 minutes", "2 days", "1 week", "1 microsecond", "10   seconds", "1 SECOND",
+    "1.5 minutes", "10 sekunds", "10s", "10 sec", "10 min", "100 ms", "", "seconds",
+]  # fmt: skip
+
+
+def _accepted(interval: str) -> bool:
+    try:
+        parse_config({**GOOD, "trigger": {"processing_time": interval}})
+    except ConfigError:
+        return False
+    return True
+
+
+def test_trigger_intervals_accepted_at_load():
+    accepted = {i for i in INTERVALS if _accepted(i)}
+    assert accepted == set(INTERVALS[:11])
+
+
+@pytest.mark.spark
+def test_trigger_intervals_agree_with_spark(spark):
+    """load_config accepts exactly the intervals Spark's Trigger.ProcessingTime accepts."""
+    stream = spark.readStream.format("rate").load().writeStream
+    for interval in INTERVALS:
+        try:
+            stream.trigger(processingTime=interval)
+            spark_accepts = True
+        except Exception:  # noqa: BLE001 - Spark's IllegalArgumentException, through py4j
+            spark_accepts = False
+        assert _accepted(interval) == spark_accepts, interval

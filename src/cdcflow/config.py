@@ -89,9 +89,12 @@ DEFAULT_OUTAGE_BUDGET_S = 300.0
 Sink = Literal["delta-rs", "delta-spark"]
 SINKS: tuple[str, ...] = get_args(Sink)
 
-#: Spark's processing-time interval: ``<number> <unit>`` terms, optionally after
-#: ``interval`` (Spark's ``Trigger.ProcessingTime``); units of fixed length only
-_INTERVAL_TERM = r"\d+(?:\.\d+)?\s*(?:week|day|hour|minute|second|millisecond|microsecond)s?"
+#: Spark's processing-time interval (``Trigger.ProcessingTime``): ``<number> <unit>``
+#: terms, optionally after ``interval``; units of fixed length, spelled out; a fraction
+#: only of seconds (tests/test_config.py holds this against Spark itself)
+_INTERVAL_TERM = (
+    r"(?:\d+\s+(?:week|day|hour|minute|millisecond|microsecond)s?|\d+(?:\.\d+)?\s+seconds?)"
+)
 _INTERVAL = re.compile(rf"\s*(?:interval\s+)?{_INTERVAL_TERM}(?:\s+{_INTERVAL_TERM})*\s*", re.I)
 
 #: librdkafka settings that ``kafka.options`` must not set, with the fix
