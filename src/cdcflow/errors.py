@@ -43,14 +43,12 @@ class Code(StrEnum):
     BAD_VALUE = "BAD_VALUE"  # a column value that does not fit its declared type
     UNKNOWN_FORMAT = "UNKNOWN_FORMAT"  # --format auto: the record fits no candidate format
     AMBIGUOUS_FORMAT = "AMBIGUOUS_FORMAT"  # --format auto: the record fits several candidates
-    MISSING_METADATA = "MISSING_METADATA"  # reserved: table metadata (Qlik MD) not seen yet
     DATA_LOSS = "DATA_LOSS"  # Kafka records were deleted before they were read
     SOURCE_UNAVAILABLE = "SOURCE_UNAVAILABLE"  # brokers unreachable for kafka.outage_budget_s
     TYPE_CONFLICT = "TYPE_CONFLICT"  # a value's type cannot be stored in its table column
     TOO_LARGE = "TOO_LARGE"  # a record over the configured size limit
     TOO_MANY_COLUMNS = "TOO_MANY_COLUMNS"  # an image or table declaration over max_columns
     UNDECLARED_COLUMN = "UNDECLARED_COLUMN"  # a row image column its message's schema lacks
-    UNPAIRED_UPDATE = "UNPAIRED_UPDATE"  # reserved: an update half without its partner
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
     MISSING_SEQ = "MISSING_SEQ"  # a history (SCD type 2) table needs a source sequence
@@ -72,7 +70,7 @@ class SkipReason(StrEnum):
     TOMBSTONE = "TOMBSTONE"  # a Kafka tombstone (null value) that follows a delete
     NO_EVENTS = "NO_EVENTS"  # a well-formed record that carries no row change
     DTS_NOOP = "DTS_NOOP"  # a DTS Avro NOOP operation
-    JOINED = "JOINED"  # a record whose events were joined into another record's event
+    JOINED = "JOINED"  # not a skip: an update half whose change its partner's event carries
 
 
 class CdcflowError(Exception):
