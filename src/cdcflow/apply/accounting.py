@@ -1,0 +1,326 @@
+"""Every record of an apply accounted for: the rows of the bookkeeping system tables.
+
+Each consumed record ends as exactly one of: an event (in the changelog), ``joined``,
+skipped on purpose, or a dead letter. This module builds what the applier writes about
+that, without writing it: the changelog rows, the dead letters (one builder,
+:func:`dead_letters`, for decode failures and for events a table refused), the progress
+row, the per-partition accounting rows of ``_cdcflow/batches``, and the
+:class:`BatchReport` returned to the caller. See docs/semantics.md#every-record-accounted-for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdcflow.apply.router import ROW_CHANGE_OPS, TABLE_OPS
+from cdcflow.errors import Code
+from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
+from cdcflow.sinks.delta import MirrorResult
+from cdcflow.sinks.system_tables import (
+    BATCHES_SCHEMA,
+    CHANGELOG_COLUMNS,
+    DEAD_LETTER_SCHEMA,
+    PROGRESS_SCHEMA,
+)
+
+__all__ = [
+    "BatchReport",
+    "batches_rows",
+    "changelog_rows",
+    "combined",
+    "dead_letters",
+    "origin",
+    "per_record",
+    "progress_row",
+    "records_of",
+    "rejected_events",
+]
+
+
+@dataclass(slots=True)
+class BatchReport:
+    """Counts for one applied batch."""
+
+    batch_id: int  # the warehouse's apply id (the last one, when a delivery finished two)
+    delivery_id: int | None = None  # Spark's micro-batch id
+    replayed: int = 0  # records of the delivery that were applied before (skipped)
+    records: int = 0
+    events: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    dead_letters: Counter = field(default_factory=Counter)
+    mirrors: list[MirrorResult] = field(default_factory=list)
+    seconds: float = 0.0
+    #: transaction-consistent apply only: complete, released_open, held, held_events,
+    #: max_wait_ms (see :class:`~cdcflow.apply.transactions.TransactionSplit`)
+    transactions: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "delivery_id": self.delivery_id,
+            "replayed": self.replayed,
+            "records": self.records,
+            "events": self.events,
+            "skipped": dict(self.skipped),
+            "dead_letters": dict(self.dead_letters),
+            "tables": {
+                m.target: {
+                    "upserts": m.upserts,
+                    "deletes": m.deletes,
+                    "dropped_by_guard": m.dropped_by_guard,
+                    "truncated": m.truncated,
+                    "replayed": m.skipped_replay,
+                }
+                for m in self.mirrors
+            },
+            "transactions": dict(self.transactions),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def combined(reports: list[BatchReport], delivery_id: int | None, last_id: int) -> BatchReport:
+    """One report for the applies of a delivery (none, one, or a finished one and a new one)."""
+    if len(reports) == 1:
+        return reports[0]
+    out = BatchReport(
+        batch_id=reports[-1].batch_id if reports else last_id, delivery_id=delivery_id
+    )
+    for r in reports:
+        out.records += r.records
+        out.events += r.events
+        out.skipped.update(r.skipped)
+        out.dead_letters.update(r.dead_letters)
+        out.mirrors.extend(r.mirrors)
+        out.seconds += r.seconds
+        out.transactions = r.transactions or out.transactions
+    return out
+
+
+def records_of(events: pa.Table) -> pa.Table:
+    """One row per record of ``events``: distinct ``(topic, partition, offset)``."""
+    return (
+        events.select(["topic", "partition", "offset"])
+        .group_by(["topic", "partition", "offset"])
+        .aggregate([])
+    )
+
+
+def origin(part: pa.Table, i: int) -> dict[str, Any]:
+    """Where event ``i`` of ``part`` came from (``seq`` and Kafka coordinates)."""
+    i = max(0, i)
+    return {
+        "seq": part["seq"][i].as_py(),
+        "topic": part["topic"][i].as_py(),
+        "partition": part["partition"][i].as_py(),
+        "offset": part["offset"][i].as_py(),
+    }
+
+
+def changelog_rows(rows: pa.Table, batch_id: int) -> pa.Table:
+    """The ``_cdcflow/changelog`` rows of an apply's events."""
+    out = rows.select(CHANGELOG_COLUMNS)
+    return out.append_column("batch_id", pa.array([batch_id] * out.num_rows, pa.int64()))
+
+
+def _event_json(part: pa.Table) -> pa.Array:
+    """Each event as JSON (op, key, before, after, seq): a refused event's ``raw_value``."""
+    return pa.array(
+        [
+            orjson.dumps({"op": op, "key": k, "before": b, "after": a, "seq": s})
+            for op, k, b, a, s in zip(
+                part["op"].to_pylist(),
+                part["key"].to_pylist(),
+                part["before"].to_pylist(),
+                part["after"].to_pylist(),
+                part["seq"].to_pylist(),
+                strict=True,
+            )
+        ],
+        pa.binary(),
+    )
+
+
+def dead_letters(
+    rows: pa.Table,
+    batch_id: int,
+    stage: str,
+    code: str | pa.ChunkedArray,
+    message: str | pa.ChunkedArray,
+    target: str | None = None,
+) -> pa.Table:
+    """``_cdcflow/dead_letters`` rows, one per row of ``rows``: the only builder.
+
+    Args:
+        rows: EVENT_SCHEMA rows: decode dead letters (``stage="decode"``, their raw
+            record bytes are kept) or events a table refused (``stage="apply"``, the
+            event's JSON is kept in ``raw_value``).
+        batch_id: the apply's id.
+        stage: ``decode`` | ``apply``.
+        code, message: one for all rows, or one per row.
+        target: the table that refused the events (apply).
+    """
+    n = rows.num_rows
+    if stage == "decode":
+        raw_key, raw_value = rows["raw_key"], rows["raw_value"]
+    else:
+        raw_key, raw_value = pa.nulls(n, pa.binary()), _event_json(rows)
+
+    def each(value: str | pa.ChunkedArray | None) -> Any:
+        if value is None or isinstance(value, str):
+            return pa.array([value] * n, pa.string())
+        return value
+
+    return pa.table(
+        {
+            "batch_id": pa.array([batch_id] * n, pa.int64()),
+            "topic": rows["topic"],
+            "partition": rows["partition"],
+            "offset": rows["offset"],
+            "format": rows["format"],
+            "stage": pa.array([stage] * n, pa.string()),
+            "code": each(code),
+            "message": each(message),
+            "target_table": each(target),
+            "raw_key": raw_key,
+            "raw_value": raw_value,
+        },
+        schema=DEAD_LETTER_SCHEMA,
+    )
+
+
+def rejected_events(part: pa.Table, key: str | None, code: str) -> pa.Table:
+    """The events of one ``(key, code)`` a table refused (:attr:`MirrorResult.rejected`).
+
+    Key ``None`` stands for the row changes without a key; a ``MISSING_SEQ`` entry for
+    the key's (key ``None``: all) events without a sequence, truncates included.
+    """
+    if key is None:  # the row changes that carry no key
+        mask = pc.and_(pc.is_null(part["key"]), pc.is_in(part["op"], ROW_CHANGE_OPS))
+    else:
+        mask = pc.or_(
+            pc.equal(part["key"], key), pc.fill_null(pc.equal(part["old_key"], key), False)
+        )
+    if code == Code.MISSING_SEQ:
+        mask = pc.is_null(part["seq"]) if key is None else pc.and_(mask, pc.is_null(part["seq"]))
+    return part.filter(pc.fill_null(mask, False))
+
+
+def progress_row(rows: pa.Table, report: BatchReport, batch_id: int, source: str) -> pa.Table:
+    """One ``_cdcflow/progress`` row for the batch (also for a batch of heartbeats only)."""
+    if rows.num_rows == 0:
+        return PROGRESS_SCHEMA.empty_table()
+    last_seq = pc.max(rows["seq"]).as_py()
+    last_ts = pc.max(rows["ts_ms"]).as_py()
+    now = int(time.time() * 1000)
+    changed = sum(m.upserts + m.deletes for m in report.mirrors)
+    return pa.table(
+        {
+            "source": [source],
+            "batch_id": pa.array([batch_id], pa.int64()),
+            "last_seq": pa.array([last_seq], pa.string()),
+            "last_source_ts_ms": pa.array([last_ts], pa.int64()),
+            "events": pa.array([rows.num_rows], pa.int64()),
+            "rows_changed": pa.array([changed], pa.int64()),
+            "committed_at_ms": pa.array([now], pa.int64()),
+            "lag_ms": pa.array([None if last_ts is None else now - last_ts], pa.int64()),
+            **{
+                f"txn_{k}": pa.array([report.transactions.get(k)], pa.int64())
+                for k in ("complete", "released_open", "held", "max_wait_ms")
+            },
+        },
+        schema=PROGRESS_SCHEMA,
+    )
+
+
+def per_record(events: pa.Table) -> pa.Table:
+    """One row per consumed record: (topic, partition, offset, kind_min).
+
+    A record is one kind only ("dead" < "event" < "joined" < "skip" by name). An event
+    that changes no table (heartbeat, transaction marker, DDL, message) counts as
+    "skip"; a record with any table change among its events stays "event".
+    """
+    is_marker = pc.and_(
+        pc.equal(events["kind"], KIND_EVENT),
+        pc.invert(pc.fill_null(pc.is_in(events["op"], TABLE_OPS), False)),
+    )
+    kinds = pc.if_else(is_marker, KIND_SKIP, events["kind"])
+    slim = pa.table(
+        {
+            "topic": events["topic"],
+            "partition": events["partition"],
+            "offset": events["offset"],
+            "kind": kinds,
+        }
+    )
+    return slim.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
+
+
+def batches_rows(
+    records: pa.Table, rows: pa.Table, batch_id: int, delivery_id: int | None, source: str
+) -> pa.Table:
+    """The ``_cdcflow/batches`` rows of an apply, one per Kafka partition: its offset
+    range and the count of each kind of record.
+
+    Args:
+        records: :func:`per_record` of the apply's rows.
+        rows: the apply's events (kind ``event``).
+    """
+    if records.num_rows == 0:
+        return pa.Table.from_batches([], schema=BATCHES_SCHEMA)
+    ranges = records.group_by(["topic", "partition"]).aggregate(
+        [("offset", "min"), ("offset", "max"), ("offset", "count")]
+    )
+    kinds = records.group_by(["topic", "partition", "kind_min"]).aggregate([("offset", "count")])
+    counts: dict[tuple[str, int, str], int] = {
+        (t, p, k): c
+        for t, p, k, c in zip(
+            kinds["topic"].to_pylist(),
+            kinds["partition"].to_pylist(),
+            kinds["kind_min"].to_pylist(),
+            kinds["offset_count"].to_pylist(),
+            strict=True,
+        )
+    }
+    per_event = rows.group_by(["topic", "partition"]).aggregate([("offset", "count")])
+    events = {
+        (t, p): c
+        for t, p, c in zip(
+            per_event["topic"].to_pylist(),
+            per_event["partition"].to_pylist(),
+            per_event["offset_count"].to_pylist(),
+            strict=True,
+        )
+    }
+    topics = ranges["topic"].to_pylist()
+    parts = ranges["partition"].to_pylist()
+    keys = list(zip(topics, parts, strict=True))
+    now = int(time.time() * 1000)
+
+    def count(kind: str) -> pa.Array:
+        return pa.array([counts.get((t, p, kind), 0) for t, p in keys], pa.int64())
+
+    return pa.table(
+        {
+            "batch_id": pa.array([batch_id] * len(keys), pa.int64()),
+            "topic": topics,
+            "partition": pa.array(parts, pa.int32()),
+            "first_offset": ranges["offset_min"].cast(pa.int64()),
+            "last_offset": ranges["offset_max"].cast(pa.int64()),
+            "records": ranges["offset_count"].cast(pa.int64()),
+            "events": pa.array([events.get(k, 0) for k in keys], pa.int64()),
+            "joined": count(KIND_JOINED),
+            "skipped": count(KIND_SKIP),
+            "dead_letters": count(KIND_DEAD),
+            "committed_at_ms": pa.array([now] * len(keys), pa.int64()),
+            "source": [source] * len(keys),
+            "delivery_id": pa.array([delivery_id] * len(keys), pa.int64()),
+        },
+        schema=BATCHES_SCHEMA,
+    )
