@@ -252,3 +252,21 @@ def test_reset_prints_its_plan_then_deletes_only_the_checkpoint(tmp_path, capsys
     assert not (tmp_path / "ck" / "debezium-json").exists() and (tmp_path / "wh" / "t").exists()
     assert main(["reset", str(config), "--warehouse", "--yes"]) == 0
     assert not (tmp_path / "wh").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        ([], "WARNING"),
+        (["-v"], "INFO"),
+        (["--log-level", "debug"], "DEBUG"),
+        (["--log-level", "ERROR", "-v"], "ERROR"),  # the named level wins
+    ],
+)
+def test_log_level_and_verbose_before_or_after_the_command(argv, level):
+    from cdcflow.cli import build_parser, log_level
+
+    parser = build_parser()
+    command = ["resume", "--warehouse", "w", "t"]
+    assert log_level(parser.parse_args(argv + command)) == level
+    assert log_level(parser.parse_args(command[:1] + argv + command[1:])) == level

@@ -1,14 +1,48 @@
 """cdcflow: Kafka CDC topics to Delta Lake tables on PySpark.
 
+The library's front door (each name is imported on first use, so ``import cdcflow`` stays
+light):
+
+- :func:`run` -- run a pipeline under its lease (``cdcflow run``);
+- :func:`load_config` -- read and check a YAML configuration (``ConfigError`` names the key);
+- :func:`reset`, :func:`plan_reset` -- start sources over (``cdcflow reset``);
+- :func:`decode_files`, :func:`apply_files` -- message files through the same decode and
+  apply path (``cdcflow decode``, ``cdcflow apply``);
+- :class:`Pipeline` -- the bare engine under :func:`run`, without the lease.
+
 See README.md for the two commands, and docs/ for formats, semantics and decisions.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+try:
+    __version__ = version("cdcflow")
+except PackageNotFoundError:  # a source tree that was not installed
+    __version__ = "0+unknown"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "run": "cdcflow.runner",
+    "load_config": "cdcflow.config",
+    "reset": "cdcflow.reset_sources",
+    "plan_reset": "cdcflow.reset_sources",
+    "decode_files": "cdcflow.files",
+    "apply_files": "cdcflow.files",
+    "Pipeline": "cdcflow.pipeline",
+}
+
+__all__ = ["__version__", *_EXPORTS]
 
 
-def run(config, *, once: bool = False):
-    """Run a pipeline under its lease: :func:`cdcflow.runner.run` (imported on call, so
-    ``import cdcflow`` stays light)."""
-    from cdcflow.runner import run as run_under_lease
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'cdcflow' has no attribute {name!r}")
 
-    return run_under_lease(config, once=once)
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

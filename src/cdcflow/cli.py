@@ -18,7 +18,6 @@ and how long to wait if it died without releasing its lease. 69 (``run`` only; s
 from __future__ import annotations
 
 import argparse
-import base64
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ __all__ = [
     "EXIT_SOURCE_UNAVAILABLE",
     "EXIT_STORAGE_ERROR",
     "exit_after",
+    "log_level",
     "main",
 ]
 
@@ -45,6 +45,9 @@ EXIT_PIPELINE_RUNNING = 75
 EXIT_SOURCE_UNAVAILABLE = 69
 
 log = logging.getLogger("cdcflow.cli")
+
+#: ``--log-level`` values
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _primary_keys(values: Sequence[str] | None) -> dict[str, list[str]]:
@@ -63,85 +66,49 @@ def _primary_keys(values: Sequence[str] | None) -> dict[str, list[str]]:
     return out
 
 
-def _records(fmt: str, files: Sequence[str]):
-    """Records from files: one message value per line (``null`` = tombstone); base64 lines
-    for binary formats. Origin: file name as topic, line number (0-based) as offset."""
-    from cdcflow.formats import decoder_class
-    from cdcflow.formats.base import Record
-    from cdcflow.model import Origin
-
-    binary = decoder_class(fmt).binary_values
-    for name in files:
-        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-        for i, line in enumerate(data.splitlines()):
-            text = line.strip()
-            if not text:
-                continue
-            if text == b"null":
-                value = None
-            elif binary:
-                value = base64.b64decode(text)
-            else:
-                value = line
-            yield Record(value=value, origin=Origin(topic=name, partition=0, offset=i))
-
-
-def _decoder(fmt: str, primary_keys: Sequence[str] | None, keyless: str | None = None):
-    from cdcflow.formats import decoder_for
-
-    options: dict = {"primary_keys": _primary_keys(primary_keys)} if primary_keys else {}
-    if keyless:
-        options["keyless"] = keyless
-    return decoder_for(fmt, options or None)
+def _format_options(args: argparse.Namespace) -> dict:
+    """The format options of ``--primary-key`` and ``--keyless``."""
+    options: dict = {"primary_keys": _primary_keys(args.primary_key)} if args.primary_key else {}
+    if args.keyless:
+        options["keyless"] = args.keyless
+    return options
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
+    from cdcflow.files import decode_files
     from cdcflow.model import dumps, event_to_json_dict
 
-    decoder = _decoder(args.format, args.primary_key, args.keyless)
-    result = decoder.decode_batch(_records(args.format, args.files))
+    result = decode_files(args.format, args.files, _format_options(args))
     out = sys.stdout.buffer
     for event in result.events:
         out.write(dumps(event_to_json_dict(event)) + b"\n")
     out.flush()
     for d in result.dead_letters:
-        o = d.origin
-        sys.stderr.write(
-            dumps(
-                {
-                    "dead_letter": {
-                        "code": d.code,
-                        "message": d.message,
-                        "file": o.topic,
-                        "line": o.offset + 1,
-                    }
-                }
-            ).decode()
-            + "\n"
-        )
+        where = {"file": d.origin.topic, "line": d.origin.offset + 1}
+        letter = {"dead_letter": {"code": d.code, "message": d.message, **where}}
+        sys.stderr.write(dumps(letter).decode() + "\n")
     print(
-        f"{result.records} records: {result.decoded_records} decoded into {len(result.events)} events, "
-        f"{len(result.skipped)} skipped, {len(result.dead_letters)} dead letters",
+        f"{result.records} records: {result.decoded_records} decoded into "
+        f"{len(result.events)} events, {len(result.skipped)} skipped, "
+        f"{len(result.dead_letters)} dead letters",
         file=sys.stderr,
     )
     return 1 if result.dead_letters else 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    import pyarrow as pa
-
-    from cdcflow.apply.batch import BatchApplier, Router
-    from cdcflow.decode.batches import decode_records, load_decoder_state
+    from cdcflow.files import apply_files
     from cdcflow.sinks.delta import DeltaWarehouse
 
-    decoder = _decoder(args.format, args.primary_key, args.keyless)
-    warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()), pipeline_id=args.pipeline_id)
-    decoder.load_state(
-        load_decoder_state(warehouse.system_path("decoder_state"), warehouse.pipeline_id)
+    warehouse = str(Path(args.warehouse).resolve())
+    report = apply_files(
+        args.format,
+        args.files,
+        warehouse,
+        _format_options(args),
+        pipeline_id=args.pipeline_id,
+        target_template=args.target_template,
     )
-    records = list(_records(args.format, args.files))
-    events = pa.Table.from_batches([decode_records(decoder, records)])
-    report = BatchApplier(warehouse, Router(args.target_template)).apply(events)
     print(
         f"batch {report.batch_id}: {report.records} records, {report.events} events, "
         f"skipped {dict(report.skipped) or 0}, dead letters {dict(report.dead_letters) or 0}"
@@ -152,8 +119,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             "are its offsets: a line is applied once per warehouse)"
         )
     print(f"{'source table':40} {'rows':>8}  delta path")
+    store = DeltaWarehouse(warehouse, pipeline_id=args.pipeline_id)
     for m in report.mirrors:
-        rows = warehouse.open(m.path)
+        rows = store.open(m.path)
         count = rows.to_pyarrow_table(columns=[]).num_rows if rows is not None else 0
         print(f"{m.target:40} {count:>8}  {m.path}")
     return 0
@@ -171,53 +139,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Start sources over: delete their checkpoints (and, with --warehouse, the tables)."""
-    import shutil
+    from cdcflow.reset_sources import plan_reset, reset
 
-    from cdcflow.config import load_config
-
-    config = load_config(args.config)
-    names = [s.name for s in config.sources]
-    chosen = args.source or names
-    unknown = sorted(set(chosen) - set(names))
-    if unknown:
-        raise ConfigError(f"--source {unknown[0]!r} is not a source of {args.config}: {names}")
-    folders = [Path(config.checkpoint) / name for name in chosen]
-    plan = [f"delete checkpoint {f}" for f in folders if f.exists()]
-    if args.warehouse:
-        if "://" in config.warehouse:
-            raise ConfigError(
-                f"--warehouse: {config.warehouse} is not a local folder; delete it with the "
-                "object store's own tools"
-            )
-        if set(chosen) != set(names):
-            raise ConfigError("--warehouse deletes the tables of every source: leave out --source")
-        if Path(config.warehouse).exists():
-            plan.append(f"delete warehouse {config.warehouse} (every table)")
-    if not plan:
+    plan = plan_reset(args.config, args.source, args.warehouse)
+    if not plan.steps:
         print("nothing to reset")
         return 0
-    after = (
-        "the next run applies the topics again from kafka.starting_offsets"
-        if args.warehouse
-        else "the next run starts from the offsets the warehouse applied (nothing is lost "
-        "or applied twice)"
-    )
     if not args.yes:
-        print("cdcflow reset would:\n  " + "\n  ".join(plan) + f"\n{after}. Add --yes to do it.")
+        steps = "\n  ".join(plan.steps)
+        print(f"cdcflow reset would:\n  {steps}\n{plan.after}. Add --yes to do it.")
         return 1
-    from cdcflow.sinks.lease import PipelineLease
-
-    # a running pipeline holds the lease: reset refuses (exit 75) instead of pulling its
-    # checkpoint or tables away
-    lease = PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0)
-    lease.acquire()
-    for f in folders:
-        shutil.rmtree(f, ignore_errors=True)
-    if args.warehouse:
-        shutil.rmtree(config.warehouse, ignore_errors=True)  # the lease goes with it
-    else:
-        lease.release()
-    print("done: " + "; ".join(plan) + f". {after[0].upper()}{after[1:]}.")
+    done = reset(args.config, args.source, args.warehouse)
+    print(f"done: {'; '.join(done.steps)}. {done.after[0].upper()}{done.after[1:]}.")
     return 0
 
 
@@ -248,16 +181,34 @@ def cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cdcflow import __version__
 
+    # -v and --log-level go before or after the command; SUPPRESS keeps a command's
+    # parser from resetting what was given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log every micro-batch (the same as --log-level INFO)",
+    )
+    common.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="logging level (default WARNING; -v is INFO)",
+    )
     parser = argparse.ArgumentParser(
         prog="cdcflow",
+        parents=[common],
         description="Kafka CDC topics (Debezium, DataWorks, Qlik, DTS, DRS, ...) to Delta tables on PySpark.",
     )
     parser.add_argument("--version", action="version", version=f"cdcflow {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every batch")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
         "run",
+        parents=[common],
         help="run the streaming pipeline of a YAML configuration",
         description="Run the pipeline described by CONFIG (see docs/configuration.md). "
         "One run per pipeline_id and warehouse: while another run holds the pipeline's "
@@ -305,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "decode",
+        parents=[common],
         help="print the change events of message files as JSON lines",
         description="Decode FILEs and print one JSON object per change event on stdout; "
         "dead letters and a summary go to stderr. Exit 1 if any record is a dead letter.",
@@ -314,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "apply",
+        parents=[common],
         help="decode message files and apply them to Delta tables in one batch",
         description="The same decode and apply path as 'run', as one batch, from files.",
     )
@@ -331,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "resume",
+        parents=[common],
         help="let tables stopped by a schema change take changes again",
         description=(
             "Records a 'resume' in _cdcflow/schema_changes. Fix the table (or its "
@@ -344,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "reset",
+        parents=[common],
         help="start sources over: delete their Spark checkpoints (the warehouse keeps its offsets)",
         description=(
             "Deletes the checkpoint of each source (or of --source ones). The warehouse "
@@ -361,11 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_level(args: argparse.Namespace) -> str:
+    """The logging level of parsed arguments: ``--log-level``, else INFO for ``-v``, else
+    WARNING."""
+    named = getattr(args, "log_level", None)
+    return named or ("INFO" if getattr(args, "verbose", False) else "WARNING")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=log_level(args),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # py4j logs an exception of a foreachBatch function with its traceback before handing
