@@ -21,6 +21,7 @@ __all__ = [
     "decoder_for",
     "embedded_formats",
     "format_names",
+    "load_entry",
 ]
 
 #: identifier -> "module:DecoderClass"
@@ -58,7 +59,17 @@ def embedded_formats() -> list[str]:
     return sorted(set(DECODERS) - REGISTRY_FORMATS)
 
 
-def _load(table: Mapping[str, str], name: str, what: str) -> Any:
+def load_entry(table: Mapping[str, str], name: str, what: str) -> Any:
+    """The object ``table[name]`` names as ``"module:attribute"``, its module imported now.
+
+    Args:
+        table: a registry such as :data:`DECODERS` (the test kit's encoders use one too).
+        name: the format identifier.
+        what: what the table holds (``"decoder"``, ``"encoder"``), named in the error.
+
+    Raises:
+        ConfigError: ``name`` is not in ``table``; the message lists the valid names.
+    """
     try:
         target = table[name]
     except KeyError:
@@ -75,7 +86,7 @@ def decoder_class(name: str) -> type[Decoder]:
     Raises:
         ConfigError: unknown format name.
     """
-    return _load(DECODERS, name, "decoder")
+    return load_entry(DECODERS, name, "decoder")
 
 
 def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = None) -> Decoder:

@@ -56,7 +56,8 @@ from cdcflow.formats.base import (
     DecoderOptions,
     Record,
 )
-from cdcflow.formats.maxwell_json import InexactNumber, MaxwellJsonDecoder, loads_exact
+from cdcflow.formats.common.exact_json import InexactNumber, loads_exact
+from cdcflow.formats.maxwell_json import MaxwellJsonDecoder
 from cdcflow.formats.ogg_json import OggJsonDecoder
 from cdcflow.model import ChangeEvent
 
@@ -412,9 +413,9 @@ class AutoDecoder(Decoder):
         self.__init__(state["options"])  # type: ignore[misc]
 
     def _options_for(self, fmt: str) -> DecoderOptions:
-        from cdcflow.formats import DECODERS, _load
+        from cdcflow.formats import decoder_class
 
-        cls: type[Decoder] = _load(DECODERS, fmt, "decoder")
+        cls: type[Decoder] = decoder_class(fmt)
         given = self.options.format_options.get(fmt)
         if isinstance(given, DecoderOptions):
             return given
@@ -578,7 +579,7 @@ def _parsed_entry(decoder: Decoder) -> Callable[[Any, Record], list[ChangeEvent]
 
     ``maxwell-json``, ``ogg-json`` and ``aws-dms-json`` share one decode skeleton
     (orjson, then ``_decode(msg, record, checked)``, parsing again exactly on
-    :class:`~cdcflow.formats.maxwell_json.InexactNumber`): the parsed object is handed to
+    :class:`~cdcflow.formats.common.exact_json.InexactNumber`): the parsed object is handed to
     ``_decode`` as their ``decode`` would, saving the second parse (the golden tests
     check the results are the same). Every other decoder parses the bytes again.
     """

@@ -49,13 +49,9 @@ from cdcflow.formats.base import (
     DecoderOptions,
     Record,
 )
-from cdcflow.formats.maxwell_json import (
-    ExactJsonDecoder,
-    TableInfo,
-    field_error,
-    json_image,
-    with_key,
-)
+from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
+from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.keys import TableInfo, with_key
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error
 
@@ -302,20 +298,3 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
 
 
 # --------------------------------------------------------------------------- encoder
-
-
-#: logical type -> DMS data type in ``table-def``
-_DMS_TYPES = {
-    "boolean": "BOOLEAN",
-    "int32": "INT32",
-    "int64": "INT64",
-    "float32": "REAL4",
-    "float64": "REAL8",
-    "string": "STRING",
-    "json": "STRING",
-    "binary": "BLOB",
-    "date": "DATE",
-    "time": "TIME",
-    "timestamp": "DATETIME",
-    "timestamptz": "DATETIME",
-}

@@ -36,7 +36,6 @@ import datetime as dt
 import decimal
 import operator
 import re
-import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -45,6 +44,8 @@ import orjson
 
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import Decoder, DecoderOptions, Record
+from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
 from cdcflow.types import (
     INT32_MAX,
@@ -86,7 +87,7 @@ _DDL_TYPES = frozenset(
     }
 )
 _UPDATE, _DELETE = Op.UPDATE, Op.DELETE  # module globals: faster than Op.X lookups
-_ROW_OPS = {
+ROW_OPS = {
     TYPE_INSERT: Op.INSERT,
     TYPE_UPDATE: Op.UPDATE,
     TYPE_DELETE: Op.DELETE,
@@ -138,34 +139,11 @@ class CanalJsonOptions(DecoderOptions):
                 f"enum_values must be one of {list(_ENUM_MODES)}, not {self.enum_values!r}"
             )
         if self.timestamp_zone is not None:
-            _zone(self.timestamp_zone)
-
-
-_OFFSET_RE = re.compile(r"^([+-])(\d{2}):?(\d{2})$")
-
-
-def _zone(name: str) -> dt.tzinfo:
-    m = _OFFSET_RE.match(name.strip())
-    if m:
-        minutes = int(m.group(2)) * 60 + int(m.group(3))
-        return dt.timezone(dt.timedelta(minutes=-minutes if m.group(1) == "-" else minutes))
-    try:
-        return zoneinfo.ZoneInfo(name.strip())
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(
-            f"timestamp_zone {name!r} is not a time zone: use an IANA name "
-            "such as 'Asia/Shanghai' or an offset such as '+08:00'"
-        ) from None
+            zone_option(self.timestamp_zone)
 
 
 # --------------------------------------------------------------------------- values
 # Converters take (value, column) and return the typed value; ``None`` never reaches them.
-
-
-def _bad(column: str, value: Any, want: str, hint: str = "") -> DecodeError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}{hint}", Code.BAD_VALUE)
 
 
 def _text(v: Any, c: str) -> str:
@@ -232,7 +210,7 @@ def _date(v: Any, c: str) -> dt.date | None:
     except (ValueError, TypeError):
         if _zero_date(v):
             return None
-        raise _bad(c, v, "date (yyyy-mm-dd)") from None
+        raise bad_value(c, v, "date (yyyy-mm-dd)") from None
 
 
 def _parse_datetime(v: Any, c: str) -> dt.datetime | None:
@@ -241,7 +219,7 @@ def _parse_datetime(v: Any, c: str) -> dt.datetime | None:
     except (ValueError, TypeError):
         if _zero_date(v):
             return None
-        raise _bad(c, v, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])") from None
+        raise bad_value(c, v, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])") from None
 
 
 def _datetime(v: Any, c: str) -> dt.datetime | None:
@@ -255,7 +233,7 @@ def _time(v: Any, c: str) -> dt.time:
     try:
         return dt.time.fromisoformat(v)
     except (ValueError, TypeError):
-        raise _bad(
+        raise bad_value(
             c,
             v,
             "time of day",
@@ -268,7 +246,7 @@ def _boolean(v: Any, c: str) -> bool:
         return True
     if v == "0" or v == 0 or v is False or v == "\x00":
         return False
-    raise _bad(
+    raise bad_value(
         c,
         v,
         "boolean (0 or 1)",
@@ -281,14 +259,14 @@ def _latin1(v: Any, c: str) -> bytes:
     try:
         return v.encode("latin-1")
     except (UnicodeEncodeError, AttributeError):
-        raise _bad(c, v, "binary value (ISO-8859-1 text, one char per byte)") from None
+        raise bad_value(c, v, "binary value (ISO-8859-1 text, one char per byte)") from None
 
 
 def _hex(v: Any, c: str) -> bytes:
     try:
         return bytes.fromhex(v)
     except (ValueError, TypeError):
-        raise _bad(c, v, "binary value (hex text)") from None
+        raise bad_value(c, v, "binary value (hex text)") from None
 
 
 def _json(v: Any, c: str) -> str:
@@ -302,13 +280,13 @@ def _enum(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
     def conv(v: Any, c: str) -> str:
         if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
             if int(v) < 0:
-                raise _bad(c, v, "ENUM index or SET bit mask (not negative)")
+                raise bad_value(c, v, "ENUM index or SET bit mask (not negative)")
             i = int(v)
             if i == 0:
                 return ""  # MySQL's error value for an invalid ENUM member
             if i <= len(labels):
                 return labels[i - 1]
-            raise _bad(c, v, f"ENUM index (1..{len(labels)})")
+            raise bad_value(c, v, f"ENUM index (1..{len(labels)})")
         return _text(v, c)
 
     return conv
@@ -318,10 +296,10 @@ def _set(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
     def conv(v: Any, c: str) -> str:
         if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
             if int(v) < 0:
-                raise _bad(c, v, "ENUM index or SET bit mask (not negative)")
+                raise bad_value(c, v, "ENUM index or SET bit mask (not negative)")
             mask = int(v)
             if mask >> len(labels):
-                raise _bad(c, v, f"SET bit mask ({len(labels)} members)")
+                raise bad_value(c, v, f"SET bit mask ({len(labels)} members)")
             return ",".join(lab for i, lab in enumerate(labels) if mask >> i & 1)
         return _text(v, c)
 
@@ -440,7 +418,7 @@ class CanalJsonDecoder(Decoder):
 
     def _init_caches(self) -> None:
         o = self.options
-        self._zone = _zone(o.timestamp_zone) if o.timestamp_zone else None
+        self._zone = zone_option(o.timestamp_zone) if o.timestamp_zone else None
         self._binary = {"latin1": _latin1, "hex": _hex, "base64": to_bytes_base64}[
             o.binary_encoding
         ]
@@ -598,7 +576,7 @@ class CanalJsonDecoder(Decoder):
         txn = Txn(gtid) if gtid and type(gtid) is str else None
         origin = record.origin
         offset = origin.offset
-        op = _ROW_OPS.get(typ) if type(typ) is str else None
+        op = ROW_OPS.get(typ) if type(typ) is str else None
         if op is None:
             if type(typ) is not str:
                 raise _field_error(msg, "type", "the operation name, e.g. INSERT")
@@ -725,7 +703,7 @@ class CanalJsonDecoder(Decoder):
         else:
             raise DecodeError(
                 f"unknown Canal type {typ!r}; known: "
-                f"{sorted([*_ROW_OPS, TYPE_TRUNCATE, TYPE_QUERY, *_DDL_TYPES])}",
+                f"{sorted([*ROW_OPS, TYPE_TRUNCATE, TYPE_QUERY, *_DDL_TYPES])}",
                 Code.UNKNOWN_OP,
             )
         meta: dict[str, Any] = {"type": typ}
@@ -775,22 +753,3 @@ def _field_error(msg: dict[str, Any], name: str, want: str) -> DecodeError:
 
 
 # --------------------------------------------------------------------------- encoder
-
-# logical type -> (mysqlType, java.sql.Types code) written by the encoder
-_ENCODE_TYPES: dict[str, tuple[str, int]] = {
-    "boolean": ("tinyint(1)", -6),
-    "int32": ("int(11)", 4),
-    "int64": ("bigint(20)", -5),
-    "float32": ("float", 7),
-    "float64": ("double", 8),
-    "string": ("longtext", -4),
-    "json": ("json", 12),
-    "binary": ("longblob", 2004),
-    "date": ("date", 91),
-    "time": ("time(6)", 92),
-    "timestamp": ("datetime(6)", 93),
-    "timestamptz": ("timestamp(6)", 93),
-}
-
-
-_TYPE_OF_OP = {op: typ for typ, op in _ROW_OPS.items()}

@@ -45,6 +45,7 @@ from cdcflow.formats.base import (
     DecoderOptions,
     Record,
 )
+from cdcflow.formats.common.values import bad_value
 from cdcflow.model import ChangeEvent, Op, SourceTable
 from cdcflow.types import (
     INT64_MAX,
@@ -148,17 +149,10 @@ def _error(message: str, code: str) -> DecodeError:
     return DecodeError(message, code)
 
 
-def _bad_value(column: str, value: Any, want: str) -> DecodeError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
-
-
 def _to_long(value: Any, column: str) -> int:
     if value.__class__ is float and not abs(value) < _MAX_EXACT_FLOAT_INT:
         # orjson reads integers beyond 64 bits as floats: the digits are already lost
-        raise _bad_value(column, value, "LONG (beyond 64 bits, precision lost)")
+        raise bad_value(column, value, "LONG (beyond 64 bits, precision lost)")
     result = to_int(value, column)
     assert result is not None
     return result
@@ -189,18 +183,18 @@ def _to_date(value: Any, column: str) -> dt.datetime:
     try:
         return _EPOCH + ms * _MS
     except OverflowError:
-        raise _bad_value(column, value, "DATE (epoch milliseconds)") from None
+        raise bad_value(column, value, "DATE (epoch milliseconds)") from None
 
 
 def _convert(kind: int, value: Any, column: str) -> Any:
     """Slow path of value conversion: anything that is not already the right JSON type."""
     if kind == _K_STRING:
-        raise _bad_value(column, value, "STRING (a JSON string)")
+        raise bad_value(column, value, "STRING (a JSON string)")
     if kind == _K_LONG:
         return _to_long(value, column)
     if kind == _K_DOUBLE:
         if value.__class__ is bool:
-            raise _bad_value(column, value, "DOUBLE")
+            raise bad_value(column, value, "DOUBLE")
         return to_float(value, column)
     if kind == _K_BOOLEAN:
         return to_bool(value, column)
@@ -766,7 +760,7 @@ def _dates(image: dict[str, Any], columns: tuple[str, ...]) -> None:
             try:
                 image[name] = _EPOCH + value * _MS
             except OverflowError:
-                raise _bad_value(name, value, "DATE (epoch milliseconds)") from None
+                raise bad_value(name, value, "DATE (epoch milliseconds)") from None
 
 
 def _fix(parsed: _Schema, name: str, value: Any) -> Any:
@@ -881,19 +875,3 @@ def _join(before: ChangeEvent, after: ChangeEvent) -> ChangeEvent:
 
 
 # --------------------------------------------------------------------------- encoder
-
-# logical type -> DataWorks type
-_DW_TYPES = {
-    "boolean": "BOOLEAN",
-    "int32": "LONG",
-    "int64": "LONG",
-    "float32": "DOUBLE",
-    "float64": "DOUBLE",
-    "string": "STRING",
-    "json": "STRING",
-    "binary": "BYTES",
-    "timestamptz": "DATE",
-    "timestamp": "DATE",  # wall clock written as if UTC (not exact: comes back aware)
-    "date": "DATE",  # midnight UTC (not exact: comes back as a timestamp)
-    "time": "STRING",  # ISO text (not exact)
-}

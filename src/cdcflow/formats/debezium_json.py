@@ -68,6 +68,8 @@ from cdcflow.formats.base import (
     SkipRecord,
     key_columns_for,
 )
+from cdcflow.formats.common.exact_json import loads_exact
+from cdcflow.formats.common.values import bad_value
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 
 __all__ = [
@@ -86,13 +88,12 @@ OP_READ = "r"  # snapshot read: a row of the initial (or incremental) snapshot
 OP_TRUNCATE = "t"  # truncate table
 OP_MESSAGE = "m"  # logical decoding message (PostgreSQL pg_logical_emit_message)
 
-_ROW_OPS: dict[str, Op] = {
+ROW_OPS: dict[str, Op] = {
     OP_CREATE: Op.INSERT,
     OP_UPDATE: Op.UPDATE,
     OP_DELETE: Op.DELETE,
     OP_READ: Op.SNAPSHOT,
 }
-_OP_CODES: dict[Op, str] = {v: k for k, v in _ROW_OPS.items()} | {Op.TRUNCATE: OP_TRUNCATE}
 
 # Transaction metadata topic (``provide.transaction.metadata=true``), field ``status``.
 STATUS_BEGIN = "BEGIN"  # transaction start
@@ -294,13 +295,6 @@ def _field_error(name: str, value: Any, want: str) -> DecodeError:
     return DecodeError(f"field {name!r} is a JSON {_kind(value)}, need {want}", Code.BAD_FIELD)
 
 
-def _bad_value(column: str, value: Any, want: str) -> DecodeError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
-
-
 def _int_field(value: Any, name: str, exact: bool) -> int:
     """An integer metadata field (ts_ms, lsn, pos, ...): JSON integer or digit text."""
     if value.__class__ is int:
@@ -403,11 +397,11 @@ def _bytes_as_base64(value: Any) -> str:
 def _exact_decimal(d: decimal.Decimal, scale: int, column: str) -> decimal.Decimal:
     """``d`` at exactly ``scale`` digits after the point; more digits is BAD_VALUE."""
     if not d.is_finite():
-        raise _bad_value(column, d, "decimal")
+        raise bad_value(column, d, "decimal")
     try:
         return d.quantize(decimal.Decimal(1).scaleb(-scale), context=_DEC_CTX)
     except decimal.DecimalException:
-        raise _bad_value(column, d, f"decimal with scale {scale}") from None
+        raise bad_value(column, d, f"decimal with scale {scale}") from None
 
 
 def _unscaled_to_decimal(raw: bytes, scale: int) -> decimal.Decimal:
@@ -424,7 +418,7 @@ def _b64(value: Any, column: str) -> bytes:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             pass
-    raise _bad_value(column, value, "base64 string")
+    raise bad_value(column, value, "base64 string")
 
 
 # --------------------------------------------------------------------------- value converters
@@ -442,7 +436,7 @@ def _int_checked(value: Any, column: str, exact: bool, lo: int, hi: int, want: s
             raise _NeedExact
     elif isinstance(value, decimal.Decimal) and value.is_finite() and value == int(value):
         return _int_checked(int(value), column, exact, lo, hi, want)
-    raise _bad_value(column, value, want)
+    raise bad_value(column, value, want)
 
 
 def _c_int32(value: Any, column: str, exact: bool) -> int:
@@ -468,7 +462,7 @@ def _c_float(value: Any, column: str, exact: bool) -> float:
         return float(value)
     if c is str and value in _FLOAT_WORDS:  # Jackson writes non-finite doubles as text
         return _FLOAT_WORDS[value]
-    raise _bad_value(column, value, "floating-point number")
+    raise bad_value(column, value, "floating-point number")
 
 
 def _c_bool(value: Any, column: str, exact: bool) -> bool:
@@ -476,13 +470,13 @@ def _c_bool(value: Any, column: str, exact: bool) -> bool:
         return value
     if value.__class__ is int and value in (0, 1):
         return bool(value)
-    raise _bad_value(column, value, "boolean")
+    raise bad_value(column, value, "boolean")
 
 
 def _c_str(value: Any, column: str, exact: bool) -> str:
     if value.__class__ is str:
         return value
-    raise _bad_value(column, value, "string")
+    raise bad_value(column, value, "string")
 
 
 def _c_bytes(value: Any, column: str, exact: bool) -> bytes:
@@ -499,12 +493,12 @@ def _c_date_days(value: Any, column: str, exact: bool) -> dt.date:
     try:
         return _EPOCH_DATE + dt.timedelta(days=days)
     except OverflowError:
-        raise _bad_value(column, value, "date (days since 1970-01-01)") from None
+        raise bad_value(column, value, "date (days since 1970-01-01)") from None
 
 
 def _time_of_day_us(us: int, column: str, raw: Any) -> dt.time:
     if not 0 <= us < 86_400_000_000:
-        raise _bad_value(column, raw, "time of day (00:00 to 24:00 exclusive)")
+        raise bad_value(column, raw, "time of day (00:00 to 24:00 exclusive)")
     s, micro = divmod(us, 1_000_000)
     m, s = divmod(s, 60)
     h, m = divmod(m, 60)
@@ -527,7 +521,7 @@ def _naive_us(us: int, column: str, raw: Any) -> dt.datetime:
     try:
         return _EPOCH_NAIVE + dt.timedelta(microseconds=us)
     except OverflowError:
-        raise _bad_value(column, raw, "timestamp") from None
+        raise bad_value(column, raw, "timestamp") from None
 
 
 def _c_ts_ms(value: Any, column: str, exact: bool) -> dt.datetime:
@@ -544,7 +538,7 @@ def _c_ts_ns(value: Any, column: str, exact: bool) -> dt.datetime:
 
 def _c_zoned_ts(value: Any, column: str, exact: bool) -> dt.datetime:
     if value.__class__ is not str:
-        raise _bad_value(column, value, "ISO-8601 timestamp text")
+        raise bad_value(column, value, "ISO-8601 timestamp text")
     parsed = T.parse_timestamp_text(value, column, aware=True)
     assert parsed is not None
     return parsed
@@ -561,7 +555,7 @@ def _c_var_decimal(value: Any, column: str, exact: bool) -> decimal.Decimal:
         scale, raw = value.get("scale"), value.get("value")
         if scale.__class__ is int and raw.__class__ in (str, bytes):
             return _unscaled_to_decimal(_b64(raw, column), scale)
-    raise _bad_value(column, value, 'VariableScaleDecimal {"scale": int, "value": base64}')
+    raise bad_value(column, value, 'VariableScaleDecimal {"scale": int, "value": base64}')
 
 
 def _decimal_conv(scale: int) -> Conv:
@@ -581,7 +575,7 @@ def _decimal_conv(scale: int) -> Conv:
                 raise _NeedExact
         elif isinstance(value, decimal.Decimal):
             return _exact_decimal(value, scale, column)
-        raise _bad_value(column, value, "decimal")
+        raise bad_value(column, value, "decimal")
 
     return conv
 
@@ -595,7 +589,7 @@ def _decimal_text_conv(scale: int) -> Conv:
             try:
                 d = decimal.Decimal(value.strip())
             except decimal.InvalidOperation:
-                raise _bad_value(column, value, "decimal text") from None
+                raise bad_value(column, value, "decimal text") from None
             return _exact_decimal(d, scale, column)
         return _decimal_conv(scale)(value, column, exact)
 
@@ -857,7 +851,7 @@ class DebeziumJsonDecoder(Decoder):
         if value is None:
             raise SkipRecord(SkipReason.TOMBSTONE)
         if self._always_exact:
-            return self._decode(self._loads_exact(value), record, True)
+            return self._decode(loads_exact(value, True), record, True)
         try:
             obj = _loads(value)
         except _JSONDecodeError as exc:
@@ -869,7 +863,7 @@ class DebeziumJsonDecoder(Decoder):
                     return [event]
             return self._decode(obj, record, False)
         except _NeedExact:
-            return self._decode(self._loads_exact(value), record, True)
+            return self._decode(loads_exact(value, True), record, True)
 
     def decode_flat(self, record: Record) -> FlatEvent | None:
         """The record's one event as a :data:`~cdcflow.formats.base.FlatEvent`, when it
@@ -917,7 +911,7 @@ class DebeziumJsonDecoder(Decoder):
         code = get("op")
         if code.__class__ is not str:
             return None
-        op = _ROW_OPS.get(code)
+        op = ROW_OPS.get(code)
         source = get("source")
         if op is None or source.__class__ is not dict or record.headers:
             return None
@@ -1075,16 +1069,6 @@ class DebeziumJsonDecoder(Decoder):
                 return False
         return True
 
-    @staticmethod
-    def _loads_exact(value: bytes) -> Any:
-        def no_constants(name: str) -> Any:
-            raise ValueError(f"{name} is not JSON")
-
-        try:
-            return json.loads(value, parse_float=decimal.Decimal, parse_constant=no_constants)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise DecodeError(f"value is not valid JSON: {exc}", Code.BAD_JSON) from exc
-
     def _decode(self, obj: Any, record: Record, exact: bool) -> list[ChangeEvent]:
         if obj.__class__ is not dict:
             raise DecodeError(
@@ -1116,7 +1100,7 @@ class DebeziumJsonDecoder(Decoder):
             payload = obj
         op = payload.get("op")
         if op.__class__ is str:
-            row_op = _ROW_OPS.get(op)
+            row_op = ROW_OPS.get(op)
             if row_op is not None:
                 return [self._row_event(row_op, payload, schema, record, exact)]
             if op == OP_TRUNCATE:
@@ -1519,7 +1503,7 @@ class DebeziumJsonDecoder(Decoder):
         raw = record.key
         assert raw is not None
         try:
-            obj = self._loads_exact(raw) if exact else _loads(raw)
+            obj = loads_exact(raw, True) if exact else _loads(raw)
         except (_JSONDecodeError, DecodeError):
             obj = None  # not a Debezium key: fall back to the options
         if obj.__class__ is dict:
@@ -1775,61 +1759,3 @@ def _detect_seq_rule(
 
 
 # --------------------------------------------------------------------------- encoder
-
-
-_ENCODE_SCHEMA: dict[str, dict[str, Any]] = {
-    "boolean": {"type": "boolean"},
-    "int32": {"type": "int32"},
-    "int64": {"type": "int64"},
-    "float32": {"type": "float"},
-    "float64": {"type": "double"},
-    "string": {"type": "string"},
-    "json": {"type": "string", "name": "io.debezium.data.Json", "version": 1},
-    "binary": {"type": "bytes"},
-    "date": {"type": "int32", "name": "io.debezium.time.Date", "version": 1},
-    "time": {"type": "int64", "name": "io.debezium.time.MicroTime", "version": 1},
-    "timestamp": {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1},
-    "timestamptz": {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "version": 1},
-}
-
-_PG_SOURCE_SCHEMA: dict[str, Any] = {
-    "type": "struct",
-    "fields": [
-        {"type": "string", "optional": False, "field": "version"},
-        {"type": "string", "optional": False, "field": "connector"},
-        {"type": "string", "optional": False, "field": "name"},
-        {"type": "int64", "optional": False, "field": "ts_ms"},
-        {
-            "type": "string",
-            "optional": True,
-            "name": "io.debezium.data.Enum",
-            "version": 1,
-            "parameters": {"allowed": "true,last,false,incremental"},
-            "default": "false",
-            "field": "snapshot",
-        },
-        {"type": "string", "optional": False, "field": "db"},
-        {"type": "string", "optional": True, "field": "sequence"},
-        {"type": "string", "optional": False, "field": "schema"},
-        {"type": "string", "optional": False, "field": "table"},
-        {"type": "int64", "optional": True, "field": "txId"},
-        {"type": "int64", "optional": True, "field": "lsn"},
-        {"type": "int64", "optional": True, "field": "xmin"},
-    ],
-    "optional": False,
-    "name": "io.debezium.connector.postgresql.Source",
-    "field": "source",
-}
-
-_TXN_SCHEMA: dict[str, Any] = {
-    "type": "struct",
-    "fields": [
-        {"type": "string", "optional": False, "field": "id"},
-        {"type": "int64", "optional": False, "field": "total_order"},
-        {"type": "int64", "optional": False, "field": "data_collection_order"},
-    ],
-    "optional": True,
-    "name": "event.block",
-    "version": 1,
-    "field": "transaction",
-}

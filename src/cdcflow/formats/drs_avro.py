@@ -45,10 +45,10 @@ from cdcflow.formats.base import (
     Record,
     is_full_row,
 )
+from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.zones import zone_option
 from cdcflow.formats.drs_json import (
-    _bad,
     mysql_column,
-    parse_zone,
 )
 from cdcflow.model import ChangeEvent, Op, SourceTable
 
@@ -81,7 +81,7 @@ _OPS: dict[str, Op] = {
 
 # --------------------------------------------------------------------------- schema
 
-_SINGLE_OBJECT_MAGIC = b"\xc3\x01"  # Avro single-object encoding marker
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"  # Avro single-object encoding marker
 
 #: STAND-IN schema (not Huawei's ``record.avsc``): the field names of Huawei's public
 #: sample, plus ``pkNames`` so that tests can carry key columns. Also shipped as
@@ -249,7 +249,7 @@ def load_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def _schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
+def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
@@ -293,8 +293,8 @@ class DrsAvroDecoder(Decoder):
         self._standin = opts.schema_path is None
         schema = STANDIN_SCHEMA if self._standin else load_schema(opts.schema_path or "")
         self._schema = parse_schema(schema)
-        self._fingerprint = _schema_fingerprint(schema)
-        self._zone = parse_zone(opts.timestamp_zone)
+        self._fingerprint = schema_fingerprint(schema)
+        self._zone = zone_option(opts.timestamp_zone)
         self._plans: dict[Any, tuple[dict[str, str], tuple[Any, ...]]] = {}
         self._tables: dict[tuple[Any, Any], SourceTable] = {}
 
@@ -308,8 +308,8 @@ class DrsAvroDecoder(Decoder):
     def _read(self, value: bytes) -> dict[str, Any]:
         framing = self.options.framing  # type: ignore[attr-defined]
         start = 0
-        if framing == "single-object" or (framing == "auto" and value[:2] == _SINGLE_OBJECT_MAGIC):
-            if value[:2] != _SINGLE_OBJECT_MAGIC or len(value) < 10:
+        if framing == "single-object" or (framing == "auto" and value[:2] == SINGLE_OBJECT_MAGIC):
+            if value[:2] != SINGLE_OBJECT_MAGIC or len(value) < 10:
                 raise _error(
                     "not an Avro single-object record (C3 01 + fingerprint)", Code.BAD_AVRO
                 )
@@ -405,11 +405,13 @@ class DrsAvroDecoder(Decoder):
                     try:
                         value = value.decode("utf-8")
                     except UnicodeDecodeError:
-                        raise _bad(name, value, f"{logical or 'text'} (bytes not UTF-8)") from None
+                        raise bad_value(
+                            name, value, f"{logical or 'text'} (bytes not UTF-8)"
+                        ) from None
                 if conv is not None:
                     value = conv(value, name)
                 elif logical in ("string", "json") and value.__class__ is not str:
-                    raise _bad(name, value, "string")
+                    raise bad_value(name, value, "string")
             row[name] = value
         return row
 

@@ -40,20 +40,21 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import re
-import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-from cdcflow.errors import Code, ConfigError, DecodeError
+from cdcflow.errors import Code, DecodeError
 from cdcflow.formats.base import (
     Decoder,
     DecoderOptions,
     Record,
     is_full_row,
 )
+from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, SourceTable
 from cdcflow.types import (
     INT32_MAX,
@@ -109,13 +110,6 @@ _Decimal = decimal.Decimal
 _UTC = dt.UTC
 
 
-def _bad(column: str, value: Any, want: str) -> DecodeError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
-
-
 def _int(value: Any, column: str) -> int:
     if value.__class__ is str:
         try:
@@ -148,7 +142,7 @@ def _float(value: Any, column: str) -> float:
         except ValueError:
             pass
     if value.__class__ is bool:
-        raise _bad(column, value, "floating-point number")
+        raise bad_value(column, value, "floating-point number")
     result = to_float(value, column)
     assert result is not None
     return result
@@ -159,12 +153,12 @@ def _decimal(value: Any, column: str) -> decimal.Decimal:
         try:
             d = _Decimal(value)
         except decimal.InvalidOperation:
-            raise _bad(column, value, "decimal") from None
+            raise bad_value(column, value, "decimal") from None
         if d.is_finite():
             return d
-        raise _bad(column, value, "decimal")
+        raise bad_value(column, value, "decimal")
     if value.__class__ is float:
-        raise _bad(column, value, "decimal (JSON float: digits may be lost; expected text)")
+        raise bad_value(column, value, "decimal (JSON float: digits may be lost; expected text)")
     result = to_decimal(value, column)
     assert result is not None
     return result
@@ -175,7 +169,7 @@ def _bool(value: Any, column: str) -> bool:
         return True
     if value in ("0", "false", 0, False):
         return False
-    raise _bad(column, value, "boolean (0 or 1)")
+    raise bad_value(column, value, "boolean (0 or 1)")
 
 
 def _bytes(value: Any, column: str) -> bytes:
@@ -191,7 +185,7 @@ def _bytes(value: Any, column: str) -> bytes:
             except (ValueError, TypeError):
                 if all(n.__class__ is int and -128 <= n <= 255 for n in numbers):
                     return bytes(n & 0xFF for n in numbers)  # Java's signed bytes
-    raise _bad(column, value, "byte list such as [106, 103]")
+    raise bad_value(column, value, "byte list such as [106, 103]")
 
 
 def _date(value: Any, column: str) -> dt.date | None:
@@ -201,7 +195,7 @@ def _date(value: Any, column: str) -> dt.date | None:
         except ValueError:
             if value.startswith("0000-00-00"):
                 return None  # MySQL zero date
-    raise _bad(column, value, "date (yyyy-mm-dd)")
+    raise bad_value(column, value, "date (yyyy-mm-dd)")
 
 
 def _time(value: Any, column: str) -> dt.time:
@@ -210,7 +204,7 @@ def _time(value: Any, column: str) -> dt.time:
             return dt.time.fromisoformat(value)
         except ValueError:
             pass
-    raise _bad(column, value, "time of day (hh:mm:ss[.ffffff], 00:00:00 to 23:59:59)")
+    raise bad_value(column, value, "time of day (hh:mm:ss[.ffffff], 00:00:00 to 23:59:59)")
 
 
 def _datetime(value: Any, column: str) -> dt.datetime | None:
@@ -224,7 +218,7 @@ def _datetime(value: Any, column: str) -> dt.datetime | None:
             parsed = None
         if parsed is not None and parsed.tzinfo is None:
             return parsed
-    raise _bad(column, value, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])")
+    raise bad_value(column, value, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])")
 
 
 class _Timestamp:
@@ -252,14 +246,14 @@ class _Timestamp:
             if digits.isdigit() and digits.isascii():
                 if not dot or (frac.isdigit() and frac.isascii() and len(frac) <= 9):
                     if frac[6:].strip("0"):
-                        raise _bad(column, value, "timestamp (sub-microsecond digits)")
+                        raise bad_value(column, value, "timestamp (sub-microsecond digits)")
                     micros = int(digits) * 1_000_000 + (int(frac[:6].ljust(6, "0")) if frac else 0)
                     if micros == 0:
                         return None  # MySQL's zero timestamp
                     try:
                         return _EPOCH + (-micros if negative else micros) * _MICROSECOND
                     except OverflowError:
-                        raise _bad(column, value, "timestamp (epoch seconds)") from None
+                        raise bad_value(column, value, "timestamp (epoch seconds)") from None
             elif value.startswith("0000-00-00"):
                 return None
             else:
@@ -271,7 +265,7 @@ class _Timestamp:
                     if parsed.tzinfo is None:
                         parsed = parsed.replace(tzinfo=self.zone)
                     return parsed.astimezone(_UTC)
-        raise _bad(column, value, "timestamp (epoch seconds or yyyy-mm-dd hh:mm:ss)")
+        raise bad_value(column, value, "timestamp (epoch seconds or yyyy-mm-dd hh:mm:ss)")
 
 
 # --------------------------------------------------------------------------- types
@@ -390,28 +384,6 @@ def mysql_column(
     return logical, conv
 
 
-def parse_zone(name: str, option: str = "timestamp_zone") -> dt.tzinfo:
-    """``"UTC"``, ``"+08:00"`` or an IANA name (``"Asia/Shanghai"``) -> tzinfo.
-
-    Raises:
-        ConfigError: an unknown zone; the message names ``option``.
-    """
-    text = str(name).strip()
-    if text.upper() in ("UTC", "Z", "GMT"):
-        return _UTC
-    m = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", text)
-    if m:
-        delta = dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3)))
-        return dt.timezone(-delta if m.group(1) == "-" else delta)
-    try:
-        return zoneinfo.ZoneInfo(text)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise ConfigError(
-            f"{option}={name!r} is not a time zone: use UTC, an offset such as +08:00, "
-            "or an IANA name such as Asia/Shanghai",
-        ) from exc
-
-
 # --------------------------------------------------------------------------- options
 
 
@@ -497,7 +469,7 @@ def _typed(row: dict[str, Any], entry: _Table) -> None:
     for col in entry.strings:
         value = row.get(col)
         if value is not None and value.__class__ is not str:
-            raise _bad(col, value, "string")
+            raise bad_value(col, value, "string")
     for col, conv in entry.convs:
         value = row.get(col)
         if value is not None:
@@ -525,7 +497,7 @@ class _DrsJsonDecoderBase(Decoder):
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
         super().__init__(options)
-        self._zone = parse_zone(getattr(self.options, "timestamp_zone", "UTC"))
+        self._zone = zone_option(getattr(self.options, "timestamp_zone", "UTC"))
         self._tables: dict[tuple[Any, Any], _Table] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -789,30 +761,3 @@ class DrsJsonCDecoder(_DrsJsonDecoderBase):
 
 
 # --------------------------------------------------------------------------- encoder
-
-#: logical type -> (mysqlType, sqlType) the encoder declares, as DRS does for MySQL
-_ENCODE_TYPES: dict[str, tuple[str, int]] = {
-    "boolean": ("tinyint", -6),
-    "int32": ("int", 4),
-    "int64": ("bigint", -5),
-    "float32": ("float", 6),
-    "float64": ("double", 8),
-    "decimal": ("decimal", 3),
-    "string": ("varchar", 12),
-    "json": ("json", 12),
-    "binary": ("varbinary", -3),
-    "date": ("date", 91),
-    "time": ("time", 92),
-    "timestamp": ("datetime", 94),
-    "timestamptz": ("timestamp", 93),
-}
-
-#: characters DRS writes as \u escapes (the document's "Common Escape Characters" table;
-#: it prints \u003d for "<", a typo for \u003c)
-_ESCAPES = (
-    (b"<", b"\\u003c"),
-    (b">", b"\\u003e"),
-    (b"&", b"\\u0026"),
-    (b"=", b"\\u003d"),
-    (b"'", b"\\u0027"),
-)

@@ -31,7 +31,6 @@ import datetime as dt
 import decimal
 import io
 import re
-import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -49,13 +48,15 @@ from cdcflow.formats.base import (
     SkipRecord,
     key_columns_for,
 )
+from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.zones import parse_zone
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import EPOCH, decimal_type, field_range_error, infer_type
 
 __all__ = ["DtsAvroDecoder", "DtsAvroOptions", "OPERATIONS", "record_schema"]
 
 IDENTIFIER = "dts-avro"
-_NS = "com.alibaba.dts.formats.avro."
+NAMESPACE = "com.alibaba.dts.formats.avro."
 
 # --------------------------------------------------------------------------- operations
 # Record.operation (enum Operation) -> what cdcflow makes of it.
@@ -113,7 +114,7 @@ def record_schema() -> Any:
     named: dict[str, Any] = {}
     parsed: Any = None
     for name in _SCHEMA_TYPES:
-        text = folder.joinpath(f"{_NS}{name}.avsc").read_text(encoding="utf-8")
+        text = folder.joinpath(f"{NAMESPACE}{name}.avsc").read_text(encoding="utf-8")
         parsed = fastavro.parse_schema(orjson.loads(text), named_schemas=named)
     return parsed
 
@@ -138,13 +139,6 @@ class DtsAvroOptions(DecoderOptions):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _bad_value(column: str, value: Any, want: str) -> DecodeError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
 
 
 def _bad_field(message: str) -> DecodeError:
@@ -284,7 +278,7 @@ def _integer(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
             raise ValueError
         n = int(text)
     except ValueError:
-        raise _bad_value(col, text, "integer") from None
+        raise bad_value(col, text, "integer") from None
     if -(2**63) <= n < 2**63:
         return n, "int64"
     d = decimal.Decimal(n)
@@ -305,7 +299,7 @@ def _character(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
     try:
         return raw.decode(name), "string"
     except UnicodeDecodeError:
-        raise _bad_value(col, raw, f"{charset} text") from None
+        raise bad_value(col, raw, f"{charset} text") from None
 
 
 def _decimal(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
@@ -313,15 +307,15 @@ def _decimal(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
     try:
         d = decimal.Decimal(text.strip())
     except decimal.InvalidOperation:
-        raise _bad_value(col, text, "decimal") from None
+        raise bad_value(col, text, "decimal") from None
     if not d.is_finite():
-        raise _bad_value(col, text, "finite decimal")
+        raise bad_value(col, text, "finite decimal")
     p, s = v["precision"], v["scale"]
     if p > 0 and 0 <= s <= p:
         exp = d.as_tuple().exponent
         assert isinstance(exp, int)
         if -exp > s:
-            raise _bad_value(col, text, f"decimal({p},{s}) (too many fractional digits)")
+            raise bad_value(col, text, f"decimal({p},{s}) (too many fractional digits)")
         if -exp < s:
             d = d.quantize(decimal.Decimal(1).scaleb(-s))
         return d, decimal_type(p, s)
@@ -338,11 +332,11 @@ def _timestamp(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
     # to UnixTimestamp.micro, whose toJdbcTimestamp sets nanos = micro * 1000.
     sec, micro = v["timestamp"], v["millis"]
     if not 0 <= micro < 1_000_000:
-        raise _bad_value(col, micro, "microsecond fraction (0..999999)")
+        raise bad_value(col, micro, "microsecond fraction (0..999999)")
     try:
         return EPOCH + dt.timedelta(seconds=sec, microseconds=micro), "timestamptz"
     except OverflowError:
-        raise _bad_value(col, sec, "epoch second") from None
+        raise bad_value(col, sec, "epoch second") from None
 
 
 def _datetime_parts(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
@@ -365,30 +359,11 @@ def _datetime_parts(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
         if year is not None and month is None and day is None and hour is None:
             return year, "int32"  # MySQL YEAR
     except (ValueError, OverflowError):
-        raise _bad_value(col, v, "date/time (out of range)") from None
-    raise _bad_value(col, v, "DateTime (unsupported combination of parts)")
+        raise bad_value(col, v, "date/time (out of range)") from None
+    raise bad_value(col, v, "DateTime (unsupported combination of parts)")
 
 
 _TRUNCATE_RE = re.compile(r"\s*TRUNCATE\b", re.IGNORECASE)
-_OFFSET_RE = re.compile(r"^(?:GMT|UTC)?\s*([+-])(\d{1,2})(?::?(\d{2}))?$")
-
-
-@lru_cache(maxsize=256)
-def _zone(name: str) -> dt.tzinfo | None:
-    text = name.strip()
-    if text.upper() in ("UTC", "GMT", "Z"):
-        return dt.UTC
-    m = _OFFSET_RE.match(text)
-    if m:
-        sign = -1 if m.group(1) == "-" else 1
-        minutes = int(m.group(2)) * 60 + int(m.group(3) or 0)
-        if minutes >= 24 * 60:
-            return None
-        return dt.timezone(sign * dt.timedelta(minutes=minutes))
-    try:
-        return zoneinfo.ZoneInfo(text)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
 
 
 def _timestamp_tz(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
@@ -396,10 +371,10 @@ def _timestamp_tz(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
     if local is None:
         return None, "timestamptz"
     if not isinstance(local, dt.datetime):
-        raise _bad_value(col, v, "timestamp with time zone (needs date and time parts)")
-    tz = _zone(v["timezone"])
+        raise bad_value(col, v, "timestamp with time zone (needs date and time parts)")
+    tz = parse_zone(v["timezone"])
     if tz is None:
-        raise _bad_value(col, v["timezone"], "time zone")
+        raise bad_value(col, v["timezone"], "time zone")
     return local.replace(tzinfo=tz).astimezone(dt.UTC), "timestamptz"
 
 
@@ -416,19 +391,19 @@ def _text_object(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
 
 
 _CONVERTERS = {
-    _NS + "Integer": _integer,
-    _NS + "Character": _character,
-    _NS + "Decimal": _decimal,
-    _NS + "Float": _float,
-    _NS + "Timestamp": _timestamp,
-    _NS + "DateTime": _datetime_parts,
-    _NS + "TimestampWithTimeZone": _timestamp_tz,
-    _NS + "BinaryGeometry": _binary,
-    _NS + "TextGeometry": _text,
-    _NS + "BinaryObject": _binary,
-    _NS + "TextObject": _text_object,
+    NAMESPACE + "Integer": _integer,
+    NAMESPACE + "Character": _character,
+    NAMESPACE + "Decimal": _decimal,
+    NAMESPACE + "Float": _float,
+    NAMESPACE + "Timestamp": _timestamp,
+    NAMESPACE + "DateTime": _datetime_parts,
+    NAMESPACE + "TimestampWithTimeZone": _timestamp_tz,
+    NAMESPACE + "BinaryGeometry": _binary,
+    NAMESPACE + "TextGeometry": _text,
+    NAMESPACE + "BinaryObject": _binary,
+    NAMESPACE + "TextObject": _text_object,
 }
-_EMPTY = _NS + "EmptyObject"
+EMPTY_OBJECT = NAMESPACE + "EmptyObject"
 _ABSENT = object()  # EmptyObject.NONE: the value is not carried
 
 
@@ -436,7 +411,7 @@ def _convert(item: Any, col: str) -> tuple[Any, str | None]:
     if item is None:
         return None, None
     name, v = item
-    if name == _EMPTY:
+    if name == EMPTY_OBJECT:
         return (None, None) if v == "NULL" else (_ABSENT, None)
     return _CONVERTERS[name](v, col)
 
@@ -672,28 +647,3 @@ def _mysql_temporal(value: Any, logical: str, type_code: int) -> tuple[Any, str]
 
 
 # --------------------------------------------------------------------------- encoder
-
-# logical type -> (MySQL binlog type code, PostgreSQL type OID) for Field.dataTypeNumber.
-# The MySQL codes are the binlog column types; that DTS uses OIDs for PostgreSQL is an
-# assumption of this encoder (the decoder never relies on it).
-_TYPE_NUMBERS = {
-    "boolean": (1, 16),
-    "int32": (3, 23),
-    "int64": (8, 20),
-    "float32": (4, 700),
-    "float64": (5, 701),
-    "decimal": (246, 1700),
-    "string": (253, 1043),
-    "json": (245, 114),
-    "binary": (252, 17),
-    "date": (10, 1082),
-    "time": (19, 1083),
-    "timestamp": (18, 1114),
-    "timestamptz": (17, 1184),
-}
-_DTS_OPS = {
-    Op.INSERT: "INSERT",
-    Op.SNAPSHOT: "INIT",
-    Op.UPDATE: "UPDATE",
-    Op.DELETE: "DELETE",
-}

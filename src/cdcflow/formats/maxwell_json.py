@@ -33,8 +33,6 @@ Decoding rules (details and the type table: ``docs/formats/maxwell-json.md``):
 
 from __future__ import annotations
 
-import decimal
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,13 +40,14 @@ import orjson
 
 from cdcflow.errors import Code, DecodeError
 from cdcflow.formats.base import (
-    Decoder,
     DecoderOptions,
     Record,
-    key_columns_for,
 )
+from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
+from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.keys import TableInfo, with_key
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
-from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error, json_text
+from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error
 
 __all__ = ["MaxwellJsonDecoder", "MaxwellJsonOptions"]
 
@@ -86,7 +85,7 @@ _META_SET = frozenset(_META_FIELDS)
 #: ``seq`` third part of the transaction's commit row (printed without ``xoffset``); an
 #: ``xoffset`` is below it (``0..COMMIT_ROW_XOFFSET - 1``), so the commit row sorts last.
 COMMIT_ROW_XOFFSET = 2**32
-_FLOAT_EXACT_LIMIT = float(2**63)
+_STRINGS = frozenset({str})
 #: ``ts`` of a row message is epoch seconds: ``ts * 1000`` (``ts_ms``) must fit 64 bits
 _TS_S_MIN, _TS_S_MAX = -(2**63 // 1000), (2**63 - 1) // 1000
 
@@ -106,94 +105,6 @@ class MaxwellJsonOptions(DecoderOptions):
 
     key_from_kafka_key: bool = True
     float_as_decimal: bool = False
-
-
-# --------------------------------------------------------------------------- shared JSON helpers
-# Also used by ogg_json and aws_dms_json: formats whose values carry no declared types.
-
-
-class InexactNumber(Exception):
-    """orjson turned an integer outside int64/uint64 into a float: parse again exactly."""
-
-
-def loads_exact(value: bytes, float_as_decimal: bool) -> Any:
-    """Parse JSON keeping every integer exact (and, on request, decimals as ``Decimal``).
-
-    Raises:
-        DecodeError: ``BAD_JSON``.
-    """
-    try:
-        return json.loads(value, parse_float=decimal.Decimal if float_as_decimal else float)
-    except (ValueError, RecursionError) as exc:
-        raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
-
-
-_PLAIN = frozenset({str, int, bool, type(None)})
-_PLAIN_FLOAT = frozenset({str, int, bool, type(None), float})
-_STRINGS = frozenset({str})
-
-
-def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
-    """Type the values of an image that declares no types, in place.
-
-    Strings, booleans, integers, floats and ``Decimal`` stay as they are (integers of
-    any size are exact ``int``); objects and arrays (JSON columns, MySQL SETs) become
-    compact JSON text (:func:`cdcflow.types.json_text`: ``BAD_VALUE`` when nested
-    deeper than 254 levels).
-
-    Args:
-        image: column -> JSON value.
-        checked: the message was parsed exactly; otherwise a float at or beyond 2**63
-            (what orjson makes of an integer literal outside int64/uint64) raises
-            :class:`InexactNumber`.
-    """
-    types = {*map(type, image.values())}  # checked at C speed: the common case ends here
-    if types <= _PLAIN:
-        return image
-    if not checked and float in types:
-        for v in image.values():
-            if type(v) is float and not -_FLOAT_EXACT_LIMIT < v < _FLOAT_EXACT_LIMIT:
-                raise InexactNumber(v)
-    if types <= _PLAIN_FLOAT:
-        return image
-    fix = {k: json_text(v, k) for k, v in image.items() if type(v) is dict or type(v) is list}
-    if fix:
-        image.update(fix)
-    return image
-
-
-def with_key(
-    decoder: Decoder, event: ChangeEvent, image: dict[str, Any], declared: list[str] | None
-) -> ChangeEvent:
-    """``decoder.require_key(event, declared)`` with a fast path for the common case:
-    declared key columns that are all in ``image`` (the after image, else the before)."""
-    if declared:
-        if len(declared) == 1:
-            c = declared[0]
-            if c in image:
-                event.key = {c: image[c]}
-                return event
-        elif all(c in image for c in declared):
-            event.key = {c: image[c] for c in declared}
-            return event
-    return decoder.require_key(event, declared)
-
-
-class TableInfo:
-    """What a decoder looks up once per source table: its identity and configured keys."""
-
-    __slots__ = ("source", "keys")
-
-    def __init__(self, source: SourceTable, primary_keys: Any) -> None:
-        self.source = source
-        #: ``options.primary_keys`` for this table (a format may replace it with what
-        #: the source declares, e.g. a DMS ``create-table`` record)
-        self.keys: tuple[str, ...] | list[str] | None = key_columns_for(primary_keys, source)
-
-
-def field_error(name: str, value: Any, want: str) -> DecodeError:
-    """``BAD_FIELD``: envelope field ``name`` has the wrong JSON type."""
-    return DecodeError(f"field {name!r} must be {want}, got {type(value).__name__}", Code.BAD_FIELD)
 
 
 # --------------------------------------------------------------------------- decoder
@@ -222,41 +133,6 @@ def _key_names(key: bytes) -> list[str] | None:
         names = [n for part in parsed[2] if type(part) is dict for n in part]
         return names or None
     return None
-
-
-class ExactJsonDecoder(Decoder):
-    """A JSON decoder whose numbers stay exact: parse with orjson, and parse again with
-    :func:`loads_exact` when the message holds a number orjson would round
-    (:class:`InexactNumber`) or when the options ask for decimals (``self._exact``).
-
-    Subclasses implement ``_decode(msg, record, checked) -> ChangeEvent``; ``checked`` is
-    ``True`` when ``msg`` came from the exact parse.
-    """
-
-    _exact: bool = False
-
-    def decode(self, record: Record) -> list[ChangeEvent]:
-        """Decode one message into one event.
-
-        Raises:
-            DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
-                ``UNKNOWN_OP``, ``MISSING_KEY``.
-        """
-        exact = self._exact
-        if exact:
-            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
-        else:
-            try:
-                msg = orjson.loads(record.value)  # type: ignore[arg-type]
-            except orjson.JSONDecodeError as exc:
-                raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
-        try:
-            return [self._decode(msg, record, exact)]
-        except InexactNumber:
-            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
-
-    def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
-        raise NotImplementedError
 
 
 class MaxwellJsonDecoder(ExactJsonDecoder):

@@ -29,20 +29,16 @@ Decoding rules (details and the type table: ``docs/formats/ogg-json.md``):
 from __future__ import annotations
 
 import datetime as dt
-import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import DecoderOptions, Record
-from cdcflow.formats.maxwell_json import (
-    ExactJsonDecoder,
-    TableInfo,
-    field_error,
-    json_image,
-    with_key,
-)
+from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
+from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.keys import TableInfo, with_key
+from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 
 __all__ = ["OggJsonDecoder", "OggJsonOptions"]
@@ -95,23 +91,12 @@ class OggJsonOptions(DecoderOptions):
     float_as_decimal: bool = False
 
     def __post_init__(self) -> None:
-        _zone(self.timestamp_zone)
+        zone_option(self.timestamp_zone)
         for code, name in dict(self.op_codes).items():
             if name not in ("insert", "update", "delete", "truncate"):
                 raise ConfigError(
                     f"op_codes[{code!r}] must be insert, update, delete or truncate, not {name!r}"
                 )
-
-
-def _zone(name: str) -> dt.tzinfo:
-    if name.upper() in ("UTC", "Z", "GMT"):
-        return dt.UTC
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(
-            f"timestamp_zone {name!r} is not an IANA time zone name such as 'UTC' or 'Europe/Paris'"
-        ) from None
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -136,7 +121,7 @@ class OggJsonDecoder(ExactJsonDecoder):
         super().__init__(options)
         self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
         opts: OggJsonOptions = self.options  # type: ignore[assignment]
-        self._zone = _zone(opts.timestamp_zone)
+        self._zone = zone_option(opts.timestamp_zone)
         self._ops = {**OP_CODES, **{c: Op(n) for c, n in dict(opts.op_codes).items()}}
         self._tables: dict[str, TableInfo] = {}
         self._seconds: dict[str, int] = {}  # "yyyy-mm-dd hh:mm:ss" -> epoch seconds

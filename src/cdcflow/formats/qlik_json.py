@@ -49,6 +49,7 @@ from cdcflow.formats.base import (
     Record,
     key_columns_for,
 )
+from cdcflow.formats.common.values import bad_value
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
     INT32_MAX,
@@ -130,12 +131,6 @@ class QlikJsonOptions(DecoderOptions):
 # --------------------------------------------------------------------------- values
 
 
-def _bad(column: str, value: Any, want: str) -> DecodeError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return DecodeError(f"column {column!r}: {shown} is not a valid {want}", Code.BAD_VALUE)
-
-
 def _conv_int32(value: Any, column: str) -> int:
     n = to_int(value, column)
     assert n is not None
@@ -155,7 +150,7 @@ def _conv_int64(value: Any, column: str) -> int:
 def _conv_str(value: Any, column: str) -> str:
     if type(value) is str:
         return value
-    raise _bad(column, value, "string")
+    raise bad_value(column, value, "string")
 
 
 def _conv_numeric(value: Any, column: str, quantum: decimal.Decimal | None) -> decimal.Decimal:
@@ -167,16 +162,16 @@ def _conv_numeric(value: Any, column: str, quantum: decimal.Decimal | None) -> d
         elif type(value) is float:
             d = decimal.Decimal(repr(value))
         else:
-            raise _bad(column, value, "decimal")
+            raise bad_value(column, value, "decimal")
         if not d.is_finite():
-            raise _bad(column, value, "decimal")
+            raise bad_value(column, value, "decimal")
         if quantum is None or d.same_quantum(quantum):
             return d
         q = d.quantize(quantum, context=_DEC_CTX)
     except (decimal.InvalidOperation, ValueError):
-        raise _bad(column, value, "decimal") from None
+        raise bad_value(column, value, "decimal") from None
     if q != d:
-        raise _bad(column, value, f"decimal of scale {-quantum.as_tuple().exponent}")
+        raise bad_value(column, value, f"decimal of scale {-quantum.as_tuple().exponent}")
     return q
 
 
@@ -188,7 +183,7 @@ def _conv_time(value: Any, column: str) -> dt.time:
     try:
         return dt.time.fromisoformat(value)
     except (TypeError, ValueError):
-        raise _bad(column, value, "time text") from None
+        raise bad_value(column, value, "time text") from None
 
 
 def _conv_datetime(value: Any, column: str) -> dt.datetime:
@@ -196,7 +191,7 @@ def _conv_datetime(value: Any, column: str) -> dt.datetime:
     try:
         d = dt.datetime.fromisoformat(value)
     except (TypeError, ValueError):
-        raise _bad(column, value, "datetime text") from None
+        raise bad_value(column, value, "datetime text") from None
     if d.tzinfo is not None:
         d = d.astimezone(dt.UTC).replace(tzinfo=None)
     return d
@@ -206,7 +201,7 @@ def _conv_hex(value: Any, column: str) -> bytes:
     try:
         return bytes.fromhex(value)
     except (TypeError, ValueError):
-        raise _bad(column, value, "hexadecimal string") from None
+        raise bad_value(column, value, "hexadecimal string") from None
 
 
 def _plan(qtype: str, precision: int, scale: int) -> tuple[str | None, Any]:
@@ -869,18 +864,3 @@ def _key_name(key: bytes | None) -> str | None:
 
 
 # --------------------------------------------------------------------------- encoder
-
-_QLIK_TYPES = {  # logical type -> (Replicate type, length)
-    "boolean": ("BOOLEAN", 1),
-    "int32": ("INT4", 4),
-    "int64": ("INT8", 8),
-    "float32": ("REAL4", 4),
-    "float64": ("REAL8", 8),
-    "string": ("WSTRING", 4000),
-    "json": ("NCLOB", 0),
-    "binary": ("BYTES", 8000),
-    "date": ("DATE", 4),
-    "time": ("TIME", 4),
-    "timestamp": ("DATETIME", 8),
-    "timestamptz": ("DATETIME", 8),
-}

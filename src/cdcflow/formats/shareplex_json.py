@@ -47,6 +47,7 @@ from cdcflow.formats.base import (
     Record,
     key_columns_for,
 )
+from cdcflow.formats.common.values import bad_value, shown
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
     EPOCH_NAIVE,
@@ -69,9 +70,9 @@ __all__ = ["SharePlexJsonDecoder", "SharePlexJsonOptions", "OPERATIONS"]
 IDENTIFIER = "shareplex-json"
 
 # --------------------------------------------------------------------------- operations
-_INS = "ins"  # insert (examples); spelled out: INSERT
-_UPD = "upd"  # update: data = new values of changed columns, key = before values
-_DEL = "del"  # delete: data = before image
+OP_INS = "ins"  # insert (examples); spelled out: INSERT
+OP_UPD = "upd"  # update: data = new values of changed columns, key = before values
+OP_DEL = "del"  # delete: data = before image
 _TRUNCATE = "truncate"  # TRUNCATE TABLE
 _DROP_COLUMN = "drop column"  # a column was dropped (DDL without statement text)
 _UPDATE_BEFORE = "update before"  # first half of a split update: data = before image
@@ -79,11 +80,11 @@ _UPDATE_AFTER = "update after"  # second half: data = after image
 
 #: meta.op (lower case) -> (Op, update half or None).
 OPERATIONS: dict[str, tuple[Op, str | None]] = {
-    _INS: (Op.INSERT, None),
+    OP_INS: (Op.INSERT, None),
     "insert": (Op.INSERT, None),
-    _UPD: (Op.UPDATE, None),
+    OP_UPD: (Op.UPDATE, None),
     "update": (Op.UPDATE, None),
-    _DEL: (Op.DELETE, None),
+    OP_DEL: (Op.DELETE, None),
     "delete": (Op.DELETE, None),
     _TRUNCATE: (Op.TRUNCATE, None),
     _DROP_COLUMN: (Op.DDL, None),
@@ -223,9 +224,7 @@ def _typed(value: Any, column: str, logical: str) -> Any:
         try:
             return dt.time.fromisoformat(str(value).strip())
         except ValueError:
-            raise DecodeError(
-                f"column {column!r}: {value!r} is not a valid time of day", Code.BAD_VALUE
-            ) from None
+            raise bad_value(column, value, "time of day") from None
     if isinstance(value, str):  # string, json
         return value
     return json_text(value, column) if base == "json" else str(_plain(value, column))
@@ -250,10 +249,7 @@ def _missing(name: str) -> DecodeError:
 
 
 def _wrong(name: str, want: str, value: Any) -> DecodeError:
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return DecodeError(f"SharePlex {name} must be {want}, got {shown}", Code.BAD_FIELD)
+    return DecodeError(f"SharePlex {name} must be {want}, got {shown(value, 60)}", Code.BAD_FIELD)
 
 
 # --------------------------------------------------------------------------- decoder

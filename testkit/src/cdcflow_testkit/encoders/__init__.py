@@ -7,9 +7,7 @@ tests check). They are test code: the product (:mod:`cdcflow`) only decodes.
 
 from __future__ import annotations
 
-import importlib
-
-from cdcflow.errors import ConfigError
+from cdcflow.formats import load_entry
 from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
 
 __all__ = ["ENCODERS", "Encoder", "Message", "SourceChange", "encoder_for"]
@@ -38,11 +36,4 @@ def encoder_for(name: str) -> Encoder:
     Raises:
         ConfigError: unknown format name.
     """
-    try:
-        target = ENCODERS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown format {name!r} (encoder); valid formats: {sorted(ENCODERS)}",
-        ) from None
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)()
+    return load_entry(ENCODERS, name, "encoder")()

@@ -14,12 +14,26 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.aws_dms_json import (
-    _DMS_TYPES,
-    _EPOCH,
     IDENTIFIER,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import EPOCH, Encoder, Message, SourceChange
+
+#: logical type -> DMS data type in ``table-def``
+DMS_TYPES = {
+    "boolean": "BOOLEAN",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float32": "REAL4",
+    "float64": "REAL8",
+    "string": "STRING",
+    "json": "STRING",
+    "binary": "BLOB",
+    "date": "DATE",
+    "time": "TIME",
+    "timestamp": "DATETIME",
+    "timestamptz": "DATETIME",
+}
 
 
 def _json_value(v: Any, logical: str | None) -> Any:
@@ -40,7 +54,7 @@ def _json_value(v: Any, logical: str | None) -> Any:
 
 
 def _stamp(us: int) -> str:
-    text = (_EPOCH + dt.timedelta(microseconds=us)).replace(tzinfo=None)
+    text = (EPOCH + dt.timedelta(microseconds=us)).replace(tzinfo=None)
     return text.isoformat(timespec="microseconds") + "Z"
 
 
@@ -130,7 +144,7 @@ class AwsDmsJsonEncoder(Encoder):
                 p, s = logical[8:-1].split(",")
                 column.update(type="NUMERIC", precision=int(p), scale=int(s))
             else:
-                column["type"] = _DMS_TYPES.get(logical, "STRING")
+                column["type"] = DMS_TYPES.get(logical, "STRING")
             columns[c] = column
         table_def: dict[str, Any] = {"columns": columns}
         if change.key_columns:

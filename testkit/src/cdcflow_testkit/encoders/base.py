@@ -8,6 +8,7 @@ decode(encode(change)) == change.
 
 from __future__ import annotations
 
+import datetime as dt
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -16,11 +17,28 @@ from typing import Any, ClassVar
 from cdcflow.model import Op, SourceTable
 from cdcflow.types import LOGICAL_TYPES
 
-__all__ = ["ENCODABLE_TYPES", "Encoder", "Message", "SourceChange"]
+__all__ = [
+    "ENCODABLE_TYPES",
+    "EPOCH",
+    "EPOCH_DATE",
+    "EPOCH_NAIVE",
+    "MICROSECOND",
+    "MILLISECOND",
+    "Encoder",
+    "Message",
+    "SourceChange",
+]
 
 #: every logical type a workload column can have (``decimal`` stands for ``decimal(p,s)``);
 #: an encoder's ``exact_types`` is these less what its format cannot carry without loss
 ENCODABLE_TYPES = LOGICAL_TYPES | {"decimal"}
+
+#: the Unix epoch, as an aware UTC datetime, a naive datetime and a date
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+EPOCH_DATE = dt.date(1970, 1, 1)
+MILLISECOND = dt.timedelta(milliseconds=1)
+MICROSECOND = dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)

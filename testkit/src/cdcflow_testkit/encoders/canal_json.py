@@ -12,9 +12,8 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.canal_json import (
-    _ENCODE_TYPES,
-    _TYPE_OF_OP,
     IDENTIFIER,
+    ROW_OPS,
     TYPE_TRUNCATE,
 )
 from cdcflow.model import Op
@@ -22,6 +21,25 @@ from cdcflow.types import (
     parse_type,
 )
 from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+
+TYPE_OF_OP = {op: typ for typ, op in ROW_OPS.items()}
+
+
+# logical type -> (mysqlType, java.sql.Types code) written by the encoder
+ENCODE_TYPES: dict[str, tuple[str, int]] = {
+    "boolean": ("tinyint(1)", -6),
+    "int32": ("int(11)", 4),
+    "int64": ("bigint(20)", -5),
+    "float32": ("float", 7),
+    "float64": ("double", 8),
+    "string": ("longtext", -4),
+    "json": ("json", 12),
+    "binary": ("longblob", 2004),
+    "date": ("date", 91),
+    "time": ("time(6)", 92),
+    "timestamp": ("datetime(6)", 93),
+    "timestamptz": ("timestamp(6)", 93),
+}
 
 
 def _encode_value(v: Any) -> Any:
@@ -57,7 +75,7 @@ class CanalJsonEncoder(Encoder):
 
     identifier: ClassVar[str] = IDENTIFIER
     # every type it writes, but timestamptz (its zone is the decoder's timestamp_zone)
-    exact_types: ClassVar[frozenset[str]] = frozenset({*_ENCODE_TYPES, "decimal"} - {"timestamptz"})
+    exact_types: ClassVar[frozenset[str]] = frozenset({*ENCODE_TYPES, "decimal"} - {"timestamptz"})
 
     def encode(self, change: SourceChange) -> list[Message]:
         table = change.table
@@ -85,8 +103,8 @@ class CanalJsonEncoder(Encoder):
             if base == "decimal":
                 mysql_types[col], sql_types[col] = f"decimal{logical[7:]}", 3
             else:
-                mysql_types[col], sql_types[col] = _ENCODE_TYPES[base]
-        typ = _TYPE_OF_OP.get(change.op)
+                mysql_types[col], sql_types[col] = ENCODE_TYPES[base]
+        typ = TYPE_OF_OP.get(change.op)
         if typ is None:
             raise ValueError(f"canal-json cannot encode {change.op}")
         row = (change.before if change.op is Op.DELETE else change.after) or {}

@@ -14,9 +14,6 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.dataworks_json import (
-    _DW_TYPES,
-    _EPOCH,
-    _MS,
     IDENTIFIER,
     OP_DELETE,
     OP_INSERT,
@@ -25,14 +22,30 @@ from cdcflow.formats.dataworks_json import (
     OP_UPDATE_BEFORE,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import EPOCH, MILLISECOND, Encoder, Message, SourceChange
+
+# logical type -> DataWorks type
+DW_TYPES = {
+    "boolean": "BOOLEAN",
+    "int32": "LONG",
+    "int64": "LONG",
+    "float32": "DOUBLE",
+    "float64": "DOUBLE",
+    "string": "STRING",
+    "json": "STRING",
+    "binary": "BYTES",
+    "timestamptz": "DATE",
+    "timestamp": "DATE",  # wall clock written as if UTC (not exact: comes back aware)
+    "date": "DATE",  # midnight UTC (not exact: comes back as a timestamp)
+    "time": "STRING",  # ISO text (not exact)
+}
 
 
 def _dw_type(logical: str) -> str:
     if logical.startswith("decimal("):
         return "DOUBLE"  # DataWorks writes decimals as DOUBLE with the digits as text
     try:
-        return _DW_TYPES[logical]
+        return DW_TYPES[logical]
     except KeyError:
         raise ValueError(f"dataworks-json cannot carry logical type {logical!r}") from None
 
@@ -49,9 +62,11 @@ def _dw_value(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
-        return (value - _EPOCH) // _MS
+        return (value - EPOCH) // MILLISECOND
     if isinstance(value, dt.date):
-        return (dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC) - _EPOCH) // _MS
+        return (
+            dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC) - EPOCH
+        ) // MILLISECOND
     if isinstance(value, dt.time):
         return value.isoformat()
     return str(value)  # Decimal: its exact digits, as DataWorks writes DOUBLE text

@@ -15,17 +15,85 @@ import orjson
 
 from cdcflow import types as T
 from cdcflow.formats.debezium_json import (
-    _DEC_CTX,
-    _ENCODE_SCHEMA,
-    _EPOCH_DATE,
-    _EPOCH_NAIVE,
-    _OP_CODES,
-    _PG_SOURCE_SCHEMA,
-    _TXN_SCHEMA,
     IDENTIFIER,
+    OP_TRUNCATE,
+    ROW_OPS,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import (
+    ENCODABLE_TYPES,
+    EPOCH_DATE,
+    EPOCH_NAIVE,
+    Encoder,
+    Message,
+    SourceChange,
+)
+
+#: exact decimal arithmetic: no rounding to 28 digits, inexact is an error
+DEC_CTX = decimal.Context(prec=1000, traps=[decimal.InvalidOperation, decimal.Inexact])
+
+
+OP_CODES: dict[Op, str] = {v: k for k, v in ROW_OPS.items()} | {Op.TRUNCATE: OP_TRUNCATE}
+
+
+TXN_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+
+
+PG_SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "version"},
+        {"type": "string", "optional": False, "field": "connector"},
+        {"type": "string", "optional": False, "field": "name"},
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": "true,last,false,incremental"},
+            "default": "false",
+            "field": "snapshot",
+        },
+        {"type": "string", "optional": False, "field": "db"},
+        {"type": "string", "optional": True, "field": "sequence"},
+        {"type": "string", "optional": False, "field": "schema"},
+        {"type": "string", "optional": False, "field": "table"},
+        {"type": "int64", "optional": True, "field": "txId"},
+        {"type": "int64", "optional": True, "field": "lsn"},
+        {"type": "int64", "optional": True, "field": "xmin"},
+    ],
+    "optional": False,
+    "name": "io.debezium.connector.postgresql.Source",
+    "field": "source",
+}
+
+
+ENCODE_SCHEMA: dict[str, dict[str, Any]] = {
+    "boolean": {"type": "boolean"},
+    "int32": {"type": "int32"},
+    "int64": {"type": "int64"},
+    "float32": {"type": "float"},
+    "float64": {"type": "double"},
+    "string": {"type": "string"},
+    "json": {"type": "string", "name": "io.debezium.data.Json", "version": 1},
+    "binary": {"type": "bytes"},
+    "date": {"type": "int32", "name": "io.debezium.time.Date", "version": 1},
+    "time": {"type": "int64", "name": "io.debezium.time.MicroTime", "version": 1},
+    "timestamp": {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1},
+    "timestamptz": {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "version": 1},
+}
 
 
 def _connect_field(name: str, logical: str) -> dict[str, Any]:
@@ -39,7 +107,7 @@ def _connect_field(name: str, logical: str) -> dict[str, Any]:
             "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)},
         }
     else:
-        f = dict(_ENCODE_SCHEMA[base])
+        f = dict(ENCODE_SCHEMA[base])
     f["optional"] = True
     f["field"] = name
     return f
@@ -51,7 +119,7 @@ def _encode_value(value: Any, logical: str) -> Any:
     base, _, scale = T.parse_type(logical)
     if base == "decimal":
         assert scale is not None
-        q = decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-scale), context=_DEC_CTX)
+        q = decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-scale), context=DEC_CTX)
         sign, digits, _ = q.as_tuple()
         unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
         size = (unscaled if unscaled >= 0 else ~unscaled).bit_length() // 8 + 1
@@ -59,13 +127,13 @@ def _encode_value(value: Any, logical: str) -> Any:
     if base == "binary":
         return base64.b64encode(bytes(value)).decode()
     if base == "date":
-        return (value - _EPOCH_DATE).days
+        return (value - EPOCH_DATE).days
     if base == "time":
         return (
             (value.hour * 60 + value.minute) * 60 + value.second
         ) * 1_000_000 + value.microsecond
     if base == "timestamp":
-        return (value.replace(tzinfo=None) - _EPOCH_NAIVE) // dt.timedelta(microseconds=1)
+        return (value.replace(tzinfo=None) - EPOCH_NAIVE) // dt.timedelta(microseconds=1)
     if base == "timestamptz":
         utc = value.astimezone(dt.UTC).replace(tzinfo=None)
         return utc.isoformat() + "Z"
@@ -109,10 +177,10 @@ class DebeziumJsonEncoder(Encoder):
             "fields": [
                 {**value_row, "field": "before"},
                 {**value_row, "field": "after"},
-                _PG_SOURCE_SCHEMA,
+                PG_SOURCE_SCHEMA,
                 {"type": "string", "optional": False, "field": "op"},
                 {"type": "int64", "optional": True, "field": "ts_ms"},
-                _TXN_SCHEMA,
+                TXN_SCHEMA,
             ],
             "optional": False,
             "name": f"{prefix}.Envelope",
@@ -136,7 +204,7 @@ class DebeziumJsonEncoder(Encoder):
     def encode(self, change: SourceChange) -> list[Message]:
         """One Debezium message for ``change`` (INSERT -> c, UPDATE -> u, DELETE -> d,
         SNAPSHOT -> r, TRUNCATE -> t)."""
-        code = _OP_CODES.get(change.op)
+        code = OP_CODES.get(change.op)
         if code is None:
             raise ValueError(f"debezium-json cannot encode op {change.op}")
         envelope, key_schema = self._schemas_for(change)

@@ -13,20 +13,19 @@ import fastavro
 from fastavro.schema import parse_schema
 
 from cdcflow.formats.drs_avro import (
-    _SINGLE_OBJECT_MAGIC,
     IDENTIFIER,
     OP_DELETE,
     OP_INIT,
     OP_INSERT,
     OP_TRUNCATE,
     OP_UPDATE,
+    SINGLE_OBJECT_MAGIC,
     STANDIN_SCHEMA,
-    _schema_fingerprint,
+    schema_fingerprint,
 )
-from cdcflow.formats.drs_json import _ENCODE_TYPES
 from cdcflow.model import Op
 from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
-from cdcflow_testkit.encoders.drs_json import encode_text
+from cdcflow_testkit.encoders.drs_json import ENCODE_TYPES, encode_text
 
 
 class DrsAvroEncoder(Encoder):
@@ -39,7 +38,7 @@ class DrsAvroEncoder(Encoder):
 
     def __init__(self) -> None:
         self._schema = parse_schema(STANDIN_SCHEMA)
-        self._header = _SINGLE_OBJECT_MAGIC + _schema_fingerprint(STANDIN_SCHEMA)
+        self._header = SINGLE_OBJECT_MAGIC + schema_fingerprint(STANDIN_SCHEMA)
 
     def encode(self, change: SourceChange) -> list[Message]:
         """One record per change; ``seqno = change.seq``, ``updateTimestamp = ts_ms``."""
@@ -82,7 +81,7 @@ class DrsAvroEncoder(Encoder):
             "fields": [
                 {
                     "name": n,
-                    "type": _ENCODE_TYPES.get(
+                    "type": ENCODE_TYPES.get(
                         "decimal" if t.startswith("decimal") else t, ("varchar", 12)
                     )[0],
                 }

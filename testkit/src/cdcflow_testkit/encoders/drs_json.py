@@ -13,11 +13,6 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.drs_json import (
-    _ENCODE_TYPES,
-    _EPOCH,
-    _ESCAPES,
-    _MICROSECOND,
-    _UTC,
     IDENTIFIER_JSON,
     IDENTIFIER_JSON_C,
     OP_DDL,
@@ -27,7 +22,42 @@ from cdcflow.formats.drs_json import (
     OP_UPDATE,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import (
+    ENCODABLE_TYPES,
+    EPOCH,
+    MICROSECOND,
+    Encoder,
+    Message,
+    SourceChange,
+)
+
+#: characters DRS writes as \u escapes (the document's "Common Escape Characters" table;
+#: it prints \u003d for "<", a typo for \u003c)
+ESCAPES = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    (b"=", b"\\u003d"),
+    (b"'", b"\\u0027"),
+)
+
+
+#: logical type -> (mysqlType, sqlType) the encoder declares, as DRS does for MySQL
+ENCODE_TYPES: dict[str, tuple[str, int]] = {
+    "boolean": ("tinyint", -6),
+    "int32": ("int", 4),
+    "int64": ("bigint", -5),
+    "float32": ("float", 6),
+    "float64": ("double", 8),
+    "decimal": ("decimal", 3),
+    "string": ("varchar", 12),
+    "json": ("json", 12),
+    "binary": ("varbinary", -3),
+    "date": ("date", 91),
+    "time": ("time", 92),
+    "timestamp": ("datetime", 94),
+    "timestamptz": ("timestamp", 93),
+}
 
 
 def java_double(x: float) -> str:
@@ -51,7 +81,7 @@ def java_bytes(value: bytes) -> str:
 
 
 def _epoch_seconds_text(value: dt.datetime) -> str:
-    micros = (value.astimezone(_UTC) - _EPOCH) // _MICROSECOND
+    micros = (value.astimezone(dt.UTC) - EPOCH) // MICROSECOND
     sign = "-" if micros < 0 else ""
     seconds, micros = divmod(abs(micros), 1_000_000)
     if micros % 1000 == 0:
@@ -82,7 +112,7 @@ def encode_text(logical: str, value: Any, json_c: bool) -> str | None:
         return value.isoformat(sep=" ")
     if base == "timestamptz":
         if json_c:
-            return value.astimezone(_UTC).strftime("%Y-%m-%d %H:%M:%S")
+            return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         return _epoch_seconds_text(value)
     return str(value)
 
@@ -105,7 +135,7 @@ class _DrsJsonEncoderBase(Encoder):
         sql_type = {}
         for col, logical in change.columns.items():
             base = "decimal" if logical.startswith("decimal") else logical
-            mysql_type[col], sql_type[col] = _ENCODE_TYPES.get(base, ("varchar", 12))
+            mysql_type[col], sql_type[col] = ENCODE_TYPES.get(base, ("varchar", 12))
 
         def image(row: Any) -> list[dict[str, Any]] | None:
             if row is None:
@@ -151,7 +181,7 @@ class _DrsJsonEncoderBase(Encoder):
         else:
             raise ValueError(f"DRS JSON has no message for {op}")
         value = orjson.dumps(msg)
-        for raw, escaped in _ESCAPES:
+        for raw, escaped in ESCAPES:
             value = value.replace(raw, escaped)
         return [Message(value=value, key=f"{database}.{table.table}".encode())]
 

@@ -13,16 +13,41 @@ import fastavro
 import orjson
 
 from cdcflow.formats.dts_avro import (
-    _DTS_OPS,
-    _EMPTY,
-    _NS,
-    _TYPE_NUMBERS,
+    EMPTY_OBJECT,
     IDENTIFIER,
+    NAMESPACE,
     record_schema,
 )
 from cdcflow.model import Op
 from cdcflow.types import EPOCH, parse_type
 from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
+
+DTS_OPS = {
+    Op.INSERT: "INSERT",
+    Op.SNAPSHOT: "INIT",
+    Op.UPDATE: "UPDATE",
+    Op.DELETE: "DELETE",
+}
+
+
+# logical type -> (MySQL binlog type code, PostgreSQL type OID) for Field.dataTypeNumber.
+# The MySQL codes are the binlog column types; that DTS uses OIDs for PostgreSQL is an
+# assumption of this encoder (the decoder never relies on it).
+TYPE_NUMBERS = {
+    "boolean": (1, 16),
+    "int32": (3, 23),
+    "int64": (8, 20),
+    "float32": (4, 700),
+    "float64": (5, 701),
+    "decimal": (246, 1700),
+    "string": (253, 1043),
+    "json": (245, 114),
+    "binary": (252, 17),
+    "date": (10, 1082),
+    "time": (19, 1083),
+    "timestamp": (18, 1114),
+    "timestamptz": (17, 1184),
+}
 
 
 def _encode_value(value: Any, logical: str) -> Any:
@@ -32,17 +57,17 @@ def _encode_value(value: Any, logical: str) -> Any:
     base, p, s = parse_type(logical)
     if base in ("int32", "int64", "boolean"):
         digits = 10 if base == "int32" else 19
-        return (_NS + "Integer", {"precision": digits, "value": str(int(value))})
+        return (NAMESPACE + "Integer", {"precision": digits, "value": str(int(value))})
     if base == "decimal":
-        return (_NS + "Decimal", {"value": str(value), "precision": p, "scale": s})
+        return (NAMESPACE + "Decimal", {"value": str(value), "precision": p, "scale": s})
     if base in ("float32", "float64"):
-        return (_NS + "Float", {"value": float(value), "precision": 0, "scale": 0})
+        return (NAMESPACE + "Float", {"value": float(value), "precision": 0, "scale": 0})
     if base == "string":
-        return (_NS + "Character", {"charset": "utf8mb4", "value": value.encode("utf-8")})
+        return (NAMESPACE + "Character", {"charset": "utf8mb4", "value": value.encode("utf-8")})
     if base == "json":
-        return (_NS + "TextObject", {"type": "JSON", "value": value})
+        return (NAMESPACE + "TextObject", {"type": "JSON", "value": value})
     if base == "binary":
-        return (_NS + "BinaryObject", {"type": "BLOB", "value": bytes(value)})
+        return (NAMESPACE + "BinaryObject", {"type": "BLOB", "value": bytes(value)})
     none = {
         "year": None,
         "month": None,
@@ -54,12 +79,12 @@ def _encode_value(value: Any, logical: str) -> Any:
     }
     if base == "date":
         return (
-            _NS + "DateTime",
+            NAMESPACE + "DateTime",
             {**none, "year": value.year, "month": value.month, "day": value.day},
         )
     if base == "time":
         return (
-            _NS + "DateTime",
+            NAMESPACE + "DateTime",
             {
                 **none,
                 "hour": value.hour,
@@ -70,7 +95,7 @@ def _encode_value(value: Any, logical: str) -> Any:
         )
     if base == "timestamp":
         return (
-            _NS + "DateTime",
+            NAMESPACE + "DateTime",
             {
                 "year": value.year,
                 "month": value.month,
@@ -84,7 +109,7 @@ def _encode_value(value: Any, logical: str) -> Any:
     if base == "timestamptz":
         delta = value - EPOCH
         return (
-            _NS + "Timestamp",
+            NAMESPACE + "Timestamp",
             {"timestamp": delta.days * 86_400 + delta.seconds, "millis": delta.microseconds},
         )
     raise ValueError(f"dts-avro cannot encode logical type {logical!r}")
@@ -111,7 +136,7 @@ class DtsAvroEncoder(Encoder):
         object_name = ".".join(p.replace(".", "\\u002E") for p in parts)
         names = list(change.columns)
         fields = [
-            {"name": c, "dataTypeNumber": _TYPE_NUMBERS[parse_type(t)[0]][1 if pg else 0]}
+            {"name": c, "dataTypeNumber": TYPE_NUMBERS[parse_type(t)[0]][1 if pg else 0]}
             for c, t in change.columns.items()
         ]
 
@@ -119,7 +144,7 @@ class DtsAvroEncoder(Encoder):
             if row is None:
                 return None
             return [
-                _encode_value(row[c], change.columns[c]) if c in row else (_EMPTY, "NONE")
+                _encode_value(row[c], change.columns[c]) if c in row else (EMPTY_OBJECT, "NONE")
                 for c in names
             ]
 
@@ -130,7 +155,7 @@ class DtsAvroEncoder(Encoder):
             operation, before, after = "DDL", None, f"TRUNCATE TABLE {object_name}"
             fields_value: Any = None
         else:
-            operation = _DTS_OPS[change.op]
+            operation = DTS_OPS[change.op]
             before = image(change.before) if change.op in (Op.UPDATE, Op.DELETE) else None
             after = image(change.after) if change.op is not Op.DELETE else None
             fields_value = fields

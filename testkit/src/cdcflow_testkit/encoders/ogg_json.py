@@ -13,11 +13,10 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.ogg_json import (
-    _EPOCH,
     IDENTIFIER,
 )
 from cdcflow.model import Op
-from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import EPOCH, Encoder, Message, SourceChange
 
 
 def _json_value(v: Any, logical: str | None) -> Any:
@@ -41,7 +40,7 @@ def _json_value(v: Any, logical: str | None) -> Any:
 
 def _ts_text(ms: int) -> str:
     return (
-        (_EPOCH + dt.timedelta(milliseconds=ms))
+        (EPOCH + dt.timedelta(milliseconds=ms))
         .replace(tzinfo=None)
         .isoformat(sep=" ", timespec="microseconds")
     )

@@ -13,8 +13,6 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.qlik_json import (
-    _EPOCH,
-    _QLIK_TYPES,
     IDENTIFIER,
     MAGIC,
     OP_DELETE,
@@ -28,7 +26,28 @@ from cdcflow.model import Op
 from cdcflow.types import (
     parse_type,
 )
-from cdcflow_testkit.encoders.base import ENCODABLE_TYPES, Encoder, Message, SourceChange
+from cdcflow_testkit.encoders.base import (
+    ENCODABLE_TYPES,
+    EPOCH_NAIVE,
+    Encoder,
+    Message,
+    SourceChange,
+)
+
+QLIK_TYPES = {  # logical type -> (Replicate type, length)
+    "boolean": ("BOOLEAN", 1),
+    "int32": ("INT4", 4),
+    "int64": ("INT8", 8),
+    "float32": ("REAL4", 4),
+    "float64": ("REAL8", 8),
+    "string": ("WSTRING", 4000),
+    "json": ("NCLOB", 0),
+    "binary": ("BYTES", 8000),
+    "date": ("DATE", 4),
+    "time": ("TIME", 4),
+    "timestamp": ("DATETIME", 8),
+    "timestamptz": ("DATETIME", 8),
+}
 
 
 def _json_value(value: Any) -> Any:
@@ -87,7 +106,7 @@ class QlikJsonEncoder(Encoder):
         columns = {}
         for ordinal, (col, logical) in enumerate(change.columns.items(), start=1):
             base, p, s = parse_type(logical)
-            qtype, length = ("NUMERIC", 0) if base == "decimal" else _QLIK_TYPES[base]
+            qtype, length = ("NUMERIC", 0) if base == "decimal" else QLIK_TYPES[base]
             pk = change.key_columns.index(col) + 1 if col in change.key_columns else 0
             columns[col] = {
                 "ordinal": ordinal,
@@ -175,7 +194,7 @@ class QlikJsonEncoder(Encoder):
 
 
 def _utc_text(ts_ms: int) -> str:
-    return (_EPOCH + dt.timedelta(milliseconds=ts_ms)).isoformat(timespec="milliseconds")
+    return (EPOCH_NAIVE + dt.timedelta(milliseconds=ts_ms)).isoformat(timespec="milliseconds")
 
 
 def _envelope(kind: str, schema_id: str | None, message: dict[str, Any]) -> bytes:

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import orjson
 
 from cdcflow.formats.shareplex_json import (
-    _DEL,
-    _INS,
-    _UPD,
     IDENTIFIER,
+    OP_DEL,
+    OP_INS,
+    OP_UPD,
 )
 from cdcflow.model import Op
 from cdcflow_testkit.encoders.base import Encoder, Message, SourceChange
@@ -78,10 +78,10 @@ class SharePlexJsonEncoder(Encoder):
             "time": time,
             "userid": 0,
             "op": {
-                Op.INSERT: _INS,
-                Op.SNAPSHOT: _INS,
-                Op.UPDATE: _UPD,
-                Op.DELETE: _DEL,
+                Op.INSERT: OP_INS,
+                Op.SNAPSHOT: OP_INS,
+                Op.UPDATE: OP_UPD,
+                Op.DELETE: OP_DEL,
                 Op.TRUNCATE: "TRUNCATE",
             }[change.op],
             "scn": str(change.seq),
