@@ -1,0 +1,197 @@
+"""``BatchApplier``, the script of one apply's ordered writes: the offsets record first,
+then the per-table applies, then the bookkeeping (dead letters, progress, the completion).
+Real delta-rs tables in a temp folder, read back with ``deltalake``."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from tests.apply.helpers import ev, ins, table_of, upd
+
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.decode.batches import flatten
+from cdcflow.errors import Code
+from cdcflow.formats.base import DecodeResult, Skipped
+from cdcflow.model import DeadLetter, Op, Origin, SourceTable
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA
+
+OTHER = SourceTable("test", "db", "", "other")
+
+
+class RecordingWarehouse(DeltaWarehouse):
+    """A real warehouse that notes the order of the apply's writes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes: list[str] = []
+
+    def append(self, path, data, batch_id, transactions=None):
+        written = super().append(path, data, batch_id, transactions)
+        if written:
+            self.writes.append(path.rsplit("/", 1)[-1])
+        return written
+
+    def apply_mirror(self, target, *args, **kwargs):
+        result = super().apply_mirror(target, *args, **kwargs)
+        self.writes.append(target)
+        return result
+
+
+def _batch() -> pa.Table:
+    """Offsets 0..5 of partition 0: two tables, a value that does not fit a stored column
+    (offset 2, after the table exists), a skipped record and a decode dead letter."""
+    result = DecodeResult(
+        events=[
+            ins(1, "a", seq=1, offset=0),
+            ins(7, "x", seq=1, table=OTHER, offset=1),
+            ev(Op.UPDATE, 5, after={"id": 5, "name": "e", "qty": "NaN?"}, seq=2, offset=2),
+            upd(1, "b", seq=3, offset=3),
+        ],
+        skipped=[Skipped("TOMBSTONE", Origin("t", 0, 4))],
+        dead_letters=[
+            DeadLetter("BAD_JSON", "not JSON", "test", Origin("t", 0, 5), b"{oops", b"k")
+        ],
+    )
+    return pa.Table.from_batches([flatten(result)])
+
+
+def _rows(wh, target):
+    return {r["id"]: r["name"] for r in wh.read(target).to_pylist()}
+
+
+def test_the_offsets_record_comes_first_then_the_tables_then_the_bookkeeping(tmp_path):
+    wh = RecordingWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(ins(5, "seed", seq=0, offset=100, partition=1)), delivery_id=0)
+    wh.writes.clear()
+    report = ap.apply(_batch(), delivery_id=1)
+    assert wh.writes == [
+        "offsets",
+        "changelog",
+        "db.items",
+        "db.other",
+        "dead_letters",
+        "progress",
+        "batches",
+    ]
+    assert report.batch_id == 1 and report.records == 6 and report.events == 4
+    assert report.skipped == {"TOMBSTONE": 1}
+    assert report.dead_letters == {"BAD_JSON": 1, Code.TYPE_CONFLICT: 1}
+    assert _rows(wh, "db.items") == {1: "b", 5: "seed"} and _rows(wh, "db.other") == {7: "x"}
+    # every table the apply wrote carries its application transaction and offset ranges
+    root = tmp_path / "wh"
+    for path in ("_cdcflow/offsets", "_cdcflow/changelog", "db.items", "db.other"):
+        table = DeltaTable(str(root / path))
+        assert table.transaction_version("cdcflow-test") == 1, path
+    last = DeltaTable(str(root / "db.items")).history(1)[0]
+    assert last["cdcflow.apply_id"] == "1" and last["cdcflow.offsets"] == "t#0:0-5"
+    # the completion carries the next offset of each partition
+    batches = DeltaTable(str(root / "_cdcflow/batches"))
+    assert batches.transaction_version("cdcflow-test") == 1
+    assert batches.transaction_version("cdcflow-test@t#0") == 6
+    assert batches.transaction_version("cdcflow-test@t#1") == 101
+    rows = [r for r in batches.to_pyarrow_table().to_pylist() if r["batch_id"] == 1]
+    assert [
+        (r["first_offset"], r["last_offset"], r["records"], r["skipped"], r["dead_letters"])
+        for r in rows
+    ] == [(0, 5, 6, 1, 1)]
+    assert rows[0]["delivery_id"] == 1 and rows[0]["source"] == "test"
+
+
+def test_decode_and_apply_dead_letters_are_built_alike_and_written_once(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(ins(5, "seed", seq=0, offset=100, partition=1)))
+    ap.apply(_batch())
+    dead = DeltaTable(str(tmp_path / "wh" / "_cdcflow" / "dead_letters")).to_pyarrow_table()
+    assert pa.schema(dead.schema).names == DEAD_LETTER_SCHEMA.names
+    by_stage = {r["stage"]: r for r in dead.to_pylist()}
+    decode, apply = by_stage["decode"], by_stage["apply"]
+    assert (decode["code"], decode["offset"], decode["raw_value"], decode["raw_key"]) == (
+        "BAD_JSON",
+        5,
+        b"{oops",
+        b"k",
+    )
+    assert decode["target_table"] is None and decode["message"] == "not JSON"
+    assert (apply["code"], apply["offset"], apply["target_table"]) == (
+        Code.TYPE_CONFLICT,
+        2,
+        "db.items",
+    )
+    assert apply["raw_key"] is None and "qty" in apply["message"]
+    event = orjson.loads(apply["raw_value"])
+    assert event["op"] == "update" and orjson.loads(event["after"])["qty"] == "NaN?"
+
+
+def test_a_failed_table_is_dead_lettered_whole_and_the_others_go_on(tmp_path, monkeypatch):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh)
+    real = DeltaWarehouse.apply_mirror
+
+    def refuse_items(self, target, *args, **kwargs):
+        if target == "db.items":
+            raise PermissionError(13, "Permission denied")
+        return real(self, target, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", refuse_items)
+    report = ap.apply(table_of(ins(1, "a", seq=1), ins(7, "x", seq=1, table=OTHER)))
+    assert report.dead_letters == {Code.TABLE_FAULT: 1}
+    assert _rows(wh, "db.other") == {7: "x"}
+    stops = wh.read("schema_changes", system=True).to_pylist()
+    assert [(r["target_table"], r["change"], r["applied"]) for r in stops] == [
+        ("db.items", "stop", False)
+    ]
+    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+    report = ap.apply(table_of(ins(2, "b", seq=2)))
+    assert report.dead_letters == {Code.TABLE_STOPPED: 1}
+    wh.resume_table("db.items", by="test")
+    ap.apply(table_of(ins(3, "c", seq=3)))
+    assert _rows(wh, "db.items") == {3: "c"}
+
+
+def test_a_replayed_delivery_writes_nothing_again(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    events = _batch()
+    BatchApplier(wh).apply(events, delivery_id=0)
+    root = tmp_path / "wh"
+    paths = [root / "db.items", root / "db.other", *sorted((root / "_cdcflow").iterdir())]
+    versions = {p.name: DeltaTable(str(p)).version() for p in paths}
+    again = BatchApplier(DeltaWarehouse(str(root), pipeline_id="test")).apply(events, 5)
+    assert again.replayed == 6 and again.records == 0 and again.batch_id == 0
+    assert {p.name: DeltaTable(str(p)).version() for p in paths} == versions
+
+
+def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, monkeypatch):
+    """A crash after the tables, before the completion: the next run applies the same
+    records as the same apply; the tables skip it, the bookkeeping is written once."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    events = table_of(ins(1, "a", seq=1, offset=0), ins(7, "x", seq=1, table=OTHER, offset=1))
+
+    class Crash(Exception):
+        pass
+
+    real = DeltaWarehouse.append
+
+    def crash_at_progress(self, path, data, batch_id, transactions=None):
+        if path.endswith("/progress"):
+            raise Crash
+        return real(self, path, data, batch_id, transactions)
+
+    monkeypatch.setattr(DeltaWarehouse, "append", crash_at_progress)
+    with pytest.raises(Crash):
+        BatchApplier(wh).apply(events, delivery_id=0)
+    monkeypatch.setattr(DeltaWarehouse, "append", real)
+    wh2 = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    ap = BatchApplier(wh2)
+    assert ap.ledger.pending() is not None and ap.ledger.completed_id() == -1
+    report = ap.apply(events, delivery_id=1)
+    assert report.batch_id == 0
+    assert all(m.skipped_replay for m in report.mirrors)
+    changelog = wh2.read("changelog", system=True)
+    assert sorted(changelog["offset"].to_pylist()) == [0, 1]  # each event once
+    assert wh2.read("batches", system=True).num_rows == 1
+    assert ap.ledger.pending() is None and ap.ledger.completed_id() == 0
