@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker
 from cdcflow_testkit.services.maven import MavenError, maven_libs
-from cdcflow_testkit.services.process import free_port
+from cdcflow_testkit.services.process import free_port, java_executable
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "kafka_libs"]
 
@@ -153,8 +153,7 @@ class ApacheKafkaBroker(EmbeddedBroker):
         )
         self.version = version
         self.log_level = log_level
-        home = os.environ.get("JAVA_HOME")
-        self.java = java or (os.path.join(home, "bin", "java") if home else "java")
+        self.java = java or java_executable()
         self.data_dir: str | None = None
         self._controller_port: int | None = None
 

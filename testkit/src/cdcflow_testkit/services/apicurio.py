@@ -28,7 +28,6 @@ using in-memory storage", "Configuring Kafka serializers/deserializers" (``as-co
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import urllib.error
 import urllib.request
@@ -37,7 +36,7 @@ from typing import Any
 
 from cdcflow_testkit.services.broker import BrokerError
 from cdcflow_testkit.services.maven import MavenError, cache_root, maven_libs, run_maven
-from cdcflow_testkit.services.process import ManagedProcess, free_port
+from cdcflow_testkit.services.process import ManagedProcess, free_port, java_executable
 
 __all__ = [
     "APICURIO_VERSION",
@@ -259,10 +258,8 @@ class ApicurioRegistry(ManagedProcess):
 
     def _command(self, folder: str) -> list[str]:
         self.port = free_port("127.0.0.1")
-        home = os.environ.get("JAVA_HOME")
-        java = os.path.join(home, "bin", "java") if home else "java"
         return [
-            java,
+            java_executable(),
             "-Xms64m",
             "-Xmx384m",
             "-XX:+UseSerialGC",

@@ -50,7 +50,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cdcflow_testkit.services.process import ServiceError, free_port, stop_process
+from cdcflow_testkit.services.process import ServiceError, free_port, stop_process, wait_until
 
 __all__ = ["BrokerError", "EmbeddedBroker", "LocalS3", "StorageUnavailable"]
 
@@ -188,25 +188,22 @@ class LocalS3:
             )
         self.port = port
         atexit.register(self._kill)
-        deadline = time.monotonic() + self.startup_timeout_s
         request = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the local S3 server exited with code {self._proc.returncode} during "
-                    f"start-up on {self.host}:{port}; see its log: {self.log_path}"
-                )
-            try:
-                with urllib.request.urlopen(request, timeout=2) as response:
-                    response.read()
-                return
-            except OSError as exc:  # not listening yet
-                last = exc
-                time.sleep(0.05)
-        raise BrokerError(
-            f"the local S3 server on {self.host}:{port} did not answer within "
-            f"{self.startup_timeout_s:.0f} s (last error: {last}); see its log: {self.log_path}"
+
+        def answers() -> bool:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                response.read()
+            return True
+
+        wait_until(
+            answers,
+            name=f"the local S3 server on {self.host}:{port}",
+            log=self.log_path,
+            timeout_s=self.startup_timeout_s,
+            processes=[self._proc],
+            not_yet=(OSError,),  # not listening yet
+            interval_s=0.05,
+            error=BrokerError,
         )
 
     def stop(self) -> None:
@@ -440,29 +437,26 @@ class EmbeddedBroker:
     def _wait_ready(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + self.startup_timeout_s
         admin = AdminClient(
             {"bootstrap.servers": self.bootstrap_servers, "log_level": 0, "logger": _quiet()}
         )
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the {self.name} broker exited with code {self._proc.returncode} during "
-                    f"start-up on {self.bootstrap_servers}; see its log: {self.log_path}"
-                )
-            try:
-                admin.list_topics(timeout=1.0)
-                self._admin = admin
-                return
-            except Exception as exc:  # noqa: BLE001 - not up yet
-                last = exc
-                time.sleep(0.05)
-        raise BrokerError(
-            f"the {self.name} broker on {self.bootstrap_servers} did not answer within "
-            f"{self.startup_timeout_s:.0f} s (last error: {last}); see its log: {self.log_path}"
+
+        def answers() -> bool:
+            admin.list_topics(timeout=1.0)
+            return True
+
+        assert self._proc is not None
+        wait_until(
+            answers,
+            name=f"the {self.name} broker on {self.bootstrap_servers}",
+            log=self.log_path,
+            timeout_s=self.startup_timeout_s,
+            processes=[self._proc],
+            not_yet=(Exception,),  # any client error: not up yet
+            interval_s=0.05,
+            error=BrokerError,
         )
+        self._admin = admin
 
     def restart(self, hard: bool = False) -> EmbeddedBroker:
         """Stop the broker process and start it again on the same port and storage.

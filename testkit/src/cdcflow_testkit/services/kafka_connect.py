@@ -25,7 +25,7 @@ from typing import Any
 from cdcflow_testkit.services.apache_kafka import LOG4J2, LOG4J_VERSION
 from cdcflow_testkit.services.broker import BrokerError
 from cdcflow_testkit.services.maven import maven_libs
-from cdcflow_testkit.services.process import ManagedProcess, free_port
+from cdcflow_testkit.services.process import ManagedProcess, free_port, java_executable
 
 __all__ = [
     "CONNECT_VERSION",
@@ -182,10 +182,8 @@ class ConnectStandalone(ManagedProcess):
             files.append(str(path))
         log4j = folder / "log4j2.properties"
         log4j.write_text(LOG4J2.format(level=self.log_level))
-        home = os.environ.get("JAVA_HOME")
-        java = os.path.join(home, "bin", "java") if home else "java"
         return [
-            java,
+            java_executable(),
             *_JVM_OPTIONS,
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",

@@ -20,11 +20,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from typing import Any
 
 from cdcflow_testkit.services.broker import BrokerError
-from cdcflow_testkit.services.process import free_port, stop_process
+from cdcflow_testkit.services.process import free_port, stop_process, wait_until
 
 __all__ = ["LocalMariaDB", "MariaDBError"]
 
@@ -136,22 +135,17 @@ class LocalMariaDB:
     def _wait_ready(self) -> None:
         import pymysql
 
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise MariaDBError(
-                    f"mariadbd exited with code {self._proc.returncode}; log: {self.log_path}"
-                )
-            try:
-                self.connect(root=True).close()
-                return
-            except pymysql.err.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise MariaDBError(
-                        f"MariaDB did not accept connections: {exc}; log: {self.log_path}"
-                    ) from exc
-                time.sleep(0.1)
+        assert self._proc is not None
+        wait_until(
+            lambda: self.connect(root=True).close() is None,
+            name="MariaDB",
+            log=self.log_path,
+            timeout_s=self.startup_timeout_s,
+            processes=[self._proc],
+            not_yet=(pymysql.err.OperationalError,),
+            interval_s=0.1,
+            error=MariaDBError,
+        )
 
     def stop(self) -> None:
         """Stop the server (SIGTERM: a clean shutdown) and remove its folder. Idempotent."""

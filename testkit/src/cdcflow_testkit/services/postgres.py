@@ -20,11 +20,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from typing import Any
 
 from cdcflow_testkit.services.broker import BrokerError
-from cdcflow_testkit.services.process import free_port
+from cdcflow_testkit.services.process import free_port, wait_until
 
 __all__ = ["LocalPostgres", "PostgresError"]
 
@@ -162,15 +161,19 @@ class LocalPostgres:
     def _wait_ready(self) -> None:
         import psycopg
 
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            try:
-                with psycopg.connect(self.dsn("postgres"), connect_timeout=2):
-                    return
-            except psycopg.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise PostgresError(f"PostgreSQL did not accept connections: {exc}") from exc
-                time.sleep(0.1)
+        def accepts() -> bool:
+            with psycopg.connect(self.dsn("postgres"), connect_timeout=2):
+                return True
+
+        wait_until(
+            accepts,  # pg_ctl started the server and returned: no process to watch
+            name="PostgreSQL",
+            log=os.path.join(self._root or "", "server.log"),
+            timeout_s=self.startup_timeout_s,
+            not_yet=(psycopg.OperationalError,),
+            interval_s=0.1,
+            error=PostgresError,
+        )
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove its folder. Idempotent."""

@@ -16,11 +16,19 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Self
 
 from cdcflow.errors import CdcflowError
 
-__all__ = ["ManagedProcess", "ServiceError", "free_port", "stop_process"]
+__all__ = [
+    "ManagedProcess",
+    "ServiceError",
+    "free_port",
+    "java_executable",
+    "stop_process",
+    "wait_until",
+]
 
 
 class ServiceError(CdcflowError):
@@ -46,6 +54,57 @@ def stop_process(proc: subprocess.Popen, hard: bool = False, grace_s: float = 5.
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def java_executable() -> str:
+    """The ``java`` to run: ``$JAVA_HOME/bin/java``, else ``java`` on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else "java"
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    name: str,
+    log: str | None,
+    timeout_s: float,
+    processes: Sequence[subprocess.Popen] = (),
+    not_yet: tuple[type[BaseException], ...] = (),
+    interval_s: float = 0.2,
+    error: Callable[[str], BaseException] = ServiceError,
+) -> None:
+    """Poll ``ready`` until it answers ``True``: the one start-up wait of every launcher.
+
+    Args:
+        ready: the probe (a connection, a request, a line in a log).
+        name: the service, as messages name it.
+        log: where its output is, named in every message.
+        timeout_s: how long to wait, seconds.
+        processes: the service's processes; one that exits ends the wait at once.
+        not_yet: exceptions of ``ready`` that mean "not ready yet" (the last is named).
+        interval_s: the pause between probes, seconds.
+        error: the exception class raised.
+
+    Raises:
+        ``error``: a process exited, or the service was not ready within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while True:
+        for proc in processes:
+            if proc.poll() is not None:
+                raise error(
+                    f"{name} exited with code {proc.returncode} during start-up; see its log: {log}"
+                )
+        try:
+            if ready():
+                return
+        except not_yet as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            why = f" (last error: {last})" if last is not None else ""
+            raise error(f"{name} was not ready within {timeout_s:.0f} s{why}; log: {log}")
+        time.sleep(interval_s)
 
 
 class ManagedProcess:
@@ -121,20 +180,16 @@ class ManagedProcess:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not self._ready():
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise self.error(
-                    f"{self.name} exited with code {self._proc.returncode} during start-up; "
-                    f"see its log: {self.log_path}"
-                )
-            if time.monotonic() > deadline:
-                raise self.error(
-                    f"{self.name} was not ready within {self.startup_timeout_s:.0f} s; "
-                    f"log: {self.log_path}"
-                )
-            time.sleep(self.poll_interval_s)
+        assert self._proc is not None
+        wait_until(
+            self._ready,
+            name=self.name,
+            log=self.log_path,
+            timeout_s=self.startup_timeout_s,
+            processes=[self._proc],
+            interval_s=self.poll_interval_s,
+            error=self.error,
+        )
 
     def stop(self, keep_log: bool = False) -> None:
         """End the process (:meth:`_terminate`) and remove its folder unless ``keep_log``.

@@ -19,11 +19,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from cdcflow_testkit.services.broker import BrokerError
-from cdcflow_testkit.services.process import free_port, stop_process
+from cdcflow_testkit.services.process import free_port, stop_process, wait_until
 
 __all__ = ["SPARK_KAFKA_VERSION", "StandaloneCluster", "spark_kafka_jars"]
 
@@ -159,24 +158,20 @@ class StandaloneCluster:
 
     def _wait_registered(self) -> None:
         assert self.log_dir is not None
-        deadline = time.monotonic() + self.startup_timeout_s
         master_log = Path(self.log_dir) / "master.log"
-        while True:
-            for proc in self._procs:
-                if proc.poll() is not None:
-                    raise BrokerError(
-                        f"a Spark standalone process exited with {proc.returncode}; "
-                        f"logs: {self.log_dir}"
-                    )
+
+        def registered() -> bool:
             text = master_log.read_text(errors="replace") if master_log.exists() else ""
-            if len(re.findall(r"Registering worker", text)) >= self.workers:
-                return
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"{self.workers} Spark workers did not register with {self.master_url} "
-                    f"within {self.startup_timeout_s:.0f} s; logs: {self.log_dir}"
-                )
-            time.sleep(0.2)
+            return len(re.findall(r"Registering worker", text)) >= self.workers
+
+        wait_until(
+            registered,
+            name=f"a Spark standalone cluster of {self.workers} workers at {self.master_url}",
+            log=self.log_dir,
+            timeout_s=self.startup_timeout_s,
+            processes=self._procs,
+            error=BrokerError,
+        )
 
     def app_ids(self) -> list[str]:
         """The applications the workers ran, oldest first (``app-<time>-<n>``)."""
