@@ -53,3 +53,19 @@ def test_an_unreadable_record_is_judged_by_the_offsets(tmp_path):
     _batch(tmp_path, 0, READ_AT_LATEST)
     (tmp_path / READ_FILE).write_text("not json")
     assert not Checkpoint(str(tmp_path)).read_nothing()
+
+
+def test_delivered_reads_the_record_once_per_run(tmp_path, monkeypatch):
+    """A run writes the record once (the lease makes it the only writer), so a non-empty
+    micro-batch after the first opens no file."""
+    checkpoint = Checkpoint(str(tmp_path))
+    checkpoint.track_reads()
+    checkpoint.delivered(3)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    for batch in range(4, 50):
+        checkpoint.delivered(batch)
+    assert opened == []
+    monkeypatch.undo()
+    assert Checkpoint(str(tmp_path))._first_read() == (True, 3)  # as a new run reads it

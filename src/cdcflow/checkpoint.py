@@ -57,6 +57,9 @@ class Checkpoint:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        #: :meth:`_first_read`'s answer, once read or written: only this run writes it
+        #: (it holds the pipeline's lease), so :meth:`delivered` reads no file per batch
+        self._read_state: tuple[bool, int | None] | None = None
 
     def _batches(self, sub: str) -> list[int]:
         folder = os.path.join(self.path, sub)
@@ -76,6 +79,11 @@ class Checkpoint:
         """``(tracked, id)``: whether cdcflow has tracked this checkpoint's reads since its
         first micro-batch (:data:`READ_FILE` exists) and the first micro-batch that
         delivered a record (``None``: none did)."""
+        if self._read_state is None:
+            self._read_state = self._load_read()
+        return self._read_state
+
+    def _load_read(self) -> tuple[bool, int | None]:
         try:
             with open(os.path.join(self.path, READ_FILE), encoding="utf-8") as f:
                 first = json.load(f).get("first_batch_with_records")
@@ -91,6 +99,7 @@ class Checkpoint:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"first_batch_with_records": first}, f)
         os.replace(tmp, os.path.join(self.path, READ_FILE))
+        self._read_state = (True, first)
 
     def track_reads(self) -> None:
         """Start tracking reads on a new checkpoint (no micro-batch planned yet)."""

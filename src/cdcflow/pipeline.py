@@ -290,8 +290,7 @@ class Pipeline:
             table_budget_s=self.config.apply.table_budget_s,
             fence=self.fence,
         )
-        self._prepare(source, applier, options)
-        checkpoint = self.checkpoint_for(source)
+        checkpoint = self._prepare(source, applier, options)
         staging = self._staging_path(source)
         decoded = self._decoded_stream(source, options, staging)
         if staging is not None and os.path.isdir(staging):
@@ -357,9 +356,12 @@ class Pipeline:
     def checkpoint_for(self, source: SourceConfig) -> Checkpoint:
         return Checkpoint(os.path.join(self.config.checkpoint, source.name))
 
-    def _prepare(self, source: SourceConfig, applier: BatchApplier, options: dict) -> None:
+    def _prepare(self, source: SourceConfig, applier: BatchApplier, options: dict) -> Checkpoint:
         """Before the query starts: the checkpoint is this source's, an interrupted apply
         is finished, and a new checkpoint starts at the warehouse's offsets.
+
+        Returns:
+            The source's checkpoint, for the query's micro-batches to record reads in.
 
         Raises:
             ConfigError: the checkpoint belongs to another stream, or it has read records
@@ -391,6 +393,7 @@ class Pipeline:
             start = self._warehouse_start(ledger, options)
             if start is not None:
                 options["startingOffsets"] = start
+        return checkpoint
 
     def _finish_pending(
         self, source: SourceConfig, applier: BatchApplier, pending: PendingApply, options: dict
@@ -419,7 +422,8 @@ class Pipeline:
         """``startingOffsets`` JSON for a new checkpoint: each partition at the warehouse's
         next offset; partitions it never applied start as configured. ``None``: the
         warehouse has applied nothing of these partitions."""
-        from cdcflow.source.kafka import EARLIEST, LATEST, list_partitions
+        from cdcflow.source.kafka import list_partitions
+        from cdcflow.source.starting_offsets import EARLIEST, LATEST
 
         tps = list_partitions(options)
         known = ledger.next_offsets(tps)
