@@ -28,8 +28,8 @@ class RecordingWarehouse(DeltaWarehouse):
         super().__init__(*args, **kwargs)
         self.writes: list[str] = []
 
-    def append(self, path, data, batch_id, transactions=None):
-        written = super().append(path, data, batch_id, transactions)
+    def append(self, path, data, batch_id, transactions=None, app_id=None):
+        written = super().append(path, data, batch_id, transactions, app_id)
         if written:
             self.writes.append(path.rsplit("/", 1)[-1])
         return written
@@ -176,10 +176,10 @@ def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, mo
 
     real = DeltaWarehouse.append
 
-    def crash_at_progress(self, path, data, batch_id, transactions=None):
+    def crash_at_progress(self, path, data, batch_id, transactions=None, app_id=None):
         if path.endswith("/progress"):
             raise Crash
-        return real(self, path, data, batch_id, transactions)
+        return real(self, path, data, batch_id, transactions, app_id)
 
     monkeypatch.setattr(DeltaWarehouse, "append", crash_at_progress)
     with pytest.raises(Crash):

@@ -261,12 +261,13 @@ class DeltaWarehouse:
             return None
         return path.rsplit("/", 1)[-1]
 
-    def committed(self, path: str, batch_id: int) -> bool:
-        """``True`` when batch ``batch_id`` was already committed to the table at ``path``."""
+    def committed(self, path: str, batch_id: int, app_id: str | None = None) -> bool:
+        """``True`` when batch ``batch_id`` was already committed to the table at ``path``
+        (under application transaction ``app_id``, default the warehouse view's)."""
         table = self.open(path)
         if table is None:
             return False
-        version = table.transaction_version(self.app_id)
+        version = table.transaction_version(app_id or self.app_id)
         return version is not None and version >= batch_id
 
     def commit_properties(
@@ -291,24 +292,32 @@ class DeltaWarehouse:
         data: pa.Table,
         batch_id: int,
         transactions: Mapping[str, int] | None = None,
+        app_id: str | None = None,
     ) -> bool:
         """Append ``data`` once per batch, with the application ``transactions``
-        (``{app_id: version}``) besides the batch's own.
+        (``{app_id: version}``) besides the batch's own, ``(app_id or self.app_id,
+        batch_id)``.
 
         Returns ``False`` if the batch was already there.
         """
-        if data.num_rows == 0 or self.committed(path, batch_id):
+        if data.num_rows == 0 or self.committed(path, batch_id, app_id):
             return False
         table = self._tables.get(path)  # refreshed by committed()
+        commit = self.commit_properties(batch_id, app_id=app_id, extra=transactions)
+        self._append_mapped(path, table, data, commit)
+        return True
+
+    def _append_mapped(
+        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties | None
+    ) -> None:
+        """Append ``data`` (columns a newer cdcflow added are added to the table first);
+        a storage failure is raised as ``StorageError`` (:mod:`cdcflow.sinks.faults`)."""
         try:
             self._add_missing_columns(table, data.schema)
-            self._write_append(
-                path, table, data, self.commit_properties(batch_id, extra=transactions)
-            )
+            self._write_append(path, table, data, commit)
         except (DeltaError, OSError) as exc:
             self._tables.pop(path, None)
             raise storage_error(exc, path, self._target_of(path)) from exc
-        return True
 
     def _write_append(
         self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties | None
@@ -373,16 +382,10 @@ class DeltaWarehouse:
             self._tables.pop(path, None)
             raise storage_error(exc, path, self._target_of(path)) from exc
 
-    def read_system(
-        self,
-        name: str,
-        schema: pa.Schema,
-        columns: Sequence[str] | None = None,
-        filters: Any = None,
-    ) -> pa.Table:
-        """:meth:`read_table` of the system table ``name``
+    def read_system(self, name: str, schema: pa.Schema, **read: Any) -> pa.Table:
+        """:meth:`read_table` (``columns``, ``filters``) of the system table ``name``
         (:mod:`cdcflow.sinks.system_tables`)."""
-        return self.read_table(self.system_path(name), schema, columns, filters)
+        return self.read_table(self.system_path(name), schema, **read)
 
     def system_version(self, name: str, app_id: str | None = None) -> int | None:
         """The last version of application transaction ``app_id`` (default: the
@@ -928,19 +931,7 @@ class DeltaWarehouse:
         )
         # One tombstone commit per (target, batch): its own application id keeps it
         # idempotent independently of the other mirrors written in the same batch.
-        path = self.system_path(TOMBSTONES)
-        app = f"{self.app_id}:{target}"
-        table = self.open(path)
-        if table is not None:
-            version = table.transaction_version(app)
-            if version is not None and version >= batch_id:
-                return
-        try:
-            self._add_missing_columns(table, data.schema)
-            self._write_append(path, table, data, self.commit_properties(batch_id, app_id=app))
-        except (DeltaError, OSError) as exc:
-            self._tables.pop(path, None)
-            raise storage_error(exc, path) from exc
+        self.append(self.system_path(TOMBSTONES), data, batch_id, app_id=f"{self.app_id}:{target}")
 
     def purge_tombstones(self, retention_hours: float, now_ms: int | None = None) -> int:
         """Delete key tombstones committed more than ``retention_hours`` ago.
@@ -983,15 +974,9 @@ class DeltaWarehouse:
             recorded_at_ms=now,
         )
         path = self.system_path(SCHEMA_CHANGES)
-        table = self.open(path)
-        try:
-            self._write_append(
-                path, table, pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA), None
-            )
-        except (DeltaError, OSError) as exc:
-            raise storage_error(exc, path) from exc
-        finally:
-            self._tables.pop(path, None)
+        data = pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA)
+        self._append_mapped(path, self.open(path), data, None)  # no batch: never skipped
+        self._tables.pop(path, None)
 
 
 def _key_tuples(
