@@ -362,12 +362,14 @@ def _field(name: str, type_: pa.DataType | None = None) -> pc.Expression:
     return pc.field(name).cast(type_ or pa.string())
 
 
-def _read_log(table: DeltaTable | None, keys: Iterable[str]) -> pa.Table:
+def _read_log(warehouse: DeltaWarehouse, target: str, keys: Iterable[str]) -> pa.Table:
     """The logged changes of ``keys`` and every logged truncate, as Arrow."""
-    if table is None:
-        return LOG_SCHEMA.empty_table()
     keys = pa.array(list(keys), pa.string())
-    return table.to_pyarrow_table(filters=_field("key").isin(keys) | _field("key").is_null())
+    return warehouse.read_table(
+        log_path(warehouse, target),
+        LOG_SCHEMA,
+        filters=_field("key").isin(keys) | _field("key").is_null(),
+    )
 
 
 def _changes(data: pa.Table) -> list[_Change]:
@@ -587,7 +589,7 @@ def apply_history(
     for key, start in stored.meta:
         anchor[key] = min(start, anchor[key])
 
-    log = _read_log(warehouse.open(log_path(warehouse, target)), anchor)
+    log = _read_log(warehouse, target, anchor)
     chained, before, truncates = _split_log(log, anchor)
     applied = {(c.key, c.seq): c.batch_id for c in chained + truncates}
     new: list[_Change] = []

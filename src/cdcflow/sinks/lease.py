@@ -51,6 +51,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cdcflow.errors import LeaseHeld, LeaseLost
 from cdcflow.sinks.faults import storage_error
+from cdcflow.sinks.system_tables import LEASES, SYSTEM_FOLDER
 
 __all__ = ["DEFAULT_TTL_S", "LeaseOwner", "LeaseState", "PipelineLease"]
 
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 #: a holder that stopped renewing is taken over after this many seconds
 DEFAULT_TTL_S = 60.0
 #: as ``cdcflow.sinks.delta.SYSTEM_FOLDER`` (not imported: that module imports the apply layer)
-_SYSTEM_FOLDER = "_cdcflow"
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 _PREFIX = "cdcflow.lease."
 #: a renewal every 20 s is a commit: checkpoint every 100 and drop log files older than an
@@ -269,7 +269,7 @@ class PipelineLease:
             raise ValueError(f"ttl_s must be positive, not {ttl_s}")
         self.root = str(root).rstrip("/")
         self.pipeline_id = pipeline_id
-        self.path = f"{self.root}/{_SYSTEM_FOLDER}/leases/{_UNSAFE.sub('_', pipeline_id)}"
+        self.path = f"{self.root}/{SYSTEM_FOLDER}/{LEASES}/{_UNSAFE.sub('_', pipeline_id)}"
         self.storage_options = dict(storage_options or {})
         self.ttl_ms = int(ttl_s * 1000)
         self.renew_every_s = ttl_s / 3 if renew_every_s is None else renew_every_s

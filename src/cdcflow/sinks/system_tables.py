@@ -18,6 +18,7 @@ Layout under the warehouse folder::
     <warehouse>/_cdcflow/schema_changes/       every schema change seen, applied or not, and stops
     <warehouse>/_cdcflow/pending_transactions/ events of open transactions (consistent mode)
     <warehouse>/_cdcflow/history_log/<table>/  every change applied to a history table
+    <warehouse>/_cdcflow/leases/<pipeline>/    which process may write the pipeline's tables
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "HELD_SCHEMA",
     "HISTORY_LOG",
     "HISTORY_LOG_SCHEMA",
+    "LEASES",
     "OFFSETS",
     "OFFSETS_SCHEMA",
     "PENDING_SCHEMA",
@@ -66,6 +68,9 @@ SCHEMA_CHANGES = "schema_changes"
 PENDING_TRANSACTIONS = "pending_transactions"
 #: folder of the history tables' change logs, one table per history table under it
 HISTORY_LOG = "history_log"
+#: folder of the pipelines' leases (:mod:`cdcflow.sinks.lease`, a protocol of its own on
+#: table properties, with the same storage options and error mapping)
+LEASES = "leases"
 
 #: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
 CHANGELOG_COLUMNS = [
