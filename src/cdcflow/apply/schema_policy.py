@@ -27,8 +27,8 @@ from cdcflow.apply.schema import plan_schema
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow
 from cdcflow.model import Op
-from cdcflow.sinks.delta import BOOKKEEPING_COLUMNS
 from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
+from cdcflow.sinks.merge import BOOKKEEPING_COLUMNS
 
 __all__ = ["SchemaChange", "SchemaDecision", "SchemaStop", "decide_schema", "stored_types"]
 

@@ -38,13 +38,14 @@ import orjson
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from cdcflow.sinks.delta import (
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.merge import (
     DELETE_FLAG,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
-    DeltaWarehouse,
     MergeSpec,
+    key_match,
     merge_expressions,
     quote_column,
 )
@@ -119,8 +120,7 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         session = self._session(spec.batch_id)
         view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
-        eq = "<=>" if spec.null_safe else "="
-        on = " AND ".join(f"t.{quote_column(k)} {eq} s.{quote_column(k)}" for k in spec.key_columns)
+        on = key_match(spec.key_columns, "<=>" if spec.null_safe else "=")
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         flag = quote_column(DELETE_FLAG)
         if spec.soft_delete:

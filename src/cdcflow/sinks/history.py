@@ -85,14 +85,8 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.event_schema import KIND_EVENT
 from cdcflow.images import logical_from_arrow, rows_to_arrow
 from cdcflow.model import Op, json_default
-from cdcflow.sinks.delta import (
-    DELETE_FLAG,
-    SEQ_COLUMN,
-    TS_COLUMN,
-    DeltaWarehouse,
-    arrow_schema,
-    quote_column,
-)
+from cdcflow.sinks.delta import DeltaWarehouse, arrow_schema
+from cdcflow.sinks.merge import DELETE_FLAG, SEQ_COLUMN, TS_COLUMN, key_match, quote_column
 from cdcflow.sinks.system_tables import HISTORY_LOG, HISTORY_LOG_SCHEMA
 
 __all__ = [
@@ -752,9 +746,7 @@ def _merge(
     key_columns: Sequence[str],
     batch_id: int,
 ) -> dict[str, Any]:
-    on = " AND ".join(
-        f"t.{quote_column(c)} = s.{quote_column(c)}" for c in (*key_columns, START_AT)
-    )
+    on = key_match([*key_columns, START_AT])
     columns = {
         quote_column(n): f"s.{quote_column(n)}" for n in source.column_names if n != DELETE_FLAG
     }
