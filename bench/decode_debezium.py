@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from e2e_debezium import generate  # noqa: E402
 
 from cdcflow.formats.base import Record  # noqa: E402
-from cdcflow.formats.debezium_json import DebeziumJsonDecoder  # noqa: E402
+from cdcflow.formats.debezium.json_decoder import DebeziumJsonDecoder  # noqa: E402
 from cdcflow.model import Origin  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from fastavro import parse_schema, schemaless_writer
 from cdcflow.errors import Code, ConfigError, DecodeError, SourceError
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
-from cdcflow.formats.debezium_avro import connect_schema
+from cdcflow.formats.debezium.avro_decoder import connect_schema
 from cdcflow.formats.schema_registry import REGISTRY_UNAVAILABLE, split_wire
 from cdcflow.model import Op, Origin
 

@@ -23,7 +23,7 @@ from tests.formats.helpers import count_answers
 from cdcflow.decode import batches as batches_module
 from cdcflow.decode.batches import decode_records, flatten
 from cdcflow.formats.base import Record
-from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
+from cdcflow.formats.debezium.json_decoder import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.model import Origin
 
 PLACEHOLDER = "__debezium_unavailable_value"

@@ -20,9 +20,9 @@ from tests.formats.helpers import count_answers
 
 from cdcflow.decode import batches as batches_module
 from cdcflow.decode.batches import decode_records, flatten
-from cdcflow.formats import debezium_json
 from cdcflow.formats.base import DecodeResult, Record
-from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
+from cdcflow.formats.debezium import json_decoder
+from cdcflow.formats.debezium.json_decoder import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.model import Origin
 from cdcflow_testkit.golden import load_case
 
@@ -55,7 +55,7 @@ def _both(records: list[Record], options: DebeziumJsonOptions, batch: int) -> tu
 def test_the_hot_path_builds_events_without_the_generated_init():
     # _row_change sets the slots directly; it falls back to ChangeEvent(...) (twice as
     # slow) when ChangeEvent's fields change -- keep _EVENT_FIELDS in step
-    assert debezium_json._new_row_change is debezium_json._row_change
+    assert json_decoder._new_row_change is json_decoder._row_change
 
 
 def _golden_stream() -> list[Record]:
@@ -237,7 +237,7 @@ def test_both_ways_of_building_events_decode_alike(monkeypatch):
     # what the fast path does if ChangeEvent's fields no longer match _EVENT_FIELDS
     records = _stream(4, 1000)
     expected = _both(records, DebeziumJsonOptions(), 100)[0]
-    monkeypatch.setattr(debezium_json, "_new_row_change", debezium_json._row_change_init)
+    monkeypatch.setattr(json_decoder, "_new_row_change", json_decoder._row_change_init)
     a, b = _both(records, DebeziumJsonOptions(), 100)
     assert a == b == expected
 

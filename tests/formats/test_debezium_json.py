@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
-from cdcflow.formats.debezium_json import DebeziumJsonDecoder, DebeziumJsonOptions
+from cdcflow.formats.debezium.json_decoder import DebeziumJsonDecoder, DebeziumJsonOptions
 from cdcflow.model import Op, Origin, SourceTable, dumps, event_to_json_dict, seq_key
 from cdcflow_testkit.encoders import SourceChange
 from cdcflow_testkit.encoders.debezium_json import DebeziumJsonEncoder

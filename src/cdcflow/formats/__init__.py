@@ -26,8 +26,8 @@ __all__ = [
 
 #: identifier -> "module:DecoderClass"
 DECODERS: dict[str, str] = {
-    "debezium-json": "cdcflow.formats.debezium_json:DebeziumJsonDecoder",
-    "debezium-avro": "cdcflow.formats.debezium_avro:DebeziumAvroDecoder",
+    "debezium-json": "cdcflow.formats.debezium.json_decoder:DebeziumJsonDecoder",
+    "debezium-avro": "cdcflow.formats.debezium.avro_decoder:DebeziumAvroDecoder",
     "dataworks-json": "cdcflow.formats.dataworks_json:DataWorksJsonDecoder",
     "qlik-json": "cdcflow.formats.qlik_json:QlikJsonDecoder",
     "dts-avro": "cdcflow.formats.dts_avro:DtsAvroDecoder",

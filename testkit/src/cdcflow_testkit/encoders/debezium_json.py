@@ -1,6 +1,6 @@
 """The debezium-json encoder: workload changes as the replication tool publishes them.
 
-Moved out of :mod:`cdcflow.formats.debezium_json` (test kit, not product); the decoder and its
+Moved out of :mod:`cdcflow.formats.debezium.json_decoder` (test kit, not product); the decoder and its
 source document are there."""
 
 from __future__ import annotations
@@ -14,11 +14,8 @@ from typing import Any
 import orjson
 
 from cdcflow import types as T
-from cdcflow.formats.debezium_json import (
-    IDENTIFIER,
-    OP_TRUNCATE,
-    ROW_OPS,
-)
+from cdcflow.formats.debezium.envelope import OP_TRUNCATE, ROW_OPS
+from cdcflow.formats.debezium.options import IDENTIFIER
 from cdcflow.model import Op
 from cdcflow_testkit.encoders.base import (
     ENCODABLE_TYPES,
