@@ -131,12 +131,16 @@ class BatchApplier:
         self.tables = tables or (lambda _target: TableOptions())
         self.tombstone_retention_hours = tombstone_retention_hours
         self.transactions = transactions
-        self.table_budget_s = table_budget_s
         self.fence = fence or (lambda: None)
         self.ledger = OffsetLedger(warehouse)
         self.schema_log = SchemaLog(warehouse)
         self.table_applier = TableApplier(warehouse, self.schema_log, table_budget_s)
         self._last_purge: float | None = None
+
+    @property
+    def table_budget_s(self) -> float:
+        """Seconds one table's apply of a batch may take before the table stops."""
+        return self.table_applier.table_budget_s
 
     def apply(
         self,
@@ -168,7 +172,8 @@ class BatchApplier:
 
         Raises:
             IncompleteApply: the delivery holds part, not all, of an interrupted apply.
-            deltalake exceptions / OSError: storage failures; the batch should be retried.
+            StorageError (or a deltalake exception / OSError): storage failures; the batch
+                should be retried.
         """
         ledger = self.ledger
         self.fence()
