@@ -137,8 +137,6 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
             raise DecodeError("an AWS DMS record is a JSON object", Code.NOT_AN_OBJECT)
         md = msg.get("metadata")
         if type(md) is not dict:
-            if md is None:
-                raise DecodeError("AWS DMS record without 'metadata'", Code.MISSING_FIELD)
             raise field_error("metadata", md, "an object")
         get = md.get
         rtype = get("record-type")
@@ -187,8 +185,6 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
             )
         data = msg.get("data")
         if type(data) is not dict:
-            if data is None:
-                raise DecodeError("AWS DMS data record without 'data'", Code.MISSING_FIELD)
             raise field_error("data", data, "an object")
         json_image(data, checked)
         before = None

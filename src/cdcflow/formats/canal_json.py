@@ -44,23 +44,30 @@ import orjson
 
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import Decoder, DecoderOptions, Record
-from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.mysql_types import (
+    BIGINTS,
+    BINARIES,
+    DECIMALS,
+    DOUBLES,
+    FLOATS,
+    GEOMETRIES,
+    INTS,
+    SMALL_INTS,
+    parse_mysql_type,
+)
+from cdcflow.formats.common.values import bad_value, int32_text, int64_text
 from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
 from cdcflow.types import (
-    INT32_MAX,
-    INT32_MIN,
     INT64_MAX,
     INT64_MIN,
     INT_RANGES,
     decimal_type,
     field_range_error,
-    int_range_error,
     json_text,
     to_bytes_base64,
     to_decimal,
     to_float,
-    to_int,
 )
 
 __all__ = ["CanalJsonDecoder", "CanalJsonOptions"]
@@ -148,29 +155,6 @@ class CanalJsonOptions(DecoderOptions):
 
 def _text(v: Any, c: str) -> str:
     return v if type(v) is str else json_text(v, c)
-
-
-def _int(v: Any, c: str) -> int:
-    if type(v) is str or type(v) is int:
-        try:
-            return int(v)
-        except ValueError:
-            pass
-    return to_int(v, c)  # type: ignore[return-value]
-
-
-def _int32(v: Any, c: str) -> int:
-    n = _int(v, c)
-    if INT32_MIN <= n <= INT32_MAX:
-        return n
-    raise int_range_error(c, n, "int32")
-
-
-def _int64(v: Any, c: str) -> int:
-    n = _int(v, c)
-    if INT64_MIN <= n <= INT64_MAX:
-        return n
-    raise int_range_error(c, n, "int64")
 
 
 def _float(v: Any, c: str) -> float:
@@ -306,36 +290,13 @@ def _set(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
     return conv
 
 
-# Base type names (lower case, modifiers removed) by logical family.
-_SMALL_INTS = frozenset({"tinyint", "smallint", "mediumint", "int1", "int2", "int3", "middleint"})
-_INTS = frozenset({"int", "integer", "int4"})
-_BIGINTS = frozenset({"bigint", "int8"})
-_FLOATS = frozenset({"float", "float4"})
-_DOUBLES = frozenset({"double", "double precision", "real", "float8"})
-_DECIMALS = frozenset({"decimal", "numeric", "dec", "fixed"})
-_BINARIES = frozenset(
-    {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "long varbinary"}
-)
-_GEOMETRIES = frozenset(
-    {
-        "geometry",
-        "point",
-        "linestring",
-        "polygon",
-        "multipoint",
-        "multilinestring",
-        "multipolygon",
-        "geometrycollection",
-        "geomcollection",
-    }
-)
 # java.sql.Types fallback for a column without mysqlType (binary codes are ambiguous:
 # Canal also gives TEXT columns -4, so those stay text).
 _SQL_TYPES: dict[int, tuple[str, Any]] = {
-    -6: ("int32", _int32),
-    5: ("int32", _int32),
-    4: ("int32", _int32),
-    -5: ("int64", _int64),
+    -6: ("int32", int32_text),
+    5: ("int32", int32_text),
+    4: ("int32", int32_text),
+    -5: ("int64", int64_text),
     7: ("float32", _float),
     6: ("float64", _float),
     8: ("float64", _float),
@@ -368,8 +329,8 @@ def _datetime_fast(v: str) -> dt.datetime:
 
 _BOOL_TEXT = {"0": False, "1": True}
 _FAST: dict[Any, Callable[[str], Any]] = {
-    _int32: int,  # the range is checked after the row (``ranges`` of the table entry)
-    _int64: int,
+    int32_text: int,  # the range is checked after the row (``ranges`` of the table entry)
+    int64_text: int,
     _float: float,
     _boolean: _BOOL_TEXT.__getitem__,
     _date: dt.date.fromisoformat,
@@ -384,23 +345,6 @@ def _fast(careful: Callable[[Any, str], Any] | None) -> Callable[[str], Any] | N
         return None  # text kept as it is
     fast = _FAST.get(careful)
     return fast if fast is not None else lambda v: careful(v, "")
-
-
-def _split_mysql_type(text: str) -> tuple[str, list[str], bool, str]:
-    """``"DOUBLE PRECISION(10,7) unsigned zerofill"`` -> ``("double precision",
-    ["10", "7"], True, "10,7")``: base name, arguments, unsigned, raw argument text."""
-    p = text.find("(")
-    if p < 0:
-        head, raw, tail = text, "", ""
-    else:
-        q = text.rfind(")")
-        q = q if q > p else len(text)
-        head, raw, tail = text[:p], text[p + 1 : q], text[q + 1 :]
-    head_words, tail_words = head.lower().split(), tail.lower().split()
-    unsigned = "unsigned" in head_words or "unsigned" in tail_words
-    base = " ".join(w for w in head_words if w not in ("unsigned", "signed", "zerofill"))
-    args = [a.strip() for a in raw.split(",")] if raw and "'" not in raw else []
-    return base, args, unsigned, raw
 
 
 class CanalJsonDecoder(Decoder):
@@ -446,25 +390,25 @@ class CanalJsonDecoder(Decoder):
 
     def _build_spec(self, mysql_type: str) -> Spec:
         o = self.options
-        base, args, unsigned, raw_args = _split_mysql_type(mysql_type)
-        if base in ("bool", "boolean") or (base == "tinyint" and args == ["1"]):
+        base, args, unsigned, raw_args = parse_mysql_type(mysql_type)
+        if base in ("bool", "boolean") or (base == "tinyint" and args == ("1",)):
             if o.tinyint1_as_boolean:
                 return "boolean", _boolean
-            return "int32", _int32
-        if base in _SMALL_INTS:
-            return "int32", _int32
-        if base in _INTS:
-            return ("int64", _int64) if unsigned else ("int32", _int32)
-        if base in _BIGINTS:
-            return ("decimal(20,0)", _decimal) if unsigned else ("int64", _int64)
+            return "int32", int32_text
+        if base in SMALL_INTS:
+            return "int32", int32_text
+        if base in INTS:
+            return ("int64", int64_text) if unsigned else ("int32", int32_text)
+        if base in BIGINTS:
+            return ("decimal(20,0)", _decimal) if unsigned else ("int64", int64_text)
         if base == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT
             return "decimal(20,0)", _decimal
-        if base in _FLOATS:  # FLOAT(p) with p > 24 is a DOUBLE
+        if base in FLOATS:  # FLOAT(p) with p > 24 is a DOUBLE
             single = len(args) == 1 and args[0].isdecimal() and int(args[0]) > 24
             return ("float64" if single else "float32"), _float
-        if base in _DOUBLES:
+        if base in DOUBLES:
             return "float64", _float
-        if base in _DECIMALS:
+        if base in DECIMALS:
             p = int(args[0]) if args and args[0].isdecimal() else 10
             s = int(args[1]) if len(args) > 1 and args[1].isdecimal() else 0
             return decimal_type(p, s), _decimal
@@ -487,17 +431,17 @@ class CanalJsonDecoder(Decoder):
         if base == "time":
             return ("string", None) if o.time_as_string else ("time", _time)
         if base == "year":
-            return "int32", _int32
+            return "int32", int32_text
         if base == "bit":
             n = int(args[0]) if args and args[0].isdecimal() else 1
             if n == 1:
                 return "boolean", _boolean
-            return ("int64", _int64) if n < 64 else ("decimal(20,0)", _decimal)
+            return ("int64", int64_text) if n < 64 else ("decimal(20,0)", _decimal)
         if base in ("enum", "set"):
             labels = tuple(m.replace("''", "'") for m in _LABEL_RE.findall(raw_args))
             make = _enum if base == "enum" else _set
             return "string", make(labels, o.enum_values == "index")
-        if base in _BINARIES or base in _GEOMETRIES:
+        if base in BINARIES or base in GEOMETRIES:
             return "binary", self._binary
         if base == "json":
             return "json", _json

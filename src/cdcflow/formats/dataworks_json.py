@@ -145,10 +145,6 @@ _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
 
 
-def _error(message: str, code: str) -> DecodeError:
-    return DecodeError(message, code)
-
-
 def _to_long(value: Any, column: str) -> int:
     if value.__class__ is float and not abs(value) < _MAX_EXACT_FLOAT_INT:
         # orjson reads integers beyond 64 bits as floats: the digits are already lost
@@ -491,7 +487,7 @@ class DataWorksJsonDecoder(Decoder):
         except _JSONDecodeError as exc:
             raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from exc
         if msg.__class__ is not dict:
-            raise _error(
+            raise DecodeError(
                 f"a DataWorks message is a JSON object, got {type(msg).__name__}",
                 Code.NOT_AN_OBJECT,
             )
@@ -557,12 +553,12 @@ class DataWorksJsonDecoder(Decoder):
     @staticmethod
     def _object_error(name: str, value: Any) -> DecodeError:
         if value is None:
-            return _error(
+            return DecodeError(
                 f"field {name!r} is missing or null: this is not a DataWorks message "
                 '(expected {"schema": {...}, "payload": {...}, "version": ...})',
                 Code.MISSING_FIELD,
             )
-        return _error(
+        return DecodeError(
             f"field {name!r} must be a JSON object, got {type(value).__name__}",
             Code.BAD_FIELD,
         )
@@ -578,25 +574,27 @@ class DataWorksJsonDecoder(Decoder):
         cols = schema.get("dataColumn")
         if cols.__class__ is not list:
             if cols is None:
-                raise _error(
+                raise DecodeError(
                     "schema.dataColumn is missing or null: a row change needs its column types",
                     Code.MISSING_FIELD,
                 )
-            raise _error(
+            raise DecodeError(
                 f"schema.dataColumn must be a list, got {type(cols).__name__}", Code.BAD_FIELD
             )
         for col in cols:
             if col.__class__ is not dict:
-                raise _error(
+                raise DecodeError(
                     f"schema.dataColumn entries must be objects, got {col!r}", Code.BAD_FIELD
                 )
             name, typ = col.get("name"), col.get("type")
             if name.__class__ is not str:
-                raise _error(f"schema.dataColumn entry without a name: {col!r}", Code.BAD_FIELD)
+                raise DecodeError(
+                    f"schema.dataColumn entry without a name: {col!r}", Code.BAD_FIELD
+                )
             try:
                 logical, kind = _TYPES[typ]
             except (KeyError, TypeError):
-                raise _error(
+                raise DecodeError(
                     f"column {name!r} has type {typ!r}; DataWorks types are {sorted(_TYPES)}",
                     Code.BAD_FIELD,
                 ) from None
@@ -608,7 +606,7 @@ class DataWorksJsonDecoder(Decoder):
         elif pk_raw.__class__ is list and all(c.__class__ is str for c in pk_raw):
             pk = tuple(pk_raw)
         else:
-            raise _error(
+            raise DecodeError(
                 f"schema.primaryKey must be a list of column names or null, got {pk_raw!r}",
                 Code.BAD_FIELD,
             )
@@ -627,14 +625,14 @@ class DataWorksJsonDecoder(Decoder):
             except KeyError:
                 found = None
             except TypeError:  # an unhashable name
-                raise _error(
+                raise DecodeError(
                     f"schema.source names must be strings: {src!r}", Code.BAD_FIELD
                 ) from None
             if found is None:
                 db, schema, table = key
                 for name, value in zip(("dbName", "schemaName", "tableName"), key, strict=True):
                     if value is not None and value.__class__ is not str:
-                        raise _error(
+                        raise DecodeError(
                             f"schema.source.{name} must be a string, got {value!r}",
                             Code.BAD_FIELD,
                         )
@@ -643,7 +641,7 @@ class DataWorksJsonDecoder(Decoder):
                     self._tables.clear()
                 self._tables[key] = found
             if required and not found.table:
-                raise _error(
+                raise DecodeError(
                     "schema.source.tableName is missing: a row change must name its table",
                     Code.MISSING_FIELD,
                 )
@@ -651,22 +649,24 @@ class DataWorksJsonDecoder(Decoder):
         if src is None and not required:
             return SourceTable(IDENTIFIER)
         if src is None:
-            raise _error(
+            raise DecodeError(
                 "schema.source is missing: a row change must name its table", Code.MISSING_FIELD
             )
-        raise _error(f"schema.source must be an object, got {type(src).__name__}", Code.BAD_FIELD)
+        raise DecodeError(
+            f"schema.source must be an object, got {type(src).__name__}", Code.BAD_FIELD
+        )
 
     def _decode_other(
         self, msg: dict[str, Any], payload: dict[str, Any], op: Any, record: Record
     ) -> ChangeEvent:
         """Every op that is not a row change: heartbeat, transaction markers, DDL, ..."""
         if op is None:
-            raise _error("payload.op is missing", Code.MISSING_FIELD)
+            raise DecodeError("payload.op is missing", Code.MISSING_FIELD)
         if op.__class__ is not str:
-            raise _error(f"payload.op must be a string, got {op!r}", Code.BAD_FIELD)
+            raise DecodeError(f"payload.op must be a string, got {op!r}", Code.BAD_FIELD)
         event_op = _OTHER_OPS.get(op)
         if event_op is None:
-            raise _error(
+            raise DecodeError(
                 f"unknown DataWorks op {op!r} (ops are case-sensitive); known ops: "
                 f"{sorted([*_ROW_OPS, *_OTHER_OPS])}",
                 Code.UNKNOWN_OP,
@@ -690,7 +690,9 @@ class DataWorksJsonDecoder(Decoder):
                 raise self._object_error("payload.ddl", ddl)
             text = ddl.get("text")
             if text is not None and text.__class__ is not str:
-                raise _error(f"payload.ddl.text must be a string, got {text!r}", Code.BAD_FIELD)
+                raise DecodeError(
+                    f"payload.ddl.text must be a string, got {text!r}", Code.BAD_FIELD
+                )
         columns = None
         if event_op is Op.DDL and schema and schema.get("dataColumn") is not None:
             columns = dict(self._schema(schema).columns)
@@ -733,15 +735,15 @@ def _image(holder: Any, field: str, parsed: _Schema, op: str) -> dict[str, Any]:
         image = holder.get("dataColumn")
         if image.__class__ is not dict:
             if image is None:
-                raise _error(f"payload.{field}.dataColumn is missing", Code.MISSING_FIELD)
-            raise _error(f"payload.{field}.dataColumn must be an object", Code.BAD_FIELD)
+                raise DecodeError(f"payload.{field}.dataColumn is missing", Code.MISSING_FIELD)
+            raise DecodeError(f"payload.{field}.dataColumn must be an object", Code.BAD_FIELD)
     elif holder is None:
-        raise _error(
+        raise DecodeError(
             f"{op} needs payload.{field}.dataColumn, but payload.{field} is null",
             Code.MISSING_FIELD,
         )
     else:
-        raise _error(f"payload.{field} must be an object", Code.BAD_FIELD)
+        raise DecodeError(f"payload.{field} must be an object", Code.BAD_FIELD)
     expect = parsed.expect
     for name, value in image.items():
         if value.__class__ is not expect.get(name):
@@ -783,7 +785,7 @@ def _fix(parsed: _Schema, name: str, value: Any) -> Any:
 
 
 def _undeclared(name: str) -> DecodeError:
-    return _error(
+    return DecodeError(
         f"column {name!r} is in the row image but not in schema.dataColumn, so its type "
         "is unknown; the message is malformed",
         Code.BAD_FIELD,
@@ -791,7 +793,7 @@ def _undeclared(name: str) -> DecodeError:
 
 
 def _missing_key(column: str, source: SourceTable) -> DecodeError:
-    return _error(
+    return DecodeError(
         f"key column {column!r} is missing from the row image of {source.qualified_name!r}",
         Code.MISSING_KEY,
     )
@@ -809,7 +811,7 @@ def _seq(payload: dict[str, Any], kind: int) -> tuple[int, ...] | None:
         with contextlib.suppress(ValueError):
             n = int(sid)
     if n is None:
-        raise _error(
+        raise DecodeError(
             f"payload.sequenceId must be an integer in a string, got {sid!r}", Code.BAD_FIELD
         )
     return (n, 0) if kind == _UPDATE_BEFORE else (n, 1)
@@ -820,7 +822,7 @@ def _ts_ms(ts: Any) -> int | None:
     if ts is None:
         return None
     if ts.__class__ is not dict:
-        raise _error(
+        raise DecodeError(
             f"payload.timestamp must be an object, got {type(ts).__name__}", Code.BAD_FIELD
         )
     raw = ts.get("eventTime")
@@ -833,7 +835,7 @@ def _ts_ms(ts: Any) -> int | None:
         with contextlib.suppress(ValueError):
             ms = int(raw)
     if ms is None:
-        raise _error(
+        raise DecodeError(
             f"payload.timestamp.eventTime must be epoch milliseconds, got {raw!r}",
             Code.BAD_FIELD,
         )
@@ -851,7 +853,7 @@ def _scn(scn: Any) -> int:
             return int(scn)
         except ValueError:
             pass
-    raise _error(f"payload.scn must be an integer in a string, got {scn!r}", Code.BAD_FIELD)
+    raise DecodeError(f"payload.scn must be an integer in a string, got {scn!r}", Code.BAD_FIELD)
 
 
 def _join(before: ChangeEvent, after: ChangeEvent) -> ChangeEvent:

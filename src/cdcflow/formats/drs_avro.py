@@ -273,10 +273,6 @@ def split_table_name(name: str) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------- decoder
 
 
-def _error(message: str, code: str) -> DecodeError:
-    return DecodeError(message, code)
-
-
 class DrsAvroDecoder(Decoder):
     """Decoder of DRS Avro records (``drs-avro``), one row per record."""
 
@@ -310,7 +306,7 @@ class DrsAvroDecoder(Decoder):
         start = 0
         if framing == "single-object" or (framing == "auto" and value[:2] == SINGLE_OBJECT_MAGIC):
             if value[:2] != SINGLE_OBJECT_MAGIC or len(value) < 10:
-                raise _error(
+                raise DecodeError(
                     "not an Avro single-object record (C3 01 + fingerprint)", Code.BAD_AVRO
                 )
             if value[2:10] != self._fingerprint:
@@ -320,7 +316,7 @@ class DrsAvroDecoder(Decoder):
                     if self._standin
                     else f"schema_path={self.options.schema_path!r}"  # type: ignore[attr-defined]
                 )
-                raise _error(
+                raise DecodeError(
                     f"record written with schema fingerprint {value[2:10].hex()}, but the "
                     f"decoder reads with {which} (fingerprint {self._fingerprint.hex()})",
                     Code.BAD_AVRO,
@@ -331,17 +327,17 @@ class DrsAvroDecoder(Decoder):
         try:
             rec = fastavro.schemaless_reader(fo, self._schema, None)
         except Exception as exc:  # noqa: BLE001 - any failure of the reader is bad bytes
-            raise _error(
+            raise DecodeError(
                 f"not a DRS Avro record: {type(exc).__name__}: {exc}", Code.BAD_AVRO
             ) from None
         if fo.tell() != len(value):
-            raise _error(
+            raise DecodeError(
                 f"{len(value) - fo.tell()} bytes left after the record: the schema does "
                 "not match these bytes",
                 Code.BAD_AVRO,
             )
         if not isinstance(rec, dict):
-            raise _error("the schema's top level is not a record", Code.NOT_AN_OBJECT)
+            raise DecodeError("the schema's top level is not a record", Code.NOT_AN_OBJECT)
         return rec
 
     # -- record -> events --------------------------------------------------------------
@@ -351,7 +347,7 @@ class DrsAvroDecoder(Decoder):
         opts = self.options
         name_key, type_key = opts.field_name_key, opts.field_type_key  # type: ignore[attr-defined]
         if fields.__class__ is not list:
-            raise _error(
+            raise DecodeError(
                 f"{opts.fields_field!r} must be a list of columns",  # type: ignore[attr-defined]
                 Code.BAD_FIELD,
             )
@@ -365,16 +361,16 @@ class DrsAvroDecoder(Decoder):
             return self._plans[pairs]
         except KeyError as exc:
             if isinstance(exc.args[0], str) and exc.args[0] == name_key:
-                raise _error(f"a column has no {name_key!r}", Code.MISSING_FIELD) from None
+                raise DecodeError(f"a column has no {name_key!r}", Code.MISSING_FIELD) from None
         except TypeError:
-            raise _error(
+            raise DecodeError(
                 "column names and types must be strings or numbers", Code.BAD_FIELD
             ) from None
         columns: dict[str, str] = {}
         convs = []
         for name, type_value in pairs:
             if not isinstance(name, str):
-                raise _error(f"column name {name!r} is not a string", Code.BAD_FIELD)
+                raise DecodeError(f"column name {name!r} is not a string", Code.BAD_FIELD)
             type_name = type_value if isinstance(type_value, str) else None
             jdbc = type_value if isinstance(type_value, int) else None
             logical, conv = mysql_column(type_name, jdbc, self._zone)
@@ -389,7 +385,7 @@ class DrsAvroDecoder(Decoder):
 
     def _image(self, items: Any, plan: tuple[Any, ...], field: str) -> dict[str, Any]:
         if items.__class__ is not list or len(items) != len(plan):
-            raise _error(
+            raise DecodeError(
                 f"{field!r} must be a list with one item per column ({len(plan)})",
                 Code.BAD_FIELD,
             )
@@ -425,14 +421,14 @@ class DrsAvroDecoder(Decoder):
         except (KeyError, TypeError):
             pass
         if not isinstance(raw, str) or not raw.strip():
-            raise _error(
+            raise DecodeError(
                 f"no table name in {opts.table_field!r}",  # type: ignore[attr-defined]
                 Code.MISSING_FIELD,
             )
         database, schema, table = split_table_name(raw)
         if db_field:
             if db is not None and not isinstance(db, str):
-                raise _error(f"{db_field!r} must be a string", Code.BAD_FIELD)
+                raise DecodeError(f"{db_field!r} must be a string", Code.BAD_FIELD)
             database = (db or "").strip()
         source = SourceTable(IDENTIFIER, database, schema, table)
         if len(self._tables) >= 4096:
@@ -452,17 +448,17 @@ class DrsAvroDecoder(Decoder):
         rec = self._read(record.value or b"")
         op_name = rec.get(opts.op_field)
         if op_name is None:
-            raise _error(f"no operation in {opts.op_field!r}", Code.MISSING_FIELD)
+            raise DecodeError(f"no operation in {opts.op_field!r}", Code.MISSING_FIELD)
         if not isinstance(op_name, str):
-            raise _error(f"{opts.op_field!r} must be a string", Code.BAD_FIELD)
+            raise DecodeError(f"{opts.op_field!r} must be a string", Code.BAD_FIELD)
         op = _OPS.get(op_name.upper())
         if op is None:
-            raise _error(
+            raise DecodeError(
                 f"unknown DRS operation {op_name!r}; known: {sorted(_OPS)}", Code.UNKNOWN_OP
             )
         seq_value = rec.get(opts.seq_field)
         if seq_value is None:
-            raise _error(f"no sequence number in {opts.seq_field!r}", Code.MISSING_FIELD)
+            raise DecodeError(f"no sequence number in {opts.seq_field!r}", Code.MISSING_FIELD)
         if seq_value.__class__ is int:
             seq = (seq_value,)
         elif (
@@ -472,10 +468,12 @@ class DrsAvroDecoder(Decoder):
         ):
             seq = (int(seq_value),)
         else:
-            raise _error(f"{opts.seq_field!r} is not an integer: {seq_value!r}", Code.BAD_FIELD)
+            raise DecodeError(
+                f"{opts.seq_field!r} is not an integer: {seq_value!r}", Code.BAD_FIELD
+            )
         ts_ms = rec.get(opts.timestamp_field) if opts.timestamp_field else None
         if ts_ms is not None and (isinstance(ts_ms, bool) or not isinstance(ts_ms, int)):
-            raise _error(f"{opts.timestamp_field!r} must be epoch ms", Code.BAD_FIELD)
+            raise DecodeError(f"{opts.timestamp_field!r} must be epoch ms", Code.BAD_FIELD)
         source = self._source(rec)
         meta = {
             f: rec[f] for f in opts.meta_fields if isinstance(rec.get(f), str | int | float | bool)
@@ -496,18 +494,18 @@ class DrsAvroDecoder(Decoder):
 
         fields = rec.get(opts.fields_field)
         if fields is None:
-            raise _error(f"{op_name} record has no {opts.fields_field!r}", Code.MISSING_FIELD)
+            raise DecodeError(f"{op_name} record has no {opts.fields_field!r}", Code.MISSING_FIELD)
         columns, plan = self._plan(fields)
         before_items = rec.get(opts.before_field)
         after_items = rec.get(opts.after_field)
         before = after = None
         if op is Op.DELETE:
             if before_items is None:
-                raise _error(f"DELETE without {opts.before_field!r}", Code.MISSING_FIELD)
+                raise DecodeError(f"DELETE without {opts.before_field!r}", Code.MISSING_FIELD)
             before = self._image(before_items, plan, opts.before_field)
         else:
             if after_items is None:
-                raise _error(f"{op_name} without {opts.after_field!r}", Code.MISSING_FIELD)
+                raise DecodeError(f"{op_name} without {opts.after_field!r}", Code.MISSING_FIELD)
             after = self._image(after_items, plan, opts.after_field)
             if op is Op.UPDATE and before_items is not None:
                 before = self._image(before_items, plan, opts.before_field)
@@ -524,7 +522,7 @@ class DrsAvroDecoder(Decoder):
         )
         pk = rec.get(opts.key_field) if opts.key_field else None
         if pk is not None and (not isinstance(pk, list) or not all(isinstance(c, str) for c in pk)):
-            raise _error(f"{opts.key_field!r} must be a list of column names", Code.BAD_FIELD)
+            raise DecodeError(f"{opts.key_field!r} must be a list of column names", Code.BAD_FIELD)
         self.require_key(event, pk or None)
         if before is not None and after is not None and event.key and not is_full_row(event):
             old_key = {c: before[c] for c in event.key if c in before}

@@ -53,12 +53,11 @@ from cdcflow.formats.base import (
     Record,
     is_full_row,
 )
-from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.mysql_types import DECIMALS, TEXTS, parse_mysql_type
+from cdcflow.formats.common.values import bad_value, int32_text, int64_text, int_text
 from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, SourceTable
 from cdcflow.types import (
-    INT32_MAX,
-    INT32_MIN,
     INT64_MAX,
     INT64_MIN,
     INT_RANGES,
@@ -67,7 +66,6 @@ from cdcflow.types import (
     json_text,
     to_decimal,
     to_float,
-    to_int,
 )
 
 __all__ = [
@@ -108,31 +106,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _Decimal = decimal.Decimal
 _UTC = dt.UTC
-
-
-def _int(value: Any, column: str) -> int:
-    if value.__class__ is str:
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    result = to_int(value, column)
-    assert result is not None
-    return result
-
-
-def _int32(value: Any, column: str) -> int:
-    n = _int(value, column)
-    if INT32_MIN <= n <= INT32_MAX:
-        return n
-    raise int_range_error(column, n, "int32")
-
-
-def _int64(value: Any, column: str) -> int:
-    n = _int(value, column)
-    if INT64_MIN <= n <= INT64_MAX:
-        return n
-    raise int_range_error(column, n, "int64")
 
 
 def _float(value: Any, column: str) -> float:
@@ -276,32 +249,23 @@ Converter = Callable[[Any, str], Any]
 _TZ = object()  # placeholder for the zone-dependent timestamp converter
 
 _MYSQL_TYPES: dict[str, tuple[str | None, Any]] = {
-    "tinyint": ("int32", _int32),
-    "smallint": ("int32", _int32),
-    "mediumint": ("int32", _int32),
-    "int": ("int32", _int32),
-    "integer": ("int32", _int32),
-    "bigint": ("int64", _int64),
-    "year": ("int32", _int32),
-    "bit": ("int64", _int64),
+    "tinyint": ("int32", int32_text),
+    "smallint": ("int32", int32_text),
+    "mediumint": ("int32", int32_text),
+    "int": ("int32", int32_text),
+    "integer": ("int32", int32_text),
+    "bigint": ("int64", int64_text),
+    "year": ("int32", int32_text),
+    "bit": ("int64", int64_text),
     "bool": ("boolean", _bool),
     "boolean": ("boolean", _bool),
     "float": ("float32", _float),
     "double": ("float64", _float),
     "real": ("float64", _float),
     "double precision": ("float64", _float),
-    "decimal": (None, _decimal),  # precision and scale only when the type name has them
-    "numeric": (None, _decimal),
-    "dec": (None, _decimal),
-    "fixed": (None, _decimal),
-    "char": ("string", None),
-    "varchar": ("string", None),
-    "tinytext": ("string", None),
-    "text": ("string", None),
-    "mediumtext": ("string", None),
-    "longtext": ("string", None),
-    "enum": ("string", None),
-    "set": ("string", None),
+    # precision and scale only when the type name has them
+    **dict.fromkeys(DECIMALS, (None, _decimal)),
+    **dict.fromkeys(TEXTS, ("string", None)),
     "json": ("json", None),
     "binary": ("binary", _bytes),
     "varbinary": ("binary", _bytes),
@@ -328,19 +292,6 @@ _JDBC_TYPES: dict[int, str] = {
 # fmt: on
 
 
-def _split_type(type_name: str) -> tuple[str, str | None, bool]:
-    """``"int(11) unsigned zerofill"`` -> ``("int", "11", True)``."""
-    text = type_name.strip().lower()
-    unsigned = "unsigned" in text
-    paren = text.find("(")
-    if paren >= 0:
-        close = text.find(")", paren)
-        return text[:paren].strip(), text[paren + 1 : close] if close > 0 else None, unsigned
-    for word in (" unsigned", " signed", " zerofill"):
-        text = text.replace(word, "")
-    return text.strip(), None, unsigned
-
-
 def mysql_column(
     type_name: Any, jdbc_type: Any, zone: dt.tzinfo
 ) -> tuple[str | None, Converter | None]:
@@ -358,28 +309,26 @@ def mysql_column(
         ``(logical type or None, converter or None)``; ``None`` type: not declared (an
         unknown type, or a decimal without precision); ``None`` converter: keep the value.
     """
-    base, args, unsigned = None, None, False
+    base, args, unsigned = None, (), False
     if type_name.__class__ is str:
-        base, args, unsigned = _split_type(type_name)
+        base, args, unsigned, _ = parse_mysql_type(type_name)
     if base is None or base not in _MYSQL_TYPES:
         if jdbc_type.__class__ is int and jdbc_type in _JDBC_TYPES:
-            base, args, unsigned = _JDBC_TYPES[jdbc_type], None, False
+            base, args, unsigned = _JDBC_TYPES[jdbc_type], (), False
         else:
             return None, None
     logical, conv = _MYSQL_TYPES[base]
     if conv is _TZ:
         conv = _Timestamp(zone)
     if conv is _decimal:
-        if args:
-            parts = [p.strip() for p in args.split(",")]
-            if all(p.isdigit() for p in parts) and 1 <= len(parts) <= 2:
-                scale = int(parts[1]) if len(parts) == 2 else 0
-                logical = f"decimal({max(int(parts[0]), scale, 1)},{scale})"
+        if args and all(p.isdigit() for p in args) and len(args) <= 2:
+            scale = int(args[1]) if len(args) == 2 else 0
+            logical = f"decimal({max(int(args[0]), scale, 1)},{scale})"
     elif unsigned and base in ("int", "integer"):
-        logical, conv = "int64", _int64
+        logical, conv = "int64", int64_text
     elif unsigned and base == "bigint":
         logical, conv = "decimal(20,0)", _decimal
-    elif base == "tinyint" and args == "1" and jdbc_type in (-7, 16):
+    elif base == "tinyint" and args == ("1",) and jdbc_type in (-7, 16):
         logical, conv = "boolean", _bool
     return logical, conv
 
@@ -410,10 +359,6 @@ _JSONDecodeError = orjson.JSONDecodeError
 _MISSING = object()
 _CACHE_MAX = 4096
 _STRING_TYPES = ("string", "json")
-
-
-def _error(message: str, code: str) -> DecodeError:
-    return DecodeError(message, code)
 
 
 class _Table:
@@ -460,9 +405,9 @@ def _typed(row: dict[str, Any], entry: _Table) -> None:
                 try:
                     n = int(value)
                 except ValueError:
-                    n = _int(value, col)
+                    n = int_text(value, col)
             else:
-                n = _int(value, col)
+                n = int_text(value, col)
             if not lo <= n <= hi:
                 raise int_range_error(col, n, entry.columns[col])
             row[col] = n
@@ -511,7 +456,7 @@ class _DrsJsonDecoderBase(Decoder):
         if database is None:
             database = ""
         if database.__class__ is not str or table.__class__ is not str:
-            raise _error(
+            raise DecodeError(
                 f"'database' and 'table' must be strings, got {database!r} and {table!r}",
                 Code.BAD_FIELD,
             )
@@ -533,7 +478,7 @@ class _DrsJsonDecoderBase(Decoder):
             logical, conv = mysql_column(mt.get(name), st.get(name), self._zone)
             if logical is not None:
                 columns[name] = logical
-            if conv is _int32 or conv is _int64:
+            if conv is int32_text or conv is int64_text:
                 ints.append((name, *INT_RANGES[logical]))  # type: ignore[index]
             elif conv is not None:
                 convs.append((name, conv))
@@ -548,7 +493,9 @@ class _DrsJsonDecoderBase(Decoder):
     @staticmethod
     def _check_pk(entry: _Table, pk: Any) -> None:
         if pk is not None and (pk.__class__ is not list or not all(c.__class__ is str for c in pk)):
-            raise _error(f"'pkNames' must be a list of column names, got {pk!r}", Code.BAD_FIELD)
+            raise DecodeError(
+                f"'pkNames' must be a list of column names, got {pk!r}", Code.BAD_FIELD
+            )
         entry.pk = pk
 
     # -- decode ------------------------------------------------------------------------
@@ -563,9 +510,9 @@ class _DrsJsonDecoderBase(Decoder):
         try:
             msg = _loads(record.value)  # type: ignore[arg-type]
         except _JSONDecodeError as exc:
-            raise _error(f"not JSON: {exc}", Code.BAD_JSON) from None
+            raise DecodeError(f"not JSON: {exc}", Code.BAD_JSON) from None
         if msg.__class__ is not dict:
-            raise _error(
+            raise DecodeError(
                 f"a DRS message is a JSON object, got {type(msg).__name__}", Code.NOT_AN_OBJECT
             )
         get = msg.get
@@ -587,16 +534,16 @@ class _DrsJsonDecoderBase(Decoder):
             entry = self._table(database, table)
         source = entry.source
         if not source.table:
-            raise _error(f"{typ} message without a table name", Code.MISSING_FIELD)
+            raise DecodeError(f"{typ} message without a table name", Code.MISSING_FIELD)
         if get("isDdl") is True:
-            raise _error(f"'isDdl' is true but 'type' is {typ}", Code.BAD_FIELD)
+            raise DecodeError(f"'isDdl' is true but 'type' is {typ}", Code.BAD_FIELD)
 
         olds = None
         if kind == _DELETE:
             field = "data" if self._json_c else "old"
             rows = get(field)
             if not rows and get("old" if self._json_c else "data"):
-                raise _error(
+                raise DecodeError(
                     f"DELETE with no row in {field!r} but one in the other field: that is "
                     f"DRS {'JSON' if self._json_c else 'JSON-C'}; decode this topic with "
                     f"format {IDENTIFIER_JSON if self._json_c else IDENTIFIER_JSON_C}",
@@ -607,12 +554,12 @@ class _DrsJsonDecoderBase(Decoder):
             rows = get("data")
         if rows.__class__ is not list:
             if rows is None:
-                raise _error(f"{typ} message has no {field!r} rows", Code.MISSING_FIELD)
-            raise _error(f"{field!r} must be a JSON array of rows", Code.BAD_FIELD)
+                raise DecodeError(f"{typ} message has no {field!r} rows", Code.MISSING_FIELD)
+            raise DecodeError(f"{field!r} must be a JSON array of rows", Code.BAD_FIELD)
         if kind == _UPDATE:
             olds = get("old")
             if olds is not None and (olds.__class__ is not list or len(olds) != len(rows)):
-                raise _error(
+                raise DecodeError(
                     "'old' must be an array with one row per row of 'data'", Code.BAD_FIELD
                 )
 
@@ -631,7 +578,7 @@ class _DrsJsonDecoderBase(Decoder):
         events = []
         for i, row in enumerate(rows):
             if row.__class__ is not dict:
-                raise _error(f"row {i} of {field!r} is not a JSON object", Code.BAD_FIELD)
+                raise DecodeError(f"row {i} of {field!r} is not a JSON object", Code.BAD_FIELD)
             _typed(row, entry)
             cols = columns if typed.issuperset(row) else _json_values(row, typed, columns)
             if kind == _DELETE:
@@ -642,7 +589,9 @@ class _DrsJsonDecoderBase(Decoder):
                     before = olds[i]
                     if before is not None:
                         if before.__class__ is not dict:
-                            raise _error(f"row {i} of 'old' is not a JSON object", Code.BAD_FIELD)
+                            raise DecodeError(
+                                f"row {i} of 'old' is not a JSON object", Code.BAD_FIELD
+                            )
                         _typed(before, entry)
                         if not typed.issuperset(before):
                             cols = _json_values(before, typed, cols)
@@ -666,7 +615,7 @@ class _DrsJsonDecoderBase(Decoder):
                 try:
                     event.key = {pk[0]: row[pk[0]]} if len(pk) == 1 else {c: row[c] for c in pk}
                 except KeyError as exc:
-                    raise _error(
+                    raise DecodeError(
                         f"key column {exc.args[0]!r} (pkNames) is missing from row {i} of "
                         f"{source.qualified_name!r}",
                         Code.MISSING_KEY,
@@ -696,27 +645,27 @@ class _DrsJsonDecoderBase(Decoder):
         """Everything but a well-formed row message: DDL, truncate, or the error."""
         typ = msg.get("type", _MISSING)
         if typ is _MISSING or typ is None:
-            raise _error("no 'type' field: not a DRS JSON message", Code.MISSING_FIELD)
+            raise DecodeError("no 'type' field: not a DRS JSON message", Code.MISSING_FIELD)
         if typ.__class__ is not str:
-            raise _error(f"'type' must be a string, got {typ!r}", Code.BAD_FIELD)
+            raise DecodeError(f"'type' must be a string, got {typ!r}", Code.BAD_FIELD)
         seq_id = msg.get("id")
         if seq_id.__class__ is not int:
             if seq_id is None:
-                raise _error("no 'id' (DRS event sequence number)", Code.MISSING_FIELD)
-            raise _error(f"'id' must be an integer, got {seq_id!r}", Code.BAD_FIELD)
+                raise DecodeError("no 'id' (DRS event sequence number)", Code.MISSING_FIELD)
+            raise DecodeError(f"'id' must be an integer, got {seq_id!r}", Code.BAD_FIELD)
         ts_ms = msg.get("es")
         if ts_ms is not None and ts_ms.__class__ is not int:
-            raise _error(f"'es' must be epoch milliseconds, got {ts_ms!r}", Code.BAD_FIELD)
+            raise DecodeError(f"'es' must be epoch milliseconds, got {ts_ms!r}", Code.BAD_FIELD)
         if ts_ms is not None and not INT64_MIN <= ts_ms <= INT64_MAX:
             raise field_range_error(
                 "es", ts_ms, INT64_MIN, INT64_MAX, "epoch milliseconds; ts_ms is a 64-bit integer"
             )
         if "table" not in msg:
-            raise _error("no 'table' field", Code.MISSING_FIELD)
+            raise DecodeError("no 'table' field", Code.MISSING_FIELD)
         if typ in _ROW_OPS:  # pragma: no cover - a row message never gets here
             raise AssertionError(typ)
         if not (typ in _DDL_OPS or typ == OP_TRUNCATE or msg.get("isDdl") is True):
-            raise _error(
+            raise DecodeError(
                 f"unknown DRS operation type {typ!r}; known: "
                 f"{sorted([*_ROW_OPS, *_DDL_OPS, OP_TRUNCATE])}",
                 Code.UNKNOWN_OP,
@@ -729,7 +678,7 @@ class _DrsJsonDecoderBase(Decoder):
             source = self._table(database, "" if table is None else table).source
         sql = msg.get("sql")
         if sql is not None and sql.__class__ is not str:
-            raise _error("'sql' must be a string", Code.BAD_FIELD)
+            raise DecodeError("'sql' must be a string", Code.BAD_FIELD)
         op = Op.DDL
         if typ == OP_TRUNCATE or (sql and _TRUNCATE_SQL.match(sql)):
             op = Op.TRUNCATE

@@ -153,8 +153,6 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         get = msg.get
         typ = get("type")
         if type(typ) is not str:
-            if typ is None:
-                raise DecodeError("Maxwell message without 'type'", Code.MISSING_FIELD)
             raise field_error("type", typ, "a string")
         op = _ROW_OPS.get(typ)
         if op is None:
@@ -169,8 +167,6 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         source = info.source
         data = get("data")
         if type(data) is not dict:
-            if data is None:
-                raise DecodeError("Maxwell row message without 'data'", Code.MISSING_FIELD)
             raise field_error("data", data, "an object")
         ts = get("ts")
         if ts is not None:

@@ -132,16 +132,12 @@ class OggJsonDecoder(ExactJsonDecoder):
         get = msg.get
         code = get("op_type")
         if type(code) is not str:
-            if code is None:
-                raise DecodeError("GoldenGate message without 'op_type'", Code.MISSING_FIELD)
             raise field_error("op_type", code, "a string")
         op = self._ops.get(code)
         if op is None:
             raise DecodeError(f"unknown GoldenGate op_type {code!r}", Code.UNKNOWN_OP)
         name = get("table")
         if type(name) is not str:
-            if name is None:
-                raise DecodeError("GoldenGate message without 'table'", Code.MISSING_FIELD)
             raise field_error("table", name, "a string")
         info = self._tables.get(name)
         if info is None:

@@ -47,6 +47,7 @@ from cdcflow.formats.base import (
     Record,
     key_columns_for,
 )
+from cdcflow.formats.common.fields import field_error
 from cdcflow.formats.common.values import bad_value, shown
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
@@ -244,10 +245,6 @@ def _time_ms(text: str) -> int:
     return (parsed - EPOCH_NAIVE) // dt.timedelta(milliseconds=1)
 
 
-def _missing(name: str) -> DecodeError:
-    return DecodeError(f"SharePlex message without {name}", Code.MISSING_FIELD)
-
-
 def _wrong(name: str, want: str, value: Any) -> DecodeError:
     return DecodeError(f"SharePlex {name} must be {want}, got {shown(value, 60)}", Code.BAD_FIELD)
 
@@ -295,10 +292,10 @@ class SharePlexJsonDecoder(Decoder):
             raise DecodeError("a SharePlex message is a JSON object", Code.NOT_AN_OBJECT)
         meta = doc.get("meta")
         if type(meta) is not dict:
-            raise _missing("meta") if meta is None else _wrong("meta", "an object", meta)
+            raise field_error("meta", meta, "an object")
         op_raw = meta.get("op")
         if type(op_raw) is not str:
-            raise _missing("meta.op") if op_raw is None else _wrong("meta.op", "a string", op_raw)
+            raise field_error("meta.op", op_raw, "a string")
         spec = _OPS_EXACT.get(op_raw) or OPERATIONS.get(" ".join(op_raw.lower().split()))
         if spec is None:
             raise DecodeError(
@@ -309,11 +306,7 @@ class SharePlexJsonDecoder(Decoder):
         op, half = spec
         table_name = meta.get("table")
         if type(table_name) is not str:
-            raise (
-                _missing("meta.table")
-                if table_name is None
-                else _wrong("meta.table", "a string", table_name)
-            )
+            raise field_error("meta.table", table_name, "a string")
         source = self._source(table_name)
 
         seq: tuple[int, ...] | None = None
@@ -362,7 +355,7 @@ class SharePlexJsonDecoder(Decoder):
                 meta["data"] = data
             return [event]
         if type(data) is not dict:
-            raise _missing("data") if data is None else _wrong("data", "an object", data)
+            raise field_error("data", data, "an object")
         types = _column_types_for(self._column_types, source) if self._column_types else None
         if op is Op.INSERT or half == "after":
             after = _image(data)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from cdcflow.errors import Code, DecodeError
+from cdcflow.types import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, int_range_error, to_int
 
-__all__ = ["bad_value", "shown"]
+__all__ = ["bad_value", "int32_text", "int64_text", "int_text", "shown"]
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -25,3 +26,36 @@ def bad_value(column: str, value: Any, want: str, hint: str = "") -> DecodeError
     return DecodeError(
         f"column {column!r}: {shown(value)} is not a valid {want}{hint}", Code.BAD_VALUE
     )
+
+
+# --------------------------------------------------------------------------- integers
+# Tools that print every value as text (Canal, DRS) write integers as digits.
+
+
+def int_text(value: Any, column: str) -> int:
+    """A JSON integer, or integer text as ``int()`` reads it; anything else as
+    :func:`cdcflow.types.to_int` reads it (``BAD_VALUE`` when it is no integer)."""
+    if value.__class__ is str:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    n = to_int(value, column)
+    assert n is not None
+    return n
+
+
+def int32_text(value: Any, column: str) -> int:
+    """:func:`int_text` within the int32 range (else ``BAD_VALUE`` naming the range)."""
+    n = int_text(value, column)
+    if INT32_MIN <= n <= INT32_MAX:
+        return n
+    raise int_range_error(column, n, "int32")
+
+
+def int64_text(value: Any, column: str) -> int:
+    """:func:`int_text` within the int64 range (else ``BAD_VALUE`` naming the range)."""
+    n = int_text(value, column)
+    if INT64_MIN <= n <= INT64_MAX:
+        return n
+    raise int_range_error(column, n, "int64")
