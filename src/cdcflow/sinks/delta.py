@@ -620,8 +620,12 @@ class DeltaWarehouse:
         change converted alone to find the ones at fault (``TYPE_CONFLICT``), so one bad
         value costs its own key's change, not the table's batch.
         """
+
+        def build(up: pa.Table, gone: pa.Table) -> pa.Table:
+            return self._merge_source(up, gone, types, columns, key_columns)
+
         try:
-            return self._merge_source(upserts, deletes, types, columns, key_columns), []
+            return build(upserts, deletes), []
         except ApplyError as exc:
             if exc.code != Code.TYPE_CONFLICT:
                 raise
@@ -631,25 +635,17 @@ class DeltaWarehouse:
         for table, keep, is_upsert in ((upserts, keep_up, True), (deletes, keep_del, False)):
             for i in range(table.num_rows):
                 one = table.slice(i, 1)
+                alone = (one, empty) if is_upsert else (empty, one)
                 try:
-                    self._merge_source(
-                        one if is_upsert else empty,
-                        empty if is_upsert else one,
-                        types,
-                        columns,
-                        key_columns,
-                    )
+                    build(*alone)
                 except ApplyError as exc:
                     rejected.append((one["key"][0].as_py(), exc.code, exc.message))
                     keep.append(False)
                 else:
                     keep.append(True)
-        source = self._merge_source(
+        source = build(
             upserts.filter(pa.array(keep_up, pa.bool_())),
             deletes.filter(pa.array(keep_del, pa.bool_())),
-            types,
-            columns,
-            key_columns,
         )
         return source, rejected
 
