@@ -12,7 +12,7 @@ columns, copies renamed values after the merge). See docs/semantics.md#schema-ch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from cdcflow.apply.accounting import origin
 from cdcflow.apply.ddl import column_renames
 from cdcflow.apply.router import IMAGE_OPS
-from cdcflow.apply.schema import plan_schema
+from cdcflow.apply.schema import SchemaPlan, plan_schema
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow
 from cdcflow.model import Op
@@ -104,6 +104,47 @@ def _renames(part: pa.Table, stored: dict[str, str]) -> list[tuple[str, str, dic
     return out
 
 
+def _refusal(
+    plan: SchemaPlan,
+    stored: dict[str, str],
+    fresh_renames: list[tuple[str, str, dict[str, Any]]],
+    policy: str,
+    target: str,
+    first: Callable[[str, str | None], dict[str, Any]],
+) -> SchemaStop | None:
+    """The stop of a table whose policy refuses the batch's change (``fail``: any change;
+    every policy: a declared type the stored column cannot hold), or ``None``."""
+    if policy == "fail" and fresh_renames:
+        old, new, at = fresh_renames[0]
+        return SchemaStop(
+            f"schema_changes is 'fail' and column {old!r} was renamed to {new!r}; the table "
+            f"is stopped, other tables go on. Fix: rename it in the table by hand (or set "
+            f"schema_changes: evolve), then `cdcflow resume {target}`",
+            at,
+        )
+    if plan.conflicts or (policy == "fail" and (plan.added or plan.widened or plan.dropped)):
+        column, (old, new) = next(
+            iter(
+                {
+                    **plan.conflicts,
+                    **plan.widened,
+                    **{c: (None, t) for c, t in plan.added.items()},
+                    **{c: (stored[c], None) for c in plan.dropped},
+                }.items()
+            )
+        )
+        if column in plan.conflicts:
+            why = f"column {column!r} is stored as {old} and now declared {new}, which it cannot hold without loss"
+        else:
+            why = f"schema_changes is 'fail' and column {column!r} changed ({old} -> {new})"
+        return SchemaStop(
+            f"{why}; the table is stopped, other tables go on. Fix: alter the table by hand "
+            f"(or set schema_changes: evolve), then `cdcflow resume {target}`",
+            first(column, new),
+        )
+    return None
+
+
 def decide_schema(
     schema: pa.Schema | None,
     part: pa.Table,
@@ -166,34 +207,9 @@ def decide_schema(
             plan.types.pop(new, None)
         if old in plan.dropped:
             plan.dropped.remove(old)
-    if policy == "fail" and fresh_renames:
-        old, new, at = fresh_renames[0]
-        raise SchemaStop(
-            f"schema_changes is 'fail' and column {old!r} was renamed to {new!r}; the table "
-            f"is stopped, other tables go on. Fix: rename it in the table by hand (or set "
-            f"schema_changes: evolve), then `cdcflow resume {target}`",
-            at,
-        )
-    if plan.conflicts or (policy == "fail" and (plan.added or plan.widened or plan.dropped)):
-        column, (old, new) = next(
-            iter(
-                {
-                    **plan.conflicts,
-                    **plan.widened,
-                    **{c: (None, t) for c, t in plan.added.items()},
-                    **{c: (stored[c], None) for c in plan.dropped},
-                }.items()
-            )
-        )
-        if column in plan.conflicts:
-            why = f"column {column!r} is stored as {old} and now declared {new}, which it cannot hold without loss"
-        else:
-            why = f"schema_changes is 'fail' and column {column!r} changed ({old} -> {new})"
-        raise SchemaStop(
-            f"{why}; the table is stopped, other tables go on. Fix: alter the table by hand "
-            f"(or set schema_changes: evolve), then `cdcflow resume {target}`",
-            first(column, new),
-        )
+    refusal = _refusal(plan, stored, fresh_renames, policy, target, first)
+    if refusal is not None:
+        raise refusal
     applied = policy == "evolve"
     decision = SchemaDecision(types=plan.types)
     changes = decision.changes
