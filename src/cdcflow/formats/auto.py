@@ -614,6 +614,3 @@ def _placed(
         out.append((place, tie, event))
         last = place
     return out
-
-
-# --------------------------------------------------------------------------- encoder

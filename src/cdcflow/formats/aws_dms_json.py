@@ -291,6 +291,3 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         raise DecodeError(
             f"metadata {name!r} {text!r} is not 'yyyy-MM-ddTHH:mm:ss.ffffffZ'", Code.BAD_FIELD
         )
-
-
-# --------------------------------------------------------------------------- encoder

@@ -40,10 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import orjson
-
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import Decoder, DecoderOptions, Record
+from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.mysql_types import (
     BIGINTS,
     BINARIES,
@@ -492,14 +492,7 @@ class CanalJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE, MISSING_KEY.
         """
-        try:
-            msg = orjson.loads(record.value)  # type: ignore[arg-type]
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"not JSON: {exc}", Code.BAD_JSON) from exc
-        if type(msg) is not dict:
-            raise DecodeError(
-                f"a Canal message is a JSON object, not {type(msg).__name__}", Code.NOT_AN_OBJECT
-            )
+        msg = load_object(record.value, "a Canal message")  # type: ignore[arg-type]
         get = msg.get
         typ = get("type")
         es = get("es")
@@ -523,7 +516,7 @@ class CanalJsonDecoder(Decoder):
         op = ROW_OPS.get(typ) if type(typ) is str else None
         if op is None:
             if type(typ) is not str:
-                raise _field_error(msg, "type", "the operation name, e.g. INSERT")
+                raise field_error("type", msg.get("type"), "the operation name, e.g. INSERT")
             return [self._statement(msg, typ, is_ddl, es, batch_id, offset, txn, origin)]
         if is_ddl:
             raise DecodeError(
@@ -610,9 +603,7 @@ class CanalJsonDecoder(Decoder):
             table = "" if table is None else table
         if type(database) is not str or type(table) is not str:
             name, value = ("database", database) if type(database) is not str else ("table", table)
-            if value is None:
-                raise DecodeError(f"missing field {name!r}", Code.MISSING_FIELD)
-            raise DecodeError(f"field {name!r} must be a string, not {value!r}", Code.BAD_FIELD)
+            raise field_error(name, value, "a string")
         return SourceTable(IDENTIFIER, database, "", table)
 
     def _statement(
@@ -688,12 +679,3 @@ def _image(
                     columns = {**columns, c: "json"}
         out[c] = v
     return out, columns
-
-
-def _field_error(msg: dict[str, Any], name: str, want: str) -> DecodeError:
-    if msg.get(name) is None:
-        return DecodeError(f"missing field {name!r} ({want})", Code.MISSING_FIELD)
-    return DecodeError(f"field {name!r} must be {want}, not {msg[name]!r}", Code.BAD_FIELD)
-
-
-# --------------------------------------------------------------------------- encoder

@@ -45,6 +45,7 @@ from cdcflow.formats.base import (
     DecoderOptions,
     Record,
 )
+from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.values import bad_value
 from cdcflow.model import ChangeEvent, Op, SourceTable
 from cdcflow.types import (
@@ -482,15 +483,7 @@ class DataWorksJsonDecoder(Decoder):
     def _decode_full(self, record: Record) -> Any:
         """Parse the whole message: a finished event for a non-row op, else the parts
         ``(parsed schema, source, payload, kind, op)`` of a row op."""
-        try:
-            msg = _loads(record.value)  # type: ignore[arg-type]
-        except _JSONDecodeError as exc:
-            raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from exc
-        if msg.__class__ is not dict:
-            raise DecodeError(
-                f"a DataWorks message is a JSON object, got {type(msg).__name__}",
-                Code.NOT_AN_OBJECT,
-            )
+        msg = load_object(record.value, "a DataWorks message")  # type: ignore[arg-type]
         payload = msg.get("payload")
         if payload.__class__ is not dict:
             raise self._object_error("payload", payload)
@@ -874,6 +867,3 @@ def _join(before: ChangeEvent, after: ChangeEvent) -> ChangeEvent:
         after.origin,
         meta or None,
     )
-
-
-# --------------------------------------------------------------------------- encoder

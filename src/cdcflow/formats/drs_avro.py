@@ -529,6 +529,3 @@ class DrsAvroDecoder(Decoder):
             if len(old_key) == len(event.key) and old_key != event.key:
                 event.meta = {**(event.meta or {}), "old_key": old_key}
         return [event]
-
-
-# --------------------------------------------------------------------------- encoder

@@ -53,6 +53,7 @@ from cdcflow.formats.base import (
     Record,
     is_full_row,
 )
+from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.mysql_types import DECIMALS, TEXTS, parse_mysql_type
 from cdcflow.formats.common.values import bad_value, int32_text, int64_text, int_text
 from cdcflow.formats.common.zones import zone_option
@@ -354,8 +355,6 @@ class DrsJsonOptions(DecoderOptions):
 
 # --------------------------------------------------------------------------- decoder
 
-_loads = orjson.loads
-_JSONDecodeError = orjson.JSONDecodeError
 _MISSING = object()
 _CACHE_MAX = 4096
 _STRING_TYPES = ("string", "json")
@@ -507,14 +506,7 @@ class _DrsJsonDecoderBase(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 MISSING_KEY or BAD_VALUE (see ``docs/formats/drs-json.md``).
         """
-        try:
-            msg = _loads(record.value)  # type: ignore[arg-type]
-        except _JSONDecodeError as exc:
-            raise DecodeError(f"not JSON: {exc}", Code.BAD_JSON) from None
-        if msg.__class__ is not dict:
-            raise DecodeError(
-                f"a DRS message is a JSON object, got {type(msg).__name__}", Code.NOT_AN_OBJECT
-            )
+        msg = load_object(record.value, "a DRS message")  # type: ignore[arg-type]
         get = msg.get
         typ = get("type")
         seq_id = get("id")
@@ -707,6 +699,3 @@ class DrsJsonCDecoder(_DrsJsonDecoderBase):
 
     identifier: ClassVar[str] = IDENTIFIER_JSON_C
     _json_c: ClassVar[bool] = True
-
-
-# --------------------------------------------------------------------------- encoder

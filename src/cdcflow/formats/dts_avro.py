@@ -644,6 +644,3 @@ def _mysql_temporal(value: Any, logical: str, type_code: int) -> tuple[Any, str]
             return None, "timestamp"
         return dt.datetime(value.year, value.month, value.day), "timestamp"
     return value, logical
-
-
-# --------------------------------------------------------------------------- encoder

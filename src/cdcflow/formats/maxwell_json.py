@@ -319,6 +319,3 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         return ChangeEvent(
             Op.DDL, source, seq=seq, ts_ms=ts, ddl=sql, origin=record.origin, meta=meta
         )
-
-
-# --------------------------------------------------------------------------- encoder

@@ -226,6 +226,3 @@ class OggJsonDecoder(ExactJsonDecoder):
             if seconds is not None and (len(text) == 19 or (text[19] == "." and frac.isdigit())):
                 return seconds * 1000 + (int(frac.ljust(3, "0")) if frac else 0)
         raise DecodeError(f"op_ts {text!r} is not 'yyyy-MM-dd HH:mm:ss[.ffffff]'", Code.BAD_FIELD)
-
-
-# --------------------------------------------------------------------------- encoder

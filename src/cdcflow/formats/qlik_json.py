@@ -49,6 +49,7 @@ from cdcflow.formats.base import (
     Record,
     key_columns_for,
 )
+from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.values import bad_value
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
@@ -585,12 +586,7 @@ class QlikJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE, MISSING_KEY.
         """
-        try:
-            obj = orjson.loads(record.value)  # type: ignore[arg-type]
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from exc
-        if type(obj) is not dict:
-            raise DecodeError("a Replicate message must be a JSON object", Code.NOT_AN_OBJECT)
+        obj = load_object(record.value, "a Replicate message")  # type: ignore[arg-type]
         schema_id = None
         if "magic" in obj:
             if obj["magic"] != MAGIC:
@@ -861,6 +857,3 @@ def _key_name(key: bytes | None) -> str | None:
     if len(text) >= 2 and text[0] == text[-1] == '"':
         text = text[1:-1]
     return text or None
-
-
-# --------------------------------------------------------------------------- encoder

@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
 
-import orjson
-
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import (
     FULL_ROW,
@@ -48,6 +46,7 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.values import bad_value, shown
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
@@ -284,12 +283,7 @@ class SharePlexJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE (with ``column_types``), MISSING_KEY.
         """
-        try:
-            doc = orjson.loads(record.value)  # type: ignore[arg-type]
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"not JSON: {exc}", Code.BAD_JSON) from exc
-        if type(doc) is not dict:
-            raise DecodeError("a SharePlex message is a JSON object", Code.NOT_AN_OBJECT)
+        doc = load_object(record.value, "a SharePlex message")  # type: ignore[arg-type]
         meta = doc.get("meta")
         if type(meta) is not dict:
             raise field_error("meta", meta, "an object")
@@ -496,6 +490,3 @@ def _half(event: ChangeEvent) -> str | None:
         return None
     spec = _OPS_EXACT.get(op) or OPERATIONS.get(" ".join(op.lower().split()))
     return spec[1] if spec else None
-
-
-# --------------------------------------------------------------------------- encoder
