@@ -56,6 +56,65 @@ def test_the_product_imports_no_test_code(tmp_path):
     assert forbidden_imports(tmp_path) == ["leak.py:2 imports cdcflow_testkit.encoders"]
 
 
+#: the product's layers, lowest first: a module imports its own layer and those below,
+#: never one above (decode -> apply -> store -> core, and the composition on top)
+LAYERS = {
+    "core": {"errors", "model", "types", "event_schema", "images"},
+    "store": {"sinks"},
+    "apply": {"apply"},
+    "decode": {"formats", "decode", "source"},
+    "top": {
+        "config", "pipeline", "runner", "cli", "files", "reset_sources", "checkpoint",
+        "spark", "submit", "__init__",
+    },
+}  # fmt: skip
+ORDER = list(LAYERS)
+
+
+def _layer(module: str) -> str:
+    """The layer of a ``cdcflow.<room>...`` module (``__init__`` for the package itself)."""
+    room = module.split(".")[1] if "." in module else "__init__"
+    return next(name for name, rooms in LAYERS.items() if room in rooms)
+
+
+def upward_imports(root: Path) -> list[str]:
+    """``file:line module`` for each import of a higher layer below ``root`` (a product)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        here = _layer(".".join(("cdcflow", *rel.with_suffix("").parts)))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "cdcflow":  # from cdcflow import types (a room), __version__
+                    rooms = set().union(*LAYERS.values())
+                    names = [
+                        (node.lineno, f"cdcflow.{a.name}") for a in node.names if a.name in rooms
+                    ]
+                else:
+                    names = [(node.lineno, node.module)]
+            for line, module in names:
+                if module.startswith("cdcflow.") and ORDER.index(_layer(module)) > ORDER.index(
+                    here
+                ):
+                    found.append(f"{rel}:{line} ({here}) imports {module} ({_layer(module)})")
+    return found
+
+
+def test_imports_go_one_way_through_the_layers(tmp_path):
+    rooms = {p.stem for p in PRODUCT.glob("*.py")} | {
+        p.name for p in PRODUCT.iterdir() if p.is_dir() and p.name != "__pycache__"
+    }
+    assert rooms <= set().union(*LAYERS.values()), "a new room: give it a layer in LAYERS"
+    assert upward_imports(PRODUCT) == []
+    # the check can fail: the store reaching up into apply is named
+    (tmp_path / "sinks").mkdir()
+    (tmp_path / "sinks" / "x.py").write_text("def f():\n    from cdcflow.apply.batch import B\n")
+    assert upward_imports(tmp_path) == ["sinks/x.py:2 (store) imports cdcflow.apply.batch (apply)"]
+
+
 def test_the_product_has_no_testing_package_and_no_encoders():
     assert not (PRODUCT / "testing").exists()
     assert not (PRODUCT / "demo.py").exists()
