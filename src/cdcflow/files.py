@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cdcflow.apply.batch import BatchReport
+    from cdcflow.apply.accounting import BatchReport
     from cdcflow.formats.base import DecodeResult, Record
 
 __all__ = ["apply_files", "decode_files", "read_records"]
@@ -103,7 +103,8 @@ def apply_files(
     """
     import pyarrow as pa
 
-    from cdcflow.apply.batch import BatchApplier, Router
+    from cdcflow.apply.batch import BatchApplier
+    from cdcflow.apply.router import Router
     from cdcflow.decode.batches import decode_records, load_decoder_state
     from cdcflow.formats import decoder_for
     from cdcflow.sinks.delta import DeltaWarehouse

@@ -28,8 +28,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdcflow.apply.batch import BatchApplier, BatchReport, Router
+from cdcflow.apply.accounting import BatchReport
+from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import OffsetLedger, PendingApply
+from cdcflow.apply.router import Router
 from cdcflow.checkpoint import Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
@@ -223,6 +225,7 @@ class Pipeline:
             dict(source.options),
             state_path=wh.system_path("decoder_state"),
             state_key=wh.pipeline_id,
+            storage_options=wh.storage_options or None,
         )
 
     def _decoded_stream(self, source: SourceConfig, options: dict[str, str], staging: str | None):

@@ -61,7 +61,8 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdcflow.apply.batch import BatchApplier, Router
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.apply.router import Router
 from cdcflow.decode.batches import DecodeFunction, flatten
 from cdcflow.formats import decoder_for, embedded_formats
 from cdcflow.formats.base import Record

@@ -71,16 +71,7 @@ from cdcflow.sinks.system_tables import (
     PROGRESS,
 )
 
-# Router, BatchReport, SchemaStop and TableFault live in their own modules; imported
-# from here by cdcflow.pipeline, cdcflow.cli and the test kit
-__all__ = [
-    "BatchApplier",
-    "BatchReport",
-    "IncompleteApply",
-    "Router",
-    "SchemaStop",
-    "TableFault",
-]
+__all__ = ["BatchApplier", "IncompleteApply"]
 
 log = logging.getLogger(__name__)
 

@@ -59,22 +59,7 @@ from cdcflow.sinks.system_tables import (
 )
 from cdcflow.types import arrow_type
 
-# the merge's columns and expressions live in cdcflow.sinks.merge; re-exported here,
-# where cdcflow.sinks.history, cdcflow.sinks.delta_spark and older callers import them
-__all__ = [
-    "BOOKKEEPING_COLUMNS",
-    "DELETE_FLAG",
-    "REWRITE_MIN_COLUMNS",
-    "SEQ_COLUMN",
-    "SOFT_DELETE_COLUMN",
-    "TS_COLUMN",
-    "DeltaWarehouse",
-    "MergeSpec",
-    "MirrorResult",
-    "arrow_schema",
-    "merge_expressions",
-    "quote_column",
-]
+__all__ = ["REWRITE_MIN_COLUMNS", "DeltaWarehouse", "MirrorResult", "arrow_schema"]
 
 #: From this many data columns a mirror's batch is merged in Arrow and committed as file
 #: actions (:meth:`DeltaWarehouse._rewrite_merge`) instead of by delta-rs's MERGE, whose

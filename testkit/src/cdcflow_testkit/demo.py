@@ -40,7 +40,7 @@ def _partition(message: Message) -> int:
 
 def _target(fmt: str, workload: Workload, spec, options: dict) -> str:
     """The mirror a table lands in: encode one insert, decode it, route its source."""
-    from cdcflow.apply.batch import Router
+    from cdcflow.apply.router import Router
     from cdcflow.formats import decoder_for
     from cdcflow.formats.base import Record
     from cdcflow.model import Op
