@@ -37,3 +37,11 @@ def test_every_skip_reason_is_documented_once_and_no_other():
 def test_codes_are_their_own_names():
     for member in [*Code, *SkipReason]:
         assert member == member.name and f"{member}" == member.name
+
+
+def test_every_event_that_changes_no_rows_has_its_skip_reason():
+    from cdcflow.apply.router import TABLE_OPS
+    from cdcflow.model import Op
+
+    for op in set(Op) - {Op(o) for o in TABLE_OPS.to_pylist()}:
+        assert SkipReason(op.upper()) == op.upper()

@@ -70,6 +70,12 @@ class SkipReason(StrEnum):
     TOMBSTONE = "TOMBSTONE"  # a Kafka tombstone (null value) that follows a delete
     NO_EVENTS = "NO_EVENTS"  # a well-formed record that carries no row change
     DTS_NOOP = "DTS_NOOP"  # a DTS Avro NOOP operation
+    # events kept in the changelog that change no table's rows, by their op
+    DDL = "DDL"  # a schema change statement (its effect is the table's schema policy)
+    HEARTBEAT = "HEARTBEAT"  # a liveness record of the replication tool
+    BEGIN = "BEGIN"  # a transaction start marker
+    COMMIT = "COMMIT"  # a transaction end marker
+    MESSAGE = "MESSAGE"  # a logical-decoding message (Debezium op m)
     JOINED = "JOINED"  # not a skip: an update half whose change its partner's event carries
 
 

@@ -60,7 +60,7 @@ from cdcflow.apply.transactions import (
     save_pending,
     split_transactions,
 )
-from cdcflow.errors import ApplyError, Code
+from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
@@ -226,7 +226,7 @@ class BatchApplier:
         # heartbeats, transaction markers, DDL and messages are kept in the changelog but
         # change no table: their records count as skipped on purpose, by op
         markers = rows.filter(pc.invert(pc.is_in(rows["op"], TABLE_OPS)))
-        report.skipped.update(op.upper() for op in markers["op"].to_pylist())
+        report.skipped.update(SkipReason(op.upper()) for op in markers["op"].to_pylist())
         report.dead_letters.update(dead["reason"].to_pylist())
         letters = [dead_letters(dead, batch_id, "decode", dead["reason"], dead["error"])]
 
