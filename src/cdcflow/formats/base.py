@@ -42,6 +42,7 @@ __all__ = [
     "Skipped",
     "is_full_row",
     "key_columns_for",
+    "table_setting",
 ]
 
 
@@ -236,18 +237,25 @@ class DecoderOptions:
         return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(DecoderOptions)})
 
 
+def table_setting(settings: Mapping[str, Any], source: SourceTable) -> Any:
+    """The entry of a per-table option for ``source`` (``None`` when none): the first
+    non-empty of ``db.schema.table``, ``db.table``, ``schema.table``, ``table``, ``*``."""
+    if not settings:
+        return None
+    d, s, t = source.database, source.schema, source.table
+    for name in (f"{d}.{s}.{t}", f"{d}.{t}", f"{s}.{t}", t, "*"):
+        found = settings.get(name)
+        if found:
+            return found
+    return None
+
+
 def key_columns_for(
     primary_keys: Mapping[str, tuple[str, ...]], source: SourceTable
 ) -> tuple[str, ...] | None:
     """The configured key columns for ``source``, or ``None`` (see :class:`DecoderOptions`)."""
-    if not primary_keys:
-        return None
-    d, s, t = source.database, source.schema, source.table
-    for name in (f"{d}.{s}.{t}", f"{d}.{t}", f"{s}.{t}", t, "*"):
-        cols = primary_keys.get(name)
-        if cols:
-            return tuple(cols)
-    return None
+    cols = table_setting(primary_keys, source)
+    return tuple(cols) if cols else None
 
 
 # --------------------------------------------------------------------------- decoder

@@ -792,17 +792,22 @@ def _missing_key(column: str, source: SourceTable) -> DecodeError:
     )
 
 
+def _int_or_text(value: Any) -> int | None:
+    """A JSON integer or integer text (``"42"``), else ``None``."""
+    if value.__class__ is int:
+        return value
+    if value.__class__ is str:
+        with contextlib.suppress(ValueError):
+            return int(value)
+    return None
+
+
 def _seq(payload: dict[str, Any], kind: int) -> tuple[int, ...] | None:
     """``(int(sequenceId), half)`` or ``None`` without a sequenceId (see the module doc)."""
     sid = payload.get("sequenceId")
     if sid is None:
         return None
-    n = None
-    if sid.__class__ is int:
-        n = sid
-    elif sid.__class__ is str:
-        with contextlib.suppress(ValueError):
-            n = int(sid)
+    n = _int_or_text(sid)
     if n is None:
         raise DecodeError(
             f"payload.sequenceId must be an integer in a string, got {sid!r}", Code.BAD_FIELD
@@ -821,12 +826,7 @@ def _ts_ms(ts: Any) -> int | None:
     raw = ts.get("eventTime")
     if raw is None:
         return None
-    ms = None
-    if raw.__class__ is int:
-        ms = raw
-    elif raw.__class__ is str:
-        with contextlib.suppress(ValueError):
-            ms = int(raw)
+    ms = _int_or_text(raw)
     if ms is None:
         raise DecodeError(
             f"payload.timestamp.eventTime must be epoch milliseconds, got {raw!r}",

@@ -50,11 +50,9 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.formats.common.json_object import load_object
-from cdcflow.formats.common.values import bad_value
+from cdcflow.formats.common.values import bad_value, in_int_range
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
-    INT32_MAX,
-    INT32_MIN,
     INT64_MAX,
     INT64_MIN,
     INT_RANGES,
@@ -133,19 +131,11 @@ class QlikJsonOptions(DecoderOptions):
 
 
 def _conv_int32(value: Any, column: str) -> int:
-    n = to_int(value, column)
-    assert n is not None
-    if INT32_MIN <= n <= INT32_MAX:
-        return n
-    raise int_range_error(column, n, "int32")
+    return in_int_range(to_int(value, column), column, "int32")  # type: ignore[arg-type]
 
 
 def _conv_int64(value: Any, column: str) -> int:
-    n = to_int(value, column)
-    assert n is not None
-    if INT64_MIN <= n <= INT64_MAX:
-        return n
-    raise int_range_error(column, n, "int64")
+    return in_int_range(to_int(value, column), column, "int64")  # type: ignore[arg-type]
 
 
 def _conv_str(value: Any, column: str) -> str:

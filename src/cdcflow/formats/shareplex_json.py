@@ -44,6 +44,7 @@ from cdcflow.formats.base import (
     DecoderOptions,
     Record,
     key_columns_for,
+    table_setting,
 )
 from cdcflow.formats.common.fields import field_error
 from cdcflow.formats.common.json_object import load_object
@@ -151,19 +152,6 @@ class SharePlexJsonOptions(DecoderOptions):
                         f"shareplex-json column_types[{table!r}][{col!r}] = {logical!r}: use "
                         f"one of {sorted(_SUPPORTED_COLUMN_TYPES - {'decimal'})} or decimal(P,S)"
                     )
-
-
-def _column_types_for(
-    column_types: Mapping[str, Mapping[str, str]], source: SourceTable
-) -> Mapping[str, str] | None:
-    if not column_types:
-        return None
-    d, s, t = source.database, source.schema, source.table
-    for name in (f"{d}.{s}.{t}", f"{d}.{t}", f"{s}.{t}", t, "*"):
-        found = column_types.get(name)
-        if found:
-            return found
-    return None
 
 
 # --------------------------------------------------------------------------- values
@@ -350,7 +338,7 @@ class SharePlexJsonDecoder(Decoder):
             return [event]
         if type(data) is not dict:
             raise field_error("data", data, "an object")
-        types = _column_types_for(self._column_types, source) if self._column_types else None
+        types = table_setting(self._column_types, source) if self._column_types else None
         if op is Op.INSERT or half == "after":
             after = _image(data)
             key_obj = doc.get("key") if half == "after" else None

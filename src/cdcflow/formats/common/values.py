@@ -9,9 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from cdcflow.errors import Code, DecodeError
-from cdcflow.types import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, int_range_error, to_int
+from cdcflow.types import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    INT_RANGES,
+    int_range_error,
+    to_int,
+)
 
-__all__ = ["bad_value", "int32_text", "int64_text", "int_text", "shown"]
+__all__ = ["bad_value", "in_int_range", "int32_text", "int64_text", "int_text", "shown"]
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -30,6 +38,15 @@ def bad_value(column: str, value: Any, want: str, hint: str = "") -> DecodeError
 
 # --------------------------------------------------------------------------- integers
 # Tools that print every value as text (Canal, DRS) write integers as digits.
+
+
+def in_int_range(n: int, column: str, logical: str) -> int:
+    """``n`` when it fits ``logical`` (``"int32"``, ``"int64"``), else ``BAD_VALUE`` naming
+    the range."""
+    lo, hi = INT_RANGES[logical]
+    if lo <= n <= hi:
+        return n
+    raise int_range_error(column, n, logical)
 
 
 def int_text(value: Any, column: str) -> int:
