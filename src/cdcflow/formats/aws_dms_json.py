@@ -50,7 +50,7 @@ from cdcflow.formats.base import (
     Record,
 )
 from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
-from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.fields import field_error, require
 from cdcflow.formats.common.keys import TableInfo, with_key
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error
@@ -135,9 +135,7 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         if type(msg) is not dict:
             raise DecodeError("an AWS DMS record is a JSON object", Code.NOT_AN_OBJECT)
-        md = msg.get("metadata")
-        if type(md) is not dict:
-            raise field_error("metadata", md, "an object")
+        md = require(msg, "metadata", dict)
         get = md.get
         rtype = get("record-type")
         operation = get("operation")
@@ -183,9 +181,7 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
             raise DecodeError(
                 "AWS DMS data record without metadata 'timestamp'", Code.MISSING_FIELD
             )
-        data = msg.get("data")
-        if type(data) is not dict:
-            raise field_error("data", data, "an object")
+        data = require(msg, "data", dict)
         json_image(data, checked)
         before = None
         if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]

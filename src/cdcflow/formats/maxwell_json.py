@@ -44,7 +44,7 @@ from cdcflow.formats.base import (
     Record,
 )
 from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
-from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.fields import field_error, require
 from cdcflow.formats.common.keys import TableInfo, with_key
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import INT64_MAX, INT64_MIN, field_range_error
@@ -151,9 +151,7 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
         if type(msg) is not dict:
             raise DecodeError("a Maxwell message is a JSON object", Code.NOT_AN_OBJECT)
         get = msg.get
-        typ = get("type")
-        if type(typ) is not str:
-            raise field_error("type", typ, "a string")
+        typ = require(msg, "type", str)
         op = _ROW_OPS.get(typ)
         if op is None:
             if typ in DDL_TYPES:
@@ -165,9 +163,7 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
             self._tables.get((db, table)) if type(db) is str and type(table) is str else None
         ) or self._table(msg, table_required=True)
         source = info.source
-        data = get("data")
-        if type(data) is not dict:
-            raise field_error("data", data, "an object")
+        data = require(msg, "data", dict)
         ts = get("ts")
         if ts is not None:
             if type(ts) is not int:

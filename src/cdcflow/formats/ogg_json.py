@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from cdcflow.errors import Code, ConfigError, DecodeError
 from cdcflow.formats.base import DecoderOptions, Record
 from cdcflow.formats.common.exact_json import ExactJsonDecoder, json_image
-from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.fields import field_error, require
 from cdcflow.formats.common.keys import TableInfo, with_key
 from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
@@ -130,15 +130,11 @@ class OggJsonDecoder(ExactJsonDecoder):
         if type(msg) is not dict:
             raise DecodeError("a GoldenGate JSON message is a JSON object", Code.NOT_AN_OBJECT)
         get = msg.get
-        code = get("op_type")
-        if type(code) is not str:
-            raise field_error("op_type", code, "a string")
+        code = require(msg, "op_type", str)
         op = self._ops.get(code)
         if op is None:
             raise DecodeError(f"unknown GoldenGate op_type {code!r}", Code.UNKNOWN_OP)
-        name = get("table")
-        if type(name) is not str:
-            raise field_error("table", name, "a string")
+        name = require(msg, "table", str)
         info = self._tables.get(name)
         if info is None:
             info = TableInfo(_split_table(name), self.options.primary_keys)

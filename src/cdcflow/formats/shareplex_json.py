@@ -46,7 +46,7 @@ from cdcflow.formats.base import (
     key_columns_for,
     table_setting,
 )
-from cdcflow.formats.common.fields import field_error
+from cdcflow.formats.common.fields import field_error, require
 from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.values import bad_value, shown
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
@@ -272,9 +272,7 @@ class SharePlexJsonDecoder(Decoder):
                 BAD_VALUE (with ``column_types``), MISSING_KEY.
         """
         doc = load_object(record.value, "a SharePlex message")  # type: ignore[arg-type]
-        meta = doc.get("meta")
-        if type(meta) is not dict:
-            raise field_error("meta", meta, "an object")
+        meta = require(doc, "meta", dict)
         op_raw = meta.get("op")
         if type(op_raw) is not str:
             raise field_error("meta.op", op_raw, "a string")

@@ -23,7 +23,7 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.formats.common.exact_json import loads_exact
-from cdcflow.formats.common.fields import field_error, json_kind
+from cdcflow.formats.common.fields import field_error, json_kind, require
 from cdcflow.formats.debezium.connect_types import (
     Struct,
     as_floats,
@@ -500,9 +500,7 @@ class DebeziumJsonDecoder(Decoder):
     ) -> ChangeEvent:
         # The hot path: keep calls and attribute lookups few (see the throughput note
         # in docs/formats/debezium-json.md).
-        source = payload.get("source")
-        if source.__class__ is not dict:
-            raise field_error("source", source, "an object")
+        source = require(payload, "source", dict)
         before = payload.get("before")
         after = payload.get("after")
         if before is not None and before.__class__ is not dict:
@@ -879,9 +877,7 @@ class DebeziumJsonDecoder(Decoder):
     # ------------------------------------------------------------------ other ops
 
     def _source_of(self, payload: dict[str, Any]) -> dict[str, Any]:
-        source = payload.get("source")
-        if source.__class__ is not dict:
-            raise field_error("source", source, "an object")
+        source = require(payload, "source", dict)
         return source
 
     def _truncate(self, payload: dict[str, Any], record: Record, exact: bool) -> ChangeEvent:
@@ -898,9 +894,7 @@ class DebeziumJsonDecoder(Decoder):
 
     def _message(self, payload: dict[str, Any], record: Record, exact: bool) -> ChangeEvent:
         source = self._source_of(payload)
-        message = payload.get("message")
-        if message.__class__ is not dict:
-            raise field_error("message", message, 'an object {"prefix", "content"}')
+        message = require(payload, "message", dict, 'an object {"prefix", "content"}')
         prefix, content = message.get("prefix"), message.get("content")
         if prefix is not None and prefix.__class__ is not str:
             raise field_error("message.prefix", prefix, "a string")
