@@ -59,6 +59,8 @@ def require(
         DecodeError: ``MISSING_FIELD`` (absent or ``null``) or ``BAD_FIELD`` (other type).
     """
     value = obj.get(key)
+    if type(value) is kind:  # the common case, without building a tuple
+        return value
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if type(value) in kinds:
         return value
