@@ -13,6 +13,9 @@ carry over from one to the next):
   mirror, cdcflow vs a plain PySpark reference, with the peak RSS of each pipeline;
 * ``multitable``: :mod:`e2e_multitable` -- ``--multitable-events`` Canal JSON events of
   20 tables in one topic;
+* ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
+  ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
+  500 x 50), beside the same changes in one table, and the fixed cost per table;
 * ``freshness``: :mod:`freshness` -- a producer at ``--freshness-rate`` changes/s for
   ``--freshness-seconds`` into a streaming ``cdcflow run`` with the default configuration;
   p50/p95/max of (Delta commit time - source commit time).
@@ -39,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, child_env, format_table, read_rows, write_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("decode", "debezium", "multitable", "freshness")
+BENCHMARKS = ("decode", "debezium", "multitable", "many_tables", "freshness")
 
 
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -72,6 +75,13 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "--batch",
             n(args.batch),
         ],
+        "many_tables": [
+            "many_tables.py",
+            "--tables",
+            n(args.many_tables),
+            "--changes",
+            str(args.many_tables_changes),
+        ],
         "freshness": [
             "freshness.py",
             "--rate",
@@ -91,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-events", type=int, default=1_000_000)
     parser.add_argument("--multitable-events", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--many-tables", type=int, default=500, help="tables per micro-batch")
+    parser.add_argument(
+        "--many-tables-changes", type=int, default=50, help="changes per table per micro-batch"
+    )
     parser.add_argument("--freshness-rate", type=int, default=20_000, help="changes/s")
     parser.add_argument("--freshness-seconds", type=float, default=120.0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this")
