@@ -63,7 +63,7 @@ from pydantic import (
     model_validator,
 )
 
-from cdcflow.apply.options import TableOptions, TableRule, TableRules
+from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
 
@@ -423,6 +423,3 @@ def load_config(path: str | Path) -> PipelineConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     return parse_config(data or {}, base_dir=path.parent)
-
-
-__all__ += ["TableOptions"]

@@ -272,12 +272,8 @@ class Pipeline:
         return os.path.join(self.config.checkpoint, source.name, "staging")
 
     def _start(self, source: SourceConfig, once: bool):
-        from cdcflow.formats import decoder_for
-
-        # the format's options are checked here, on the driver, so a bad option is a
-        # ConfigError naming the key instead of a failure inside a Spark task
-        decoder_for(source.format, dict(source.options) or None)
-
+        # the format's options were checked when the configuration was validated
+        # (SourceConfig), so a bad option never reaches a Spark task
         options = self.config.kafka.reader_options()
         if source.topics:
             options["subscribe"] = ",".join(source.topics)
