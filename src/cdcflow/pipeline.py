@@ -288,6 +288,7 @@ class Pipeline:
             transactions=self.config.apply.transaction_policy(),
             table_budget_s=self.config.apply.table_budget_s,
             fence=self.fence,
+            parallel_tables=self.config.apply.parallel_tables,
         )
         checkpoint = self._prepare(source, applier, options)
         staging = self._staging_path(source)

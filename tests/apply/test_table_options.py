@@ -371,11 +371,11 @@ def test_tombstones_past_retention_are_purged_but_truncate_watermarks_stay(tmp_p
     tombs = DeltaTable(wh.system_path("tombstones")).to_pyarrow_table()
     assert tombs.num_rows == 2
     latest = max(tombs["deleted_at_ms"].to_pylist())
-    assert wh.purge_tombstones(1.0, now_ms=latest + 3_599_000) == 0  # within retention
-    assert wh.purge_tombstones(1.0, now_ms=latest + 3_601_000) == 1
+    assert wh.tombstones.purge(1.0, now_ms=latest + 3_599_000) == 0  # within retention
+    assert wh.tombstones.purge(1.0, now_ms=latest + 3_601_000) == 1
     left = DeltaTable(wh.system_path("tombstones")).to_pyarrow_table().to_pylist()
     assert [r["key"] for r in left] == [None]
-    assert wh.purge_tombstones(0, now_ms=latest + 10**12) == 0  # 0 keeps forever
+    assert wh.tombstones.purge(0, now_ms=latest + 10**12) == 0  # 0 keeps forever
 
 
 def test_applier_purges_on_its_first_batch(tmp_path):

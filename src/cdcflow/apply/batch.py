@@ -8,8 +8,8 @@ id. Order of writes, each idempotent per ``(pipeline, apply id)``:
 1. the intent: the apply's offset ranges (``_cdcflow/offsets``);
 2. decoder state, then (transaction-consistent mode) the open transactions held back;
 3. the changelog (every decoded event, with its origin);
-4. per target table: schema changes, one merge per mirror, its tombstones (apply failures
-   become dead letters, other tables go on);
+4. per target table: schema changes, one merge per mirror (apply failures become dead
+   letters, other tables go on); then the tombstones of every mirror, in one commit;
 5. dead letters (decode and apply failures, with raw bytes or event JSON);
 6. a progress row: last source sequence and time (heartbeats count), rows changed, lag;
 7. the completion: the apply's accounting row per Kafka partition (records, events,
@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import orjson
 import pyarrow as pa
@@ -62,7 +63,7 @@ from cdcflow.apply.transactions import (
 )
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult
 from cdcflow.sinks.system_tables import (
     CHANGELOG,
     DEAD_LETTERS,
@@ -103,6 +104,9 @@ class BatchApplier:
             (its changes of that batch are kept); ``0`` for no budget.
         fence: called before an apply's first commit and before its completion; raises
             (e.g. ``LeaseLost``) when this process may no longer write the warehouse.
+        parallel_tables: how many tables of a micro-batch are applied at once, on a
+            thread pool of the driver (delta-rs releases the GIL while it merges); ``1``
+            applies them one after another.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class BatchApplier:
         transactions: TransactionPolicy | None = None,
         table_budget_s: float = 600.0,
         fence: Callable[[], None] | None = None,
+        parallel_tables: int = 4,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
@@ -127,6 +132,8 @@ class BatchApplier:
         self.schema_log = SchemaLog(warehouse)
         self.table_applier = TableApplier(warehouse, self.schema_log, table_budget_s)
         self._last_purge: float | None = None
+        self.parallel_tables = max(1, parallel_tables)
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def table_budget_s(self) -> float:
@@ -243,8 +250,13 @@ class BatchApplier:
         # 4. per target table (a table's failure is its events' dead letters)
         self.schema_log.start()  # re-read once a batch: `cdcflow resume` may have written
         stopped = self.schema_log.stopped()
-        for target, part in by_target(ready, self.router):
-            letters.extend(self._apply_table(target, part, batch_id, stopped, report))
+        wh.tombstones.begin()
+        parts = list(by_target(ready, self.router))
+        for (target, part), outcome in zip(
+            parts, self._apply_tables(parts, batch_id, stopped), strict=True
+        ):
+            letters.extend(self._account_table(target, part, batch_id, outcome, report))
+        wh.tombstones.flush(batch_id)  # every mirror's deleted keys, in one commit
         self.schema_log.write(batch_id)
         self._maybe_purge_tombstones()
         # 5. dead letters, after the mirrors so apply failures land in the same commit
@@ -268,17 +280,35 @@ class BatchApplier:
         report.seconds = time.perf_counter() - started
         return report
 
+    def _apply_tables(
+        self, parts: list[tuple[str, pa.Table]], batch_id: int, stopped: dict[str, str]
+    ) -> list[MirrorResult | ApplyError]:
+        """Apply each target's part, up to :attr:`parallel_tables` at once; per part, in
+        order, what its apply gave: the mirror's result, or the ``ApplyError`` that
+        stopped it (its events become dead letters).
+
+        Every table's commit carries the apply's application transaction, so which ones
+        committed before a crash does not matter: the apply's replay skips those and
+        applies the rest. Any other failure (a ``StorageError`` of the whole volume or of
+        a system table) is raised once every table started has finished, the first in
+        target order.
+        """
+        if self.parallel_tables <= 1 or len(parts) <= 1:
+            return [self._apply_table(t, p, batch_id, stopped) for t, p in parts]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.parallel_tables, thread_name_prefix="cdcflow-apply"
+            )
+        futures = [self._pool.submit(self._apply_table, t, p, batch_id, stopped) for t, p in parts]
+        wait(futures)
+        return [f.result() for f in futures]
+
     def _apply_table(
-        self,
-        target: str,
-        part: pa.Table,
-        batch_id: int,
-        stopped: dict[str, str],
-        report: BatchReport,
-    ) -> list[pa.Table]:
-        """Apply one target's part (:class:`~cdcflow.apply.tables.TableApplier`); its
-        dead letters: the events it refused, or all of them when it failed or stopped."""
-        options = self.tables(target)
+        self, target: str, part: pa.Table, batch_id: int, stopped: dict[str, str]
+    ) -> MirrorResult | ApplyError:
+        """Apply one target's part (:class:`~cdcflow.apply.tables.TableApplier`); the
+        ``ApplyError`` that stopped it is returned, not raised (runs on a worker thread:
+        touches nothing of the batch but the table's own Delta tables)."""
         try:
             if target in stopped:
                 raise ApplyError(
@@ -286,21 +316,36 @@ class BatchApplier:
                     "(see _cdcflow/schema_changes; docs/semantics.md#schema-changes)",
                     Code.TABLE_STOPPED,
                 )
-            mirror = self.table_applier.apply(target, part, batch_id, options)
+            return self.table_applier.apply(target, part, batch_id, self.tables(target))
         except ApplyError as exc:
+            return exc
+
+    def _account_table(
+        self,
+        target: str,
+        part: pa.Table,
+        batch_id: int,
+        outcome: MirrorResult | ApplyError,
+        report: BatchReport,
+    ) -> list[pa.Table]:
+        """Count one target's apply in ``report``; its dead letters: the events it
+        refused, or all of them when it failed or stopped (recorded as a stop)."""
+        if isinstance(outcome, ApplyError):
+            exc = outcome
             log.error("table %s: batch %s not applied: %s", target, batch_id, exc)
             if isinstance(exc, SchemaStop | TableFault):
                 self.schema_log.record(
                     target,
                     batch_id,
                     "stop",
-                    options.schema_changes,
+                    self.tables(target).schema_changes,
                     exc.first,
                     message=exc.message,
                     applied=False,
                 )
             report.dead_letters[exc.code] += part.num_rows
             return [dead_letters(part, batch_id, "apply", exc.code, exc.message, target)]
+        mirror = outcome
         report.mirrors.append(mirror)
         letters = [
             dead_letters(rejected_events(part, key, code), batch_id, "apply", code, why, target)
@@ -354,6 +399,6 @@ class BatchApplier:
         if self._last_purge is not None and now - self._last_purge < _PURGE_EVERY_S:
             return
         self._last_purge = now
-        purged = self.warehouse.purge_tombstones(self.tombstone_retention_hours)
+        purged = self.warehouse.tombstones.purge(self.tombstone_retention_hours)
         if purged:
             log.info("purged %d tombstones older than %s h", purged, self.tombstone_retention_hours)

@@ -51,7 +51,8 @@ class SchemaLog:
         applied: bool = True,
         message: str | None = None,
     ) -> None:
-        """Record one change (``stop`` for a table that stops) of ``target``."""
+        """Record one change (``stop`` for a table that stops) of ``target`` (from any
+        thread: one list append)."""
         self._rows.append(
             {
                 "target_table": target,
@@ -89,7 +90,10 @@ class SchemaLog:
     def write(self, batch_id: int) -> None:
         """Append the batch's records (idempotent per batch)."""
         if self._rows:
-            data = pa.Table.from_pylist(self._rows, schema=SCHEMA_CHANGES_SCHEMA)
+            # tables record from their own threads (parallel apply): a stable sort by
+            # table keeps each table's records in order and the commit deterministic
+            rows = sorted(self._rows, key=lambda r: r["target_table"])
+            data = pa.Table.from_pylist(rows, schema=SCHEMA_CHANGES_SCHEMA)
             self.warehouse.append(self.warehouse.system_path(SCHEMA_CHANGES), data, batch_id)
 
     def _table(self) -> pa.Table:

@@ -149,7 +149,7 @@ class TableApplier:
         if not key_columns and table is None:
             # only a truncate (or DDL) for a table that does not exist yet: nothing to store,
             # but a truncate's watermark must block its older rows arriving later
-            wh.append_tombstones(target, net_change(part), batch_id)
+            wh.tombstones.stage(target, net_change(part), batch_id)
             return MirrorResult(target=target, path=wh.table_path(target))
         # the schema policy decides (it raises SchemaStop), then its decision is executed
         decision = decide_schema(
@@ -181,7 +181,7 @@ class TableApplier:
             soft_delete=options.soft_delete,
             full_row_identity=full_row,
         )
-        wh.append_tombstones(target, net, batch_id)
+        wh.tombstones.stage(target, net, batch_id)  # committed with the batch's others
         if decision.copies:
             wh.copy_renamed_columns(target, decision.copies)
         return result

@@ -54,9 +54,8 @@ from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     SCHEMA_CHANGES_SCHEMA,
     SYSTEM_FOLDER,
-    TOMBSTONE_SCHEMA,
-    TOMBSTONES,
 )
+from cdcflow.sinks.tombstones import TombstoneStore
 from cdcflow.types import arrow_type
 
 __all__ = ["REWRITE_MIN_COLUMNS", "DeltaWarehouse", "MirrorResult", "arrow_schema"]
@@ -145,6 +144,8 @@ class DeltaWarehouse:
         #: custom metadata every commit of the current apply carries (its offset ranges)
         self.commit_metadata: dict[str, str] = {}
         self._tables: dict[str, DeltaTable] = {}
+        #: the mirrors' deleted keys and truncates (read once, one commit per batch)
+        self.tombstones = TombstoneStore(self)
 
     # ------------------------------------------------------------------ paths
 
@@ -343,25 +344,6 @@ class DeltaWarehouse:
             if d != SYSTEM_FOLDER and os.path.isdir(os.path.join(self.root, d, "_delta_log"))
         )
 
-    # ------------------------------------------------------------------ tombstones
-
-    def _tombstones(self, target: str) -> tuple[dict[str, str], str | None]:
-        """(key -> highest tombstone seq, truncate watermark) for one mirror."""
-        data = self.read_system(
-            TOMBSTONES, TOMBSTONE_SCHEMA, filters=[("target_table", "=", target)]
-        )
-        if data.num_rows == 0:
-            return {}, None
-        keyed: dict[str, str] = {}
-        watermark: str | None = None
-        for key, seq in zip(data["key"].to_pylist(), data["seq"].to_pylist(), strict=True):
-            seq = seq or ""
-            if key is None:
-                watermark = seq if watermark is None or seq > watermark else watermark
-            elif seq > keyed.get(key, ""):
-                keyed[key] = seq
-        return keyed, watermark
-
     # ------------------------------------------------------------------ mirror apply
 
     def apply_mirror(
@@ -396,7 +378,7 @@ class DeltaWarehouse:
             result.skipped_replay = True
             return result
 
-        tombs, watermark = self._tombstones(target)
+        tombs, watermark = self.tombstones.guard(target)
         rows = net.rows
         if net.truncate_seq is not None:
             watermark = max(watermark or "", net.truncate_seq)
@@ -454,7 +436,6 @@ class DeltaWarehouse:
         if not commit_done:
             # nothing to change, but the batch must still count as committed here
             self._mark(table, batch_id)
-        self._tables.pop(path, None)
         return result
 
     @staticmethod
@@ -770,54 +751,6 @@ class DeltaWarehouse:
             self._mark(table, spec.batch_id)
         metrics["merge_s"] = round(time.perf_counter() - started, 4)
         return metrics
-
-    def append_tombstones(self, target: str, net: NetChange, batch_id: int) -> None:
-        """Record the batch's deleted keys and truncate of ``target`` (idempotent per batch)."""
-        deletes = net.rows.filter(net.rows["is_delete"])
-        keys = deletes["key"].to_pylist()
-        seqs = [s or "" for s in deletes["seq"].to_pylist()]
-        if net.truncate_seq is not None:
-            keys.append(None)
-            seqs.append(net.truncate_seq)
-        if not keys:
-            return
-        now = int(time.time() * 1000)
-        data = pa.table(
-            {
-                "target_table": [target] * len(keys),
-                "key": pa.array(keys, pa.string()),
-                "seq": seqs,
-                "batch_id": pa.array([batch_id] * len(keys), pa.int64()),
-                "deleted_at_ms": pa.array([now] * len(keys), pa.int64()),
-            },
-            schema=TOMBSTONE_SCHEMA,
-        )
-        # One tombstone commit per (target, batch): its own application id keeps it
-        # idempotent independently of the other mirrors written in the same batch.
-        self.append(self.system_path(TOMBSTONES), data, batch_id, app_id=f"{self.app_id}:{target}")
-
-    def purge_tombstones(self, retention_hours: float, now_ms: int | None = None) -> int:
-        """Delete key tombstones committed more than ``retention_hours`` ago.
-
-        Truncate watermarks (``key`` NULL) are kept. After the purge, a change older than a
-        purged tombstone that arrives late can bring its row back: the retention must
-        exceed the longest delay a late or replayed event can have (as AUTO CDC's tombstone
-        GC threshold). ``0`` keeps tombstones forever.
-
-        Returns:
-            The number of tombstones deleted.
-        """
-        if retention_hours <= 0:
-            return 0
-        path = self.system_path(TOMBSTONES)
-        table = self.open(path)
-        if table is None or "deleted_at_ms" not in arrow_schema(table).names:
-            return 0  # none yet, or only tombstones older than retention (kept)
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        cutoff = now_ms - int(retention_hours * 3_600_000)
-        metrics = table.delete(f"key IS NOT NULL AND deleted_at_ms < {cutoff}")
-        self._tables.pop(path, None)
-        return int(metrics.get("num_deleted_rows", 0) or 0)
 
     def resume_table(self, target: str, by: str = "") -> None:
         """Let a table stopped by a schema change take changes again.
