@@ -12,11 +12,13 @@ once, untimed, and :class:`~cdcflow.apply.batch.BatchApplier` applies them to a 
 warehouse in a temporary folder, as the pipeline's driver does. No Kafka, no Spark.
 
 The first micro-batch (it creates the tables) is a warm-up; then ``--batches`` are timed,
-and the median is the figure. The reference is the same number of changes in one table,
-applied the same way in its own warehouse, so ``(many - one) / tables`` is the fixed cost
-of a table touched by a micro-batch. One timed batch is profiled to count, per table,
-what that cost is made of: Delta merges, writes (appends), table opens and log updates,
-and the Arrow reads of stored tables.
+and the median is the figure, at the defaults (``apply.parallel_tables: 4``, the Arrow
+merge). Beside it: the same one table at a time, and with delta-rs's MERGE. The reference
+is the same number of changes in one table, applied the same way in its own warehouse,
+so ``(many - one) / tables`` is the fixed cost of a table touched by a micro-batch. One
+batch of the one-at-a-time run is profiled to count, per table, what that cost is made
+of: merges, commits, writes (appends), table opens and log updates, and the Arrow reads
+of stored tables.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ FORMAT = "debezium-json"
 #: what a table's fixed cost is made of -> whether a profiled function is one of them,
 #: by ``(file, name)`` as pstats keys them (built-in methods have the file ``~``)
 DELTA_CALLS = {
-    "merges": lambda file, name: "merge_execute" in name,
+    "merges (delta-rs MERGE)": lambda file, name: "merge_execute" in name,
+    "merges (Arrow merge)": lambda file, name: (
+        file.endswith("sinks/arrow_merge.py") and name == "rewrite_actions"
+    ),
+    "commits of file actions": lambda file, name: "create_write_transaction' of" in name,
     "appends": lambda file, name: (
         name == "<method 'write' of 'deltalake._internal.RawDeltaTable' objects>"
     ),
@@ -89,15 +95,22 @@ def micro_batches(tables: int, changes: int, batches: int, seed: int = 7) -> lis
     return out
 
 
-def apply_all(batches: list[Any], profile_batch: int | None = None) -> tuple[list[float], Any]:
+def apply_all(
+    batches: list[Any],
+    profile_batch: int | None = None,
+    parallel_tables: int = 4,
+    merge_engine: str = "arrow",
+) -> tuple[list[float], Any]:
     """Apply the micro-batches in order to a fresh warehouse; the seconds of each after
-    the first, and the profile of the ``profile_batch``-th of those (or ``None``)."""
+    the first, and the profile of the ``profile_batch``-th of those (or ``None``; the
+    profile sees the calling thread only, so profile with ``parallel_tables=1``)."""
     from cdcflow.apply.batch import BatchApplier
     from cdcflow.apply.router import Router
     from cdcflow.sinks.delta import DeltaWarehouse
 
     with tempfile.TemporaryDirectory(prefix="cdcflow-many-") as root:
-        applier = BatchApplier(DeltaWarehouse(root, pipeline_id="bench"), Router())
+        warehouse = DeltaWarehouse(root, pipeline_id="bench", merge_engine=merge_engine)
+        applier = BatchApplier(warehouse, Router(), parallel_tables=parallel_tables)
         applier.apply(batches[0], delivery_id=0)
         seconds, profile = [], None
         for i, events in enumerate(batches[1:], 1):
@@ -128,15 +141,19 @@ def run(tables: int, changes: int, batches: int) -> list[dict[str, Any]]:
     many = micro_batches(tables, changes, batches)
     one = micro_batches(1, tables * changes, batches)
     print(f"  generated and decoded in {time.perf_counter() - t:.1f}s")
-    many_s, profile = apply_all(many, profile_batch=0)
+    many_s, _ = apply_all(many)
+    serial_s, profile = apply_all(many, profile_batch=0, parallel_tables=1)
+    sql_s, _ = apply_all(many, merge_engine="delta-rs")
     one_s, _ = apply_all(one)
     # the profiled batch runs slower: leave it out of the figure when there are others
-    timed = many_s[1:] if len(many_s) > 1 else many_s
-    many_med, one_med = statistics.median(timed), statistics.median(one_s)
+    serial = serial_s[1:] if len(serial_s) > 1 else serial_s
+    many_med, one_med = statistics.median(many_s), statistics.median(one_s)
     per_table_ms = (many_med - one_med) / tables * 1000
     events = many[1].num_rows
     print(
-        f"  {tables} tables: {[round(s, 2) for s in many_s]} s; 1 table: {[round(s, 2) for s in one_s]} s"
+        f"  {tables} tables: {[round(s, 2) for s in many_s]} s (one by one "
+        f"{[round(s, 2) for s in serial_s]} s, delta-rs MERGE {[round(s, 2) for s in sql_s]} s); "
+        f"1 table: {[round(s, 2) for s in one_s]} s"
     )
     rows = [
         row(
@@ -152,6 +169,18 @@ def run(tables: int, changes: int, batches: int) -> list[dict[str, Any]]:
             changes=changes,
             events=events,
         ),
+        row(
+            "many_tables",
+            "the same, one table at a time (apply.parallel_tables: 1)",
+            statistics.median(serial),
+            "s",
+        ),
+        row(
+            "many_tables",
+            "the same, merge_engine: delta-rs",
+            statistics.median(sql_s),
+            "s",
+        ),
         row("many_tables", "fixed apply cost per table touched", per_table_ms, "ms"),
     ]
     if profile is not None:
@@ -160,7 +189,7 @@ def run(tables: int, changes: int, batches: int) -> list[dict[str, Any]]:
             rows.append(
                 row(
                     "many_tables",
-                    f"per table: {what} (profiled batch)",
+                    f"per table: {what} (profiled, one by one)",
                     calls / tables,
                     f"calls, {secs / tables * 1000:.1f} ms",
                 )

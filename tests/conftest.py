@@ -35,11 +35,15 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(params=["delta-rs", pytest.param("delta-spark", marks=pytest.mark.spark)])
+@pytest.fixture(
+    params=["delta-rs", "delta-rs-merge", pytest.param("delta-spark", marks=pytest.mark.spark)]
+)
 def warehouse_factory(request):
-    """``factory(root, pipeline_id) -> DeltaWarehouse`` of each sink: delta-rs merges on
-    the driver, ``delta-spark`` (:class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse`)
-    merges with Delta Lake's Spark commands on the shared session."""
+    """``factory(root, pipeline_id) -> DeltaWarehouse`` of each sink and merge engine:
+    the Arrow merge on the driver (the default), delta-rs's MERGE on the driver
+    (``merge_engine="delta-rs"``), and ``delta-spark``
+    (:class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse`), which merges with Delta
+    Lake's Spark commands on the shared session."""
     from cdcflow.sinks.delta import DeltaWarehouse
 
     def factory(root, pipeline_id="test"):
@@ -48,7 +52,8 @@ def warehouse_factory(request):
 
             spark = request.getfixturevalue("spark")
             return SparkDeltaWarehouse(str(root), spark, pipeline_id=pipeline_id)
-        return DeltaWarehouse(str(root), pipeline_id=pipeline_id)
+        engine = "delta-rs" if request.param == "delta-rs-merge" else "arrow"
+        return DeltaWarehouse(str(root), pipeline_id=pipeline_id, merge_engine=engine)
 
     return factory
 

@@ -33,6 +33,7 @@ Example (every key with its default where it has one)::
       tombstone_retention_hours: 168   # deleted keys remembered this long (0: forever)
       table_budget_s: 600          # a table whose apply of one batch takes longer stops (0: off)
       parallel_tables: 4           # tables of a micro-batch applied at once (1: one by one)
+      merge_engine: arrow          # arrow (rewrite only the files a batch's keys are in) | delta-rs
       transactions:                # transaction-consistent micro-batches (off by default)
         consistent: false
         max_wait_ms: 60000         # an open transaction is applied anyway after this
@@ -259,12 +260,16 @@ class ApplyConfig(_Strict):
             after it; 0: no budget.
         parallel_tables: how many tables of a micro-batch are applied at once (threads
             on the driver; 1 applies them one after another).
+        merge_engine: who computes the mirrors' merges with ``sink: delta-rs``:
+            ``arrow`` (cdcflow's, :mod:`cdcflow.sinks.arrow_merge`) or ``delta-rs``
+            (its MERGE).
         transactions: apply only whole source transactions per micro-batch.
     """
 
     tombstone_retention_hours: float = Field(default=168.0, ge=0)
     table_budget_s: float = Field(default=600.0, ge=0)
     parallel_tables: int = Field(default=4, ge=1, le=64)
+    merge_engine: Literal["arrow", "delta-rs"] = "arrow"
     transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
 
     def transaction_policy(self) -> TransactionPolicy | None:

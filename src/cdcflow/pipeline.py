@@ -216,7 +216,11 @@ class Pipeline:
             from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
 
             return SparkDeltaWarehouse(self.config.warehouse, self.spark, pipeline_id=pipeline_id)
-        return DeltaWarehouse(self.config.warehouse, pipeline_id=pipeline_id)
+        return DeltaWarehouse(
+            self.config.warehouse,
+            pipeline_id=pipeline_id,
+            merge_engine=self.config.apply.merge_engine,
+        )
 
     def _decode_function(self, source: SourceConfig) -> DecodeFunction:
         wh = self.warehouse_for(source)

@@ -36,6 +36,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
 from cdcflow.model import NetChange, dumps
+from cdcflow.sinks.arrow_merge import TARGET_FILE_ROWS, rewrite_actions
 from cdcflow.sinks.faults import storage_error
 from cdcflow.sinks.merge import (
     BOOKKEEPING_COLUMNS,
@@ -48,7 +49,6 @@ from cdcflow.sinks.merge import (
     key_match,
     merge_expressions,
     quote_column,
-    rewrite_actions,
 )
 from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
@@ -58,12 +58,23 @@ from cdcflow.sinks.system_tables import (
 from cdcflow.sinks.tombstones import TombstoneStore
 from cdcflow.types import arrow_type
 
-__all__ = ["REWRITE_MIN_COLUMNS", "DeltaWarehouse", "MirrorResult", "arrow_schema"]
+__all__ = [
+    "MERGE_ENGINES",
+    "REWRITE_MIN_COLUMNS",
+    "DeltaWarehouse",
+    "MirrorResult",
+    "arrow_schema",
+]
 
-#: From this many data columns a mirror's batch is merged in Arrow and committed as file
-#: actions (:meth:`DeltaWarehouse._rewrite_merge`) instead of by delta-rs's MERGE, whose
-#: DataFusion plan costs O(columns²) to build (docs/decisions.md 22).
+#: With ``merge_engine="delta-rs"``, from this many data columns a mirror's batch is still
+#: merged in Arrow (:meth:`DeltaWarehouse._rewrite_merge`): delta-rs's MERGE builds a
+#: DataFusion plan in O(columns²) (docs/decisions.md 22).
 REWRITE_MIN_COLUMNS = 200
+
+#: Who computes a mirror's merge: ``arrow`` (:mod:`cdcflow.sinks.arrow_merge`, the
+#: default: only the files holding the batch's keys are rewritten) or ``delta-rs`` (its
+#: MERGE; docs/decisions.md 44).
+MERGE_ENGINES = ("arrow", "delta-rs")
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 
@@ -129,6 +140,8 @@ class DeltaWarehouse:
         root: warehouse folder (local path; any delta-rs URI with ``storage_options``).
         pipeline_id: names the application transaction that makes commits idempotent.
         storage_options: passed to delta-rs for object stores.
+        merge_engine: who computes the mirrors' merges (:data:`MERGE_ENGINES`).
+        target_file_rows: most rows per data file the Arrow merge writes.
     """
 
     def __init__(
@@ -136,7 +149,13 @@ class DeltaWarehouse:
         root: str,
         pipeline_id: str = "default",
         storage_options: Mapping[str, str] | None = None,
+        merge_engine: str = "arrow",
+        target_file_rows: int = TARGET_FILE_ROWS,
     ) -> None:
+        if merge_engine not in MERGE_ENGINES:
+            raise ValueError(f"merge_engine must be one of {MERGE_ENGINES}, not {merge_engine!r}")
+        self.merge_engine = merge_engine
+        self.target_file_rows = target_file_rows
         self.root = str(root).rstrip("/")
         self.pipeline_id = pipeline_id
         self.app_id = f"cdcflow-{pipeline_id}"
@@ -193,10 +212,14 @@ class DeltaWarehouse:
             return None
         return path.rsplit("/", 1)[-1]
 
-    def committed(self, path: str, batch_id: int, app_id: str | None = None) -> bool:
+    def committed(
+        self, path: str, batch_id: int, app_id: str | None = None, refresh: bool = True
+    ) -> bool:
         """``True`` when batch ``batch_id`` was already committed to the table at ``path``
-        (under application transaction ``app_id``, default the warehouse view's)."""
-        table = self.open(path)
+        (under application transaction ``app_id``, default the warehouse view's); with
+        ``refresh=False`` a handle this view holds is asked as it is (the caller
+        refreshed it in the same apply)."""
+        table = (None if refresh else self._tables.get(path)) or self.open(path)
         if table is None:
             return False
         version = table.transaction_version(app_id or self.app_id)
@@ -374,7 +397,7 @@ class DeltaWarehouse:
         """
         path = self.table_path(target)
         result = MirrorResult(target=target, path=path)
-        if self.committed(path, batch_id):
+        if self.committed(path, batch_id, refresh=False):
             result.skipped_replay = True
             return result
 
@@ -398,14 +421,16 @@ class DeltaWarehouse:
         deletes = rows.filter(rows["is_delete"])
         result.upserts, result.deletes = upserts.num_rows, deletes.num_rows
 
-        table = self.open(path)
+        table = self._tables.get(path)  # refreshed by committed() above
         system = [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
         if soft_delete:
             system.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
+        version = None if table is None else table.version()
         columns = self.ensure_table(
             path, table, types, () if full_row_identity else key_columns, system
         )
-        table = self.open(path)
+        if table is None or table.version() != version:
+            table = self.open(path)  # created, or columns added
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
         source = None
         if "moved_from" in upserts.column_names and upserts["moved_from"].null_count < len(upserts):
@@ -690,7 +715,8 @@ class DeltaWarehouse:
     def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         """Merge the checked merge source into the mirror in one commit that carries the
         batch's transaction; the merge's metrics (delta-rs's names, plus ``merge_s``)."""
-        merge = self._rewrite_merge if len(spec.columns) >= REWRITE_MIN_COLUMNS else self._merge
+        wide = len(spec.columns) >= REWRITE_MIN_COLUMNS
+        merge = self._merge if self.merge_engine == "delta-rs" and not wide else self._rewrite_merge
         return merge(table, source, spec)
 
     def _merge(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
@@ -735,14 +761,16 @@ class DeltaWarehouse:
         self, table: DeltaTable, source: pa.Table, spec: MergeSpec
     ) -> dict[str, Any]:
         """The merge of :meth:`_merge`, computed in Arrow
-        (:func:`~cdcflow.sinks.merge.rewrite_actions`) and committed as file actions in one
+        (:func:`~cdcflow.sinks.arrow_merge.rewrite_actions`) and committed as file actions in one
         commit with the batch's application transaction (an empty one when nothing changes).
 
         Returns:
             Merge metrics named as delta-rs names them, plus ``merge_s`` (seconds).
         """
         started = time.perf_counter()
-        actions, metrics = rewrite_actions(table, source, spec)
+        actions, metrics = rewrite_actions(
+            table, source, spec, self.storage_options, self.target_file_rows
+        )
         if actions:
             table.create_write_transaction(
                 actions, "append", table.schema(), commit_properties=self._commit(spec.batch_id)
