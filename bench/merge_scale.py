@@ -5,8 +5,9 @@
 
 Issue 18, part 2. A mirror of ``--rows`` rows (``id`` bigint key, a text, a bigint, a
 double, cdcflow's ``_cdc_seq``/``_cdc_ts_ms``) is written directly with delta-rs, in key
-order, one file per million rows (each with delta-rs's own statistics), as a table
-written by ``apply.merge_engine: arrow`` is laid out. Then, per engine and per change
+order, in files as large as the Arrow merge writes them
+(:func:`cdcflow.sinks.arrow_merge.rows_per_file`: 480k rows here), each with delta-rs's
+own statistics, as a table written by ``apply.merge_engine: arrow`` is laid out. Then, per engine and per change
 count (``--changes``, default 1,000 and 20,000), one merge of each workload:
 
 * ``new``: keys above the largest (auto-increment inserts, the common growing table);
@@ -41,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import emit, row  # noqa: E402
 
-FILE_ROWS = 1_000_000
 COLUMNS = ("id", "name", "qty", "price")
 
 
@@ -57,12 +57,16 @@ def _rows(ids: np.ndarray, seq_from: int, label: str) -> dict[str, Any]:
 
 
 def write_mirror(path: str, rows: int) -> float:
-    """Write the mirror in key order, one file (and commit) per million rows; seconds."""
+    """Write the mirror in key order, one file (and commit) per
+    :func:`~cdcflow.sinks.arrow_merge.rows_per_file` rows; seconds."""
     from deltalake import write_deltalake
 
+    from cdcflow.sinks.arrow_merge import rows_per_file
+
+    per_file = rows_per_file(pa.table(_rows(np.arange(10_000, dtype=np.int64), 0, "name")))
     started = time.perf_counter()
-    for start in range(0, rows, FILE_ROWS):
-        ids = np.arange(start, min(rows, start + FILE_ROWS), dtype=np.int64)
+    for start in range(0, rows, per_file):
+        ids = np.arange(start, min(rows, start + per_file), dtype=np.int64)
         write_deltalake(path, pa.table(_rows(ids, 0, "name")), mode="append")
     return time.perf_counter() - started
 

@@ -14,7 +14,8 @@ loses and duplicates nothing.
 
 A micro-batch's apply runs on a thread of its own (:class:`ApplyLane`): once its records
 are covered by the warehouse's intent, Spark decodes the next micro-batch while the
-tables are written (decision 32).
+tables are written (decision 32). ``run(once=True)`` starts every source's query at once
+and waits for all (decision 45).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.apply.batch import BatchApplier
@@ -469,21 +471,7 @@ class Pipeline:
                 resumes there.
         """
         if once:
-            # sources one after another: each drains, then the next starts
-            for source in self.config.sources:
-                query = self._start(source, once=True)
-                try:
-                    query.awaitTermination()
-                except Exception as exc:
-                    self._settle(source.name)
-                    self._raise_failure(exc)
-                    raise
-                self._lanes[source.name].wait()  # the last micro-batch's apply
-                if query.exception() is not None:
-                    exc = query.exception()
-                    self._raise_failure(exc)
-                    raise exc
-            return self.summary
+            return self._drain()
         queries = [self._start(s, once=False) for s in self.config.sources]
         try:
             self.spark.streams.awaitAnyTermination()
@@ -496,6 +484,33 @@ class Pipeline:
             _stop_queries(queries)
         for name in list(self._lanes):
             self._lanes[name].wait()
+        return self.summary
+
+    def _drain(self) -> RunSummary:
+        """``run(once=True)``: every source's query drains what is there, all at once
+        (each pays its start-up once, beside the others, not after them); then each
+        query's last apply is waited for. A failure stops the queries still running and
+        is raised once their applies settled."""
+        started: list[tuple[SourceConfig, Any]] = []
+        try:
+            for source in self.config.sources:
+                started.append((source, self._start(source, once=True)))
+            for source, query in started:
+                try:
+                    query.awaitTermination()
+                except Exception as exc:
+                    _stop_queries([q for _, q in started])
+                    for other, _ in started:
+                        self._settle(other.name)
+                    self._raise_failure(exc)
+                    raise
+                self._lanes[source.name].wait()  # the last micro-batch's apply
+                if query.exception() is not None:
+                    exc = query.exception()
+                    self._raise_failure(exc)
+                    raise exc
+        finally:
+            _stop_queries([q for _, q in started])
         return self.summary
 
     def _settle(self, name: str) -> None:

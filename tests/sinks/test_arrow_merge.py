@@ -215,3 +215,25 @@ def test_files_in_range_keeps_files_a_value_can_be_in():
     strings = pa.table({"path": ["x"], "min.k": ["b"], "max.k": ["d"]})
     assert files_in_range(strings, "k", pa.array(["a", "e"])).to_pylist() == [False]
     assert files_in_range(strings, "k", pa.array(["c"])).to_pylist() == [True]
+
+
+def test_files_keep_their_size_when_rewritten(tmp_path, monkeypatch):
+    """A file about the target size stays one file when a merge rewrites it (no halving
+    at every rewrite); more than 1.5 times the target is split into equal files."""
+    from cdcflow.sinks import arrow_merge
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(*(ins(k, "v" * 20, seq=1) for k in range(300))), 0)
+    size = wh.read(TARGET).nbytes
+    monkeypatch.setattr(arrow_merge, "TARGET_FILE_BYTES", int(size / 1.2))
+    (mirror,) = ap.apply(table_of(upd(7, "w", seq=2)), 1).mirrors
+    assert (
+        mirror.metrics["num_target_files_removed"],
+        mirror.metrics["num_target_files_added"],
+    ) == (1, 1)
+    monkeypatch.setattr(arrow_merge, "TARGET_FILE_BYTES", size // 3)
+    (mirror,) = ap.apply(table_of(upd(8, "w", seq=3)), 2).mirrors
+    assert mirror.metrics["num_target_files_added"] == 3
+    files = DeltaTable(wh.table_path(TARGET)).get_add_actions(flatten=True)
+    assert sorted(files["num_records"].to_pylist()) == [100, 100, 100]

@@ -4,11 +4,11 @@ the change, not the mirror.
 :func:`rewrite_actions` finds the data files a micro-batch's keys can be in from the
 files' key bounds in the Delta log (:func:`~cdcflow.sinks.file_stats.files_in_range`),
 reads the key columns of those alone, and rewrites only the files that hold one of the
-keys: their rows and the batch's changes are merged by an Arrow hash join on the key
-(stored rows keep their order, an updated row its place; new keys follow, sorted by
-key) and written as new files of at most ``target_file_rows`` rows, each with min/max
-statistics (:func:`~cdcflow.sinks.file_stats.file_stats`). When no file holds a key,
-the inserts are a file of their own. One commit removes the files read and adds
+keys, each on its own (on up to :data:`FILE_THREADS` threads): its rows and the batch's
+changes are merged by an Arrow hash join on the key (stored rows keep their order, an
+updated row its place) and written as new files of about :data:`TARGET_FILE_BYTES`,
+each with min/max statistics (:func:`~cdcflow.sinks.file_stats.file_stats`). The keys
+no file holds are inserted as files of their own, sorted by key. One commit removes the files read and adds
 the new ones, so readers see the old or the new rows, never a mix; a concurrent writer
 that removed a file read here makes the commit fail (delta-rs's conflict check).
 
@@ -24,9 +24,12 @@ soft-deleting mirror flags ``_deleted``; a keyless table matches NULL-safely.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -49,14 +52,28 @@ from cdcflow.sinks.merge import (
     MergeSpec,
 )
 
-__all__ = ["TARGET_FILE_ROWS", "rewrite_actions", "table_filesystem", "write_data_files"]
+__all__ = [
+    "TARGET_FILE_BYTES",
+    "TARGET_FILE_ROWS",
+    "rewrite_actions",
+    "rows_per_file",
+    "table_filesystem",
+    "write_data_files",
+]
 
-#: rows per data file the merge writes (about 30-130 MB of Parquet for 10-50 columns)
+#: most rows per data file the merge writes
 TARGET_FILE_ROWS = 1_000_000
+#: most Arrow bytes per data file the merge writes (about 8-16 MB of Parquet): a merge
+#: rewrites whole files, so smaller files cost less per key changed; compaction
+#: (issue 18, part 3) keeps their number bounded
+TARGET_FILE_BYTES = 32 * 1024 * 1024
 
 #: a candidate file of at most this many rows is read whole at once (its key columns
 #: alone first otherwise)
 READ_WHOLE_ROWS = 20_000
+
+#: files of one merge read, merged and written at once (pyarrow releases the GIL)
+FILE_THREADS = min(4, os.cpu_count() or 1)
 
 _I, _J = "__cdcflow_stored_row", "__cdcflow_source_row"
 
@@ -87,22 +104,58 @@ def rewrite_actions(
     filesystem = table_filesystem(table.table_uri, storage_options)
     files = pa.table(table.get_add_actions(flatten=True))
     candidates = _candidate_files(files, source, spec, schema)
-    paths, stored = _files_with_keys(filesystem, schema, candidates, source, spec)
-    merged, metrics = merged_rows(stored, source, schema, spec)
     now_ms = int(time.time() * 1000)
+
+    def rewrite(candidate: tuple[str, int | None]) -> _Rewritten | None:
+        stored = _read_if_holding(filesystem, schema, candidate, source, spec)
+        if stored is None:
+            return None
+        rows, matched, metrics = merged_rows(stored, source, schema, spec)
+        adds = write_data_files(filesystem, rows, now_ms, target_file_rows)
+        return _Rewritten(candidate[0], adds, matched, metrics)
+
+    if len(candidates) > 1:  # files are read, merged and written on threads of their own
+        with ThreadPoolExecutor(min(FILE_THREADS, len(candidates))) as pool:
+            done = list(pool.map(rewrite, candidates))
+    else:
+        done = [rewrite(c) for c in candidates]
+    rewritten = [r for r in done if r is not None]
+
     sizes = dict(zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True))
     actions: list[AddAction | RemoveAction] = [
-        RemoveAction(path, True, now_ms, sizes.get(path)) for path in paths
+        RemoveAction(r.path, True, now_ms, sizes.get(r.path)) for r in rewritten
     ]
-    if not paths and not metrics["num_target_rows_inserted"]:
-        actions = []  # nothing matched, nothing to insert
-    else:
-        actions += write_data_files(filesystem, merged, now_ms, target_file_rows)
+    matched = np.zeros(source.num_rows, dtype=bool)
+    metrics = dict.fromkeys(_COUNTS, 0)
+    for r in rewritten:
+        actions += r.adds
+        matched[r.matched] = True
+        for name in _COUNTS:
+            metrics[name] += r.metrics[name]
+    inserts = _new_rows(source, schema, matched, spec)
+    actions += write_data_files(filesystem, inserts, now_ms, target_file_rows)
+    metrics["num_source_rows"] = source.num_rows
+    metrics["num_target_rows_inserted"] = inserts.num_rows
     metrics["num_target_files_scanned"] = len(candidates)
     metrics["num_target_files_skipped"] = files.num_rows - len(candidates)
-    metrics["num_target_files_removed"] = len(paths)
-    metrics["num_target_files_added"] = len(actions) - len(paths)
+    metrics["num_target_files_removed"] = len(rewritten)
+    metrics["num_target_files_added"] = len(actions) - len(rewritten)
     return actions, metrics
+
+
+@dataclass(frozen=True, slots=True)
+class _Rewritten:
+    """One data file rewritten: its path, the files written in its place, which source
+    rows matched one of its rows, and its merge counts."""
+
+    path: str
+    adds: list[AddAction]
+    matched: np.ndarray
+    metrics: dict[str, int]
+
+
+#: the counts :func:`merged_rows` gives per file, summed over the files of a merge
+_COUNTS = ("num_target_rows_updated", "num_target_rows_deleted", "num_target_rows_copied")
 
 
 def table_filesystem(
@@ -140,34 +193,27 @@ def _candidate_files(
     )
 
 
-def _files_with_keys(
+def _read_if_holding(
     filesystem: pa_fs.FileSystem,
     schema: pa.Schema,
-    candidates: Sequence[tuple[str, int | None]],
+    candidate: tuple[str, int | None],
     source: pa.Table,
     spec: MergeSpec,
-) -> tuple[list[str], pa.Table]:
-    """Of ``candidates`` (``(path, rows)``), the files holding at least one of the
-    source's keys, and all the rows of those files. A file of more than
-    :data:`READ_WHOLE_ROWS` rows has its key columns read first, and is read whole only
-    when it holds a key."""
+) -> pa.Table | None:
+    """The rows of the file ``candidate`` (``(path, rows)``) when it holds one of the
+    source's keys, else ``None``. A file of more than :data:`READ_WHOLE_ROWS` rows has
+    its key columns read first, and is read whole only when it holds a key."""
+    path, rows = candidate
     keys = list(spec.key_columns)
     wanted = source.select(keys)
-    paths, parts = [], []
-    for path, rows in candidates:
-        fragment = pads.ParquetFileFormat().make_fragment(path, filesystem)
-        if rows is not None and rows <= READ_WHOLE_ROWS:
-            whole = fragment.to_table(schema=schema)
-            if _any_match(whole, wanted, keys, spec.null_safe):
-                paths.append(path)
-                parts.append(whole)
-            continue
-        stored_keys = fragment.to_table(schema=schema, columns=keys)
-        if _any_match(stored_keys, wanted, keys, spec.null_safe):
-            paths.append(path)
-            parts.append(fragment.to_table(schema=schema))
-    rows = pa.concat_tables(parts) if parts else schema.empty_table()
-    return paths, rows
+    fragment = pads.ParquetFileFormat().make_fragment(path, filesystem)
+    if rows is not None and rows <= READ_WHOLE_ROWS:
+        whole = fragment.to_table(schema=schema)
+        return whole if _any_match(whole, wanted, keys, spec.null_safe) else None
+    stored_keys = fragment.to_table(schema=schema, columns=keys)
+    if not _any_match(stored_keys, wanted, keys, spec.null_safe):
+        return None
+    return fragment.to_table(schema=schema)
 
 
 def _any_match(stored: pa.Table, wanted: pa.Table, keys: list[str], null_safe: bool) -> bool:
@@ -235,9 +281,9 @@ def _matches(
 
 def merged_rows(
     stored: pa.Table, source: pa.Table, schema: pa.Schema, spec: MergeSpec
-) -> tuple[pa.Table, dict[str, int]]:
+) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
     """What the guarded MERGE of :meth:`~cdcflow.sinks.delta.DeltaWarehouse._merge`
-    makes of some stored rows.
+    makes of some stored rows (one data file's).
 
     A stored row whose key a source row has is matched. With ``newer`` (either sequence
     NULL, or the source's >= the stored one), a matched row is deleted (a source delete),
@@ -245,60 +291,66 @@ def merged_rows(
     each of :attr:`MergeSpec.written` takes the source's value, except a column with a
     ``_cdc_present__`` flag that is false, which keeps the stored value; other columns
     keep theirs (``_deleted`` becomes false with ``soft_delete``). Matched rows that are
-    not newer, and unmatched ones, are kept as they are. A source upsert that matched
-    nothing is inserted (columns it lacks are NULL).
+    not newer, and unmatched ones, are kept as they are. The stored rows keep their order
+    (a file stays sorted by key): an updated row takes its stored row's place. Source
+    upserts that matched no stored row are not here: :func:`_new_rows` inserts them.
 
     Args:
-        stored: the rows of the files to rewrite, in ``schema``.
+        stored: the rows of a file to rewrite, in ``schema``.
         source: the merge source, its data columns already in ``schema``'s types.
         schema: the table's schema (the result's).
         spec: the match columns, soft delete and NULL-safe match.
 
     Returns:
-        ``(rows, metrics)``: the rows to write in place of ``stored``, and counts named
-        as delta-rs's merge metrics.
+        ``(rows, matched, metrics)``: the rows to write in place of ``stored``, the
+        source rows that matched one of them, and counts named as delta-rs's merge
+        metrics.
     """
-    n_stored, n_source = stored.num_rows, source.num_rows
+    n_stored = stored.num_rows
     i, j = _matches(stored, source, spec.key_columns, spec.null_safe)
     stored_seq = stored[SEQ_COLUMN].combine_chunks().take(pa.array(i))
     source_seq = source[SEQ_COLUMN].combine_chunks().take(pa.array(j))
     newer = pc.fill_null(pc.greater_equal(source_seq, stored_seq), True).to_numpy(
         zero_copy_only=False
     )
-    is_delete = source[DELETE_FLAG].combine_chunks().to_numpy(zero_copy_only=False).astype(bool)
+    is_delete = _delete_flags(source)
     deleting = newer & is_delete[j]
     updating = newer & ~is_delete[j]
-    matched = np.zeros(n_source, dtype=bool)
-    matched[j] = True
-    inserted = np.flatnonzero(~matched & ~is_delete)
     flagged = (i[deleting], j[deleting]) if spec.soft_delete else (i[:0], j[:0])
     updated = _updated_rows(stored, source, schema, i[updating], j[updating], spec)
     soft_deleted = _soft_deleted_rows(stored, source, schema, *flagged)
-    # the stored rows keep their order (a file stays sorted by key): an updated or
-    # soft-deleted row takes its stored row's place, a deleted one leaves it
     place = np.arange(n_stored, dtype=np.int64)
     place[i[updating]] = n_stored + np.arange(updated.num_rows)
     place[flagged[0]] = n_stored + updated.num_rows + np.arange(soft_deleted.num_rows)
     keep = np.ones(n_stored, dtype=bool)
     if not spec.soft_delete:
         keep[i[deleting]] = False
-    rewritten = stored
+    rows = stored
     if updated.num_rows or soft_deleted.num_rows:
-        rewritten = pa.concat_tables([stored, updated, soft_deleted]).take(pa.array(place[keep]))
+        rows = pa.concat_tables([stored, updated, soft_deleted]).take(pa.array(place[keep]))
     elif not keep.all():
-        rewritten = stored.filter(pa.array(keep))
-    new_rows = _inserted_rows(source, schema, inserted, spec)
-    order = [(k, "ascending") for k in spec.key_columns]
-    if new_rows.num_rows > 1:
-        new_rows = new_rows.take(pc.sort_indices(new_rows, sort_keys=order))
+        rows = stored.filter(pa.array(keep))
     metrics = {
-        "num_source_rows": n_source,
-        "num_target_rows_inserted": len(inserted),
         "num_target_rows_updated": int(updating.sum()) + len(flagged[0]),
         "num_target_rows_deleted": 0 if spec.soft_delete else int(deleting.sum()),
         "num_target_rows_copied": int(n_stored - newer.sum()),
     }
-    return pa.concat_tables([rewritten, new_rows]), metrics
+    return rows, j, metrics
+
+
+def _delete_flags(source: pa.Table) -> np.ndarray:
+    return source[DELETE_FLAG].combine_chunks().to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _new_rows(
+    source: pa.Table, schema: pa.Schema, matched: np.ndarray, spec: MergeSpec
+) -> pa.Table:
+    """The source upserts no stored row matched, as new rows sorted by key."""
+    rows = _inserted_rows(source, schema, np.flatnonzero(~matched & ~_delete_flags(source)), spec)
+    if rows.num_rows > 1:
+        order = [(k, "ascending") for k in spec.key_columns]
+        rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    return rows
 
 
 def _updated_rows(
@@ -362,23 +414,43 @@ def _inserted_rows(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def rows_per_file(rows: pa.Table, target_file_rows: int = TARGET_FILE_ROWS) -> int:
+    """Rows per data file for rows like ``rows``: at most ``target_file_rows``, and about
+    :data:`TARGET_FILE_BYTES` of Arrow memory."""
+    if not rows.num_rows:
+        return max(1, target_file_rows)
+    by_bytes = TARGET_FILE_BYTES * rows.num_rows // max(1, rows.nbytes)
+    return max(1, min(target_file_rows, by_bytes))
+
+
+def _file_count(rows: pa.Table, target_file_rows: int) -> int:
+    """How many files of about equal size ``rows`` are written as: a rewritten file is
+    split only past 1.5 times :data:`TARGET_FILE_BYTES` (or ``target_file_rows``), so
+    rewriting a file of about the target size does not halve it."""
+    by_rows = -(-rows.num_rows // max(1, target_file_rows))
+    by_bytes = rows.nbytes / TARGET_FILE_BYTES
+    return max(1, by_rows, round(by_bytes) if by_bytes > 1.5 else 1)
+
+
 def write_data_files(
     filesystem: pa_fs.FileSystem,
     rows: pa.Table,
     now_ms: int,
     target_file_rows: int = TARGET_FILE_ROWS,
 ) -> list[AddAction]:
-    """Write ``rows`` (in the order given) as data files of at most ``target_file_rows``
-    rows in the table folder (``filesystem`` is rooted there).
+    """Write ``rows`` (in the order given) as data files of about equal size, at most
+    ``target_file_rows`` rows and about :data:`TARGET_FILE_BYTES` each, in the table
+    folder (``filesystem`` is rooted there).
 
     Returns:
         One add action per file, with its statistics (:func:`file_stats`).
     """
     if not rows.num_rows:
         return []
+    per_file = -(-rows.num_rows // _file_count(rows, target_file_rows))
     actions = []
-    for start in range(0, rows.num_rows, max(1, target_file_rows)):
-        part = rows.slice(start, target_file_rows)
+    for start in range(0, rows.num_rows, per_file):
+        part = rows.slice(start, per_file)
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         pq.write_table(part, path, filesystem=filesystem, compression="snappy")
         size = filesystem.get_file_info(path).size
