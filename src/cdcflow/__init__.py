@@ -6,6 +6,7 @@ light):
 - :func:`run` -- run a pipeline under its lease (``cdcflow run``);
 - :func:`load_config` -- read and check a YAML configuration (``ConfigError`` names the key);
 - :func:`reset`, :func:`plan_reset` -- start sources over (``cdcflow reset``);
+- :func:`maintain` -- compact, vacuum and clean up every table now (``cdcflow maintain``);
 - :func:`decode_files`, :func:`apply_files` -- message files through the same decode and
   apply path (``cdcflow decode``, ``cdcflow apply``);
 - :class:`Pipeline` -- the bare engine under :func:`run`, without the lease.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "run": "cdcflow.runner",
     "load_config": "cdcflow.config",
     "reset": "cdcflow.reset_sources",
+    "maintain": "cdcflow.warehouse_maintenance",
     "plan_reset": "cdcflow.reset_sources",
     "decode_files": "cdcflow.files",
     "apply_files": "cdcflow.files",

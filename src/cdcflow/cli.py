@@ -154,6 +154,22 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from cdcflow.warehouse_maintenance import maintain
+
+    report = maintain(args.config)
+    for table in report.tables:
+        print(table.describe())
+    before = sum(t.files_before for t in report.tables)
+    after = sum(t.files_after for t in report.tables)
+    print(
+        f"{len(report.tables)} tables maintained: {before} -> {after} data files, "
+        f"{sum(t.vacuumed for t in report.tables)} unreferenced files deleted, "
+        f"{report.tombstones_purged} tombstones purged"
+    )
+    return 1 if any(t.error for t in report.tables) else 0
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM (``kill``, ``docker stop``, Kubernetes) stops a run as Ctrl-C does, so the
     lease is released on the way out and the next run, anywhere, takes it at once."""
@@ -313,6 +329,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", action="store_true", help="also delete the warehouse")
     p.add_argument("--yes", action="store_true", help="do it (without: only print the plan)")
     p.set_defaults(func=cmd_reset)
+
+    p = sub.add_parser(
+        "maintain",
+        parents=[common],
+        help="compact, vacuum and clean up every table of the warehouse now",
+        description=(
+            "Does at once, for every table of the pipeline's warehouse, what a running "
+            "pipeline does after its micro-batches within a time budget: small files "
+            "compacted, files no version within maintenance.vacuum_retention_hours needs "
+            "deleted, expired log files cleaned up, tombstones past "
+            "apply.tombstone_retention_hours purged. Takes the pipeline's lease, so it "
+            "waits for no running pipeline: it is refused (exit 75) while one runs."
+        ),
+    )
+    p.add_argument("config", help="pipeline YAML file")
+    p.set_defaults(func=cmd_maintain)
     return parser
 
 

@@ -38,6 +38,14 @@ Example (every key with its default where it has one)::
         consistent: false
         max_wait_ms: 60000         # an open transaction is applied anyway after this
         max_events: 100000         # ... or when more events than this are held
+    maintenance:                   # after micro-batches, within a budget; `cdcflow maintain`
+      enabled: true
+      budget_s: 2                  # no new table is started past this, per micro-batch
+      compact_min_files: 16        # a table with this many small files is compacted
+      small_file_bytes: 8388608    # smaller files are small
+      target_file_bytes: 67108864  # compaction writes files up to this size
+      vacuum_every_hours: 24       # files no recent version needs are deleted this often
+      vacuum_retention_hours: 168  # ... kept this long for readers of older versions
 
 An unknown key is an error that lists the valid ones; a missing one names the key.
 Everything that can be checked without a broker is checked by :func:`load_config`,
@@ -68,6 +76,7 @@ from pydantic import (
 from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.sinks.maintenance import MaintenancePolicy
 
 __all__ = [
     "SINKS",
@@ -281,6 +290,23 @@ class ApplyConfig(_Strict):
         )
 
 
+class MaintenanceConfig(_Strict):
+    """``maintenance:``: compaction and vacuum of the tables, after micro-batches and by
+    ``cdcflow maintain`` (:class:`~cdcflow.sinks.maintenance.MaintenancePolicy`)."""
+
+    enabled: bool = True
+    budget_s: float = Field(default=2.0, ge=0)
+    small_file_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    compact_min_files: int = Field(default=16, ge=2)
+    target_file_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    vacuum_every_hours: float = Field(default=24.0, ge=0)
+    vacuum_retention_hours: float = Field(default=168.0, ge=0)
+
+    def policy(self) -> MaintenancePolicy:
+        """The policy :class:`~cdcflow.apply.batch.BatchApplier` maintains by."""
+        return MaintenancePolicy(**self.model_dump())
+
+
 class TriggerConfig(_Strict):
     """``trigger:``: ``{processing_time: "1 second"}`` (the default), or
     ``available_now`` (drain what is there, then stop; ``cdcflow run --once`` forces it)."""
@@ -318,6 +344,7 @@ class PipelineConfig(_Strict):
     kafka: KafkaConfig
     sources: tuple[SourceConfig, ...]
     tables: TableRules = Field(default_factory=TableRules)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     apply: ApplyConfig = Field(default_factory=ApplyConfig)
     #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
     sink: Sink = "delta-rs"

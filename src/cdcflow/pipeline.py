@@ -295,6 +295,7 @@ class Pipeline:
             table_budget_s=self.config.apply.table_budget_s,
             fence=self.fence,
             parallel_tables=self.config.apply.parallel_tables,
+            maintenance=self.config.maintenance.policy(),
         )
         checkpoint = self._prepare(source, applier, options)
         staging = self._staging_path(source)

@@ -60,6 +60,8 @@ class BatchReport:
     #: transaction-consistent apply only: complete, released_open, held, held_events,
     #: max_wait_ms (see :class:`~cdcflow.apply.transactions.TransactionSplit`)
     transactions: dict[str, int] = field(default_factory=dict)
+    #: what maintenance did after the apply (one line per table; none most batches)
+    maintenance: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +83,7 @@ class BatchReport:
                 for m in self.mirrors
             },
             "transactions": dict(self.transactions),
+            "maintenance": list(self.maintenance),
             "seconds": round(self.seconds, 3),
         }
 

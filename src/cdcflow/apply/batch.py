@@ -13,7 +13,9 @@ id. Order of writes, each idempotent per ``(pipeline, apply id)``:
 5. dead letters (decode and apply failures, with raw bytes or event JSON);
 6. a progress row: last source sequence and time (heartbeats count), rows changed, lag;
 7. the completion: the apply's accounting row per Kafka partition (records, events,
-   skipped, dead), committed with the partitions' next offsets.
+   skipped, dead), committed with the partitions' next offsets;
+8. maintenance of the tables it touched, when due, within its time budget
+   (:mod:`cdcflow.sinks.maintenance`: compaction and vacuum; no data changes).
 
 Every record of the batch is accounted for: ``records = records with events + joined +
 skipped + dead`` (``joined``: an update half whose change its partner's event carries).
@@ -64,12 +66,17 @@ from cdcflow.apply.transactions import (
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
 from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult
+from cdcflow.sinks.maintenance import Maintainer, MaintenancePolicy
 from cdcflow.sinks.system_tables import (
+    BATCHES,
     CHANGELOG,
     DEAD_LETTERS,
     DECODER_STATE,
     DECODER_STATE_SCHEMA,
+    OFFSETS,
     PROGRESS,
+    SCHEMA_CHANGES,
+    TOMBSTONES,
 )
 
 __all__ = ["BatchApplier", "IncompleteApply"]
@@ -78,6 +85,18 @@ log = logging.getLogger(__name__)
 
 #: at most one tombstone purge per this many seconds of a running applier
 _PURGE_EVERY_S = 3600.0
+
+#: the system tables an apply writes, maintained like the mirrors
+_SYSTEM = (
+    BATCHES,
+    CHANGELOG,
+    DEAD_LETTERS,
+    DECODER_STATE,
+    OFFSETS,
+    PROGRESS,
+    SCHEMA_CHANGES,
+    TOMBSTONES,
+)
 
 
 def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool) -> pa.Table:
@@ -107,6 +126,8 @@ class BatchApplier:
         parallel_tables: how many tables of a micro-batch are applied at once, on a
             thread pool of the driver (delta-rs releases the GIL while it merges); ``1``
             applies them one after another.
+        maintenance: when the tables an apply touched are compacted and vacuumed
+            (default :class:`~cdcflow.sinks.maintenance.MaintenancePolicy`).
     """
 
     def __init__(
@@ -120,6 +141,7 @@ class BatchApplier:
         table_budget_s: float = 600.0,
         fence: Callable[[], None] | None = None,
         parallel_tables: int = 4,
+        maintenance: MaintenancePolicy | None = None,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
@@ -133,6 +155,7 @@ class BatchApplier:
         self.table_applier = TableApplier(warehouse, self.schema_log, table_budget_s)
         self._last_purge: float | None = None
         self.parallel_tables = max(1, parallel_tables)
+        self.maintainer = Maintainer(warehouse, maintenance)
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -278,6 +301,9 @@ class BatchApplier:
         wh.commit_metadata = {}
         report.records = records.num_rows
         report.seconds = time.perf_counter() - started
+        # 8. maintenance, after the apply is complete and within its own time budget
+        touched = [m.path for m in report.mirrors] + [wh.system_path(n) for n in _SYSTEM]
+        report.maintenance = [m.describe() for m in self.maintainer.after_batch(touched)]
         return report
 
     def _apply_tables(

@@ -20,6 +20,7 @@ newer ones. See docs/semantics.md.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import RemoveAction
 
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
@@ -75,6 +77,11 @@ REWRITE_MIN_COLUMNS = 200
 #: default: only the files holding the batch's keys are rewritten) or ``delta-rs`` (its
 #: MERGE; docs/decisions.md 44).
 MERGE_ENGINES = ("arrow", "delta-rs")
+
+#: merges computed again when a concurrent rewrite removed a file they read
+_MERGE_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 
@@ -768,15 +775,39 @@ class DeltaWarehouse:
             Merge metrics named as delta-rs names them, plus ``merge_s`` (seconds).
         """
         started = time.perf_counter()
-        actions, metrics = rewrite_actions(
-            table, source, spec, self.storage_options, self.target_file_rows
-        )
-        if actions:
-            table.create_write_transaction(
-                actions, "append", table.schema(), commit_properties=self._commit(spec.batch_id)
+        for attempt in range(1, _MERGE_ATTEMPTS + 1):
+            actions, metrics = rewrite_actions(
+                table, source, spec, self.storage_options, self.target_file_rows
             )
+            removed = {a.path for a in actions if isinstance(a, RemoveAction)}
+            if removed:
+                # delta-rs checks no read set for a commit of file actions: a file this
+                # merge read must still be there (not compacted away meanwhile), or its
+                # rows would be written twice; then the merge is computed again
+                table.update_incremental()
+                live = set(pa.table(table.get_add_actions())["path"].to_pylist())
+                if not removed <= live:
+                    log.info("table %s: files rewritten meanwhile; merging again", table.table_uri)
+                    continue
+            if actions:
+                table.create_write_transaction(
+                    actions,
+                    "append",
+                    table.schema(),
+                    commit_properties=self._commit(spec.batch_id),
+                )
+            else:
+                self._mark(table, spec.batch_id)
+            if attempt > 1:
+                metrics["merge_attempts"] = attempt
+            break
         else:
-            self._mark(table, spec.batch_id)
+            raise ApplyError(
+                f"the merge into {table.table_uri} found its files rewritten by another "
+                f"writer {_MERGE_ATTEMPTS} times; cdcflow maintains its mirrors itself "
+                "(stop other OPTIMIZE jobs on them)",
+                Code.TABLE_FAULT,
+            )
         metrics["merge_s"] = round(time.perf_counter() - started, 4)
         return metrics
 

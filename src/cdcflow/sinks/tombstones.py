@@ -205,6 +205,14 @@ class TombstoneStore:
                 self._load()  # someone else committed as well (or a replayed apply)
         return rows.num_rows if written else 0
 
+    def accept_rewrite(self, before: int, after: int) -> None:
+        """The table went from version ``before`` to ``after`` by a commit that changed
+        no row (a compaction): the index stays valid if it was at ``before``."""
+        index = self._index
+        with index.lock:
+            if index.version == before and after == before + 1:
+                index.version = after
+
     def purge(self, retention_hours: float, now_ms: int | None = None) -> int:
         """Delete key tombstones committed more than ``retention_hours`` ago.
 

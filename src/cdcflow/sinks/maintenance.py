@@ -1,0 +1,193 @@
+"""Table maintenance: small files compacted, unreferenced files vacuumed, old log files
+cleaned up, so a mirror streamed into for months costs what it did on its first day.
+
+Every micro-batch that changes a table adds files: the Arrow merge writes a batch's new
+keys as a file of their own, and the bookkeeping tables (``_cdcflow/changelog``,
+``batches``, ``progress``, ...) get one file per batch. :class:`Maintainer` runs after
+a micro-batch's apply, on the tables it touched, within a time budget
+(``maintenance.budget_s``): a table with :attr:`MaintenancePolicy.compact_min_files`
+small files or more is compacted (delta-rs ``optimize.compact``: small files bin-packed
+into files of ``target_file_bytes``, in their order, with statistics; a commit that
+changes no data). A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files
+no version within ``vacuum_retention_hours`` references are deleted, and log files past
+the table's log retention (``delta.logRetentionDuration``, 30 days) are cleaned up.
+``cdcflow maintain`` runs the same on every table at once, whatever the budget.
+
+Maintenance runs between micro-batches on the apply's own thread, so it never races a
+merge of the same pipeline; a compaction that loses a race to another writer fails its
+commit and is tried again after a later batch (the merge checks that the files it read
+are still there before its commit: :meth:`cdcflow.sinks.delta.DeltaWarehouse._rewrite_merge`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+__all__ = ["MaintenancePolicy", "Maintainer", "TableMaintenance", "small_files"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    """When and how the tables are maintained (``maintenance:`` in the configuration).
+
+    Attributes:
+        enabled: maintain automatically after micro-batches (``cdcflow maintain`` runs
+            whatever this says).
+        budget_s: after a micro-batch, no new table is started past this many seconds.
+        small_file_bytes: a data file smaller than this is small.
+        compact_min_files: a table with this many small files (or more) is compacted.
+        target_file_bytes: the size compaction writes files up to.
+        vacuum_every_hours: a table is vacuumed at most this often by a running pipeline
+            (``0``: only by ``cdcflow maintain``).
+        vacuum_retention_hours: files a version of the last this many hours references
+            are kept (readers of older versions, time travel); the Delta default, 168.
+    """
+
+    enabled: bool = True
+    budget_s: float = 2.0
+    small_file_bytes: int = 8 * 1024 * 1024
+    compact_min_files: int = 16
+    target_file_bytes: int = 64 * 1024 * 1024
+    vacuum_every_hours: float = 24.0
+    vacuum_retention_hours: float = 168.0
+
+
+@dataclass(slots=True)
+class TableMaintenance:
+    """What maintenance did to one table."""
+
+    path: str
+    files_before: int = 0
+    files_after: int = 0
+    compacted: dict[str, Any] = field(default_factory=dict)
+    vacuumed: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    def describe(self) -> str:
+        """One line for people: ``<path>: 40 -> 2 files, 12 vacuumed (0.31 s)``."""
+        done = f"{self.files_before} -> {self.files_after} files"
+        if self.vacuumed:
+            done += f", {self.vacuumed} vacuumed"
+        if self.error:
+            done += f", failed: {self.error}"
+        return f"{self.path}: {done} ({self.seconds:.2f} s)"
+
+
+def small_files(table: DeltaTable, small_file_bytes: int) -> tuple[int, int]:
+    """``(small data files, all data files)`` of the table's current version."""
+    sizes = pa.table(table.get_add_actions())["size_bytes"].to_pylist()
+    return sum(1 for s in sizes if s < small_file_bytes), len(sizes)
+
+
+class Maintainer:
+    """Compacts and vacuums the tables of one warehouse view (module docstring).
+
+    Args:
+        warehouse: whose tables (and storage options) are maintained.
+        policy: when and how.
+    """
+
+    def __init__(self, warehouse: DeltaWarehouse, policy: MaintenancePolicy | None = None):
+        self.warehouse = warehouse
+        self.policy = policy or MaintenancePolicy()
+        #: table path -> monotonic time of its last vacuum by this process (or first sight)
+        self._vacuumed_at: dict[str, float] = {}
+        #: table path -> batches that touched it since it was last looked at
+        self._touches: dict[str, int] = {}
+
+    def after_batch(self, paths: Sequence[str]) -> list[TableMaintenance]:
+        """Maintain the tables at ``paths`` (those a micro-batch touched) that need it,
+        until :attr:`MaintenancePolicy.budget_s` is spent; the rest wait for a later
+        batch. A table is looked at only every ``compact_min_files`` batches that touch
+        it (a batch adds a file or two), so a batch over 500 tables does not list 500
+        tables' files. A table's failure is logged and left for later, never raised."""
+        policy = self.policy
+        if not policy.enabled:
+            return []
+        started = time.monotonic()
+        every_s = policy.vacuum_every_hours * 3600
+        due = []
+        for path in paths:
+            touches = self._touches.get(path, 0) + 1
+            self._touches[path] = touches
+            # the first sight starts the vacuum clock: a pipeline's start is not a schedule
+            first_vacuum = self._vacuumed_at.setdefault(path, started)
+            vacuum_due = every_s > 0 and started - first_vacuum >= every_s
+            if touches >= policy.compact_min_files or vacuum_due:
+                due.append(path)
+        done = []
+        for path in due:
+            if time.monotonic() - started > policy.budget_s:
+                break  # the rest stay due for the next batch
+            self._touches[path] = 0
+            result = self._maintain(path, force=False)
+            if result is not None:
+                done.append(result)
+                log.info("maintenance: %s", result.describe())
+        return done
+
+    def run_all(self, paths: Sequence[str]) -> list[TableMaintenance]:
+        """``cdcflow maintain``: compact every table at ``paths`` with two small files or
+        more, vacuum it and clean up its log, whatever the budget and the schedule."""
+        done = []
+        for path in paths:
+            result = self._maintain(path, force=True)
+            if result is not None:
+                done.append(result)
+        return done
+
+    def _maintain(self, path: str, force: bool) -> TableMaintenance | None:
+        policy = self.policy
+        table = self.warehouse.open(path)
+        if table is None:
+            return None
+        small, total = small_files(table, policy.small_file_bytes)
+        compact = small >= (2 if force else policy.compact_min_files)
+        last = self._vacuumed_at.get(path)
+        every_s = policy.vacuum_every_hours * 3600
+        vacuum = force or (every_s > 0 and last is not None and time.monotonic() - last >= every_s)
+        if not compact and not vacuum:
+            return None
+        result = TableMaintenance(path, files_before=total, files_after=total)
+        started = time.monotonic()
+        try:
+            if compact:
+                before = table.version()
+                result.compacted = table.optimize.compact(
+                    target_size=policy.target_file_bytes, max_concurrent_tasks=2
+                )
+                if path == self.warehouse.tombstones.path:  # no data changed: keep its index
+                    self.warehouse.tombstones.accept_rewrite(before, table.version())
+            if vacuum:
+                self._vacuumed_at[path] = time.monotonic()
+                removed = table.vacuum(
+                    retention_hours=int(policy.vacuum_retention_hours),
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                )
+                result.vacuumed = len(removed)
+                table.cleanup_metadata()
+        except Exception as exc:  # noqa: BLE001 - tried again after a later batch
+            result.error = str(exc).splitlines()[0][:300]
+            log.warning("maintenance of %s failed (tried again later): %s", path, result.error)
+            self.warehouse.forget(path)
+        refreshed = self.warehouse.open(path)
+        if refreshed is not None:
+            result.files_after = small_files(refreshed, policy.small_file_bytes)[1]
+        result.seconds = time.monotonic() - started
+        if not compact and not result.vacuumed and result.error is None:
+            return None  # a vacuum that found nothing is not worth a line
+        return result

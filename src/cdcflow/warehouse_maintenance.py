@@ -1,0 +1,72 @@
+"""Maintaining a warehouse by hand: what ``cdcflow maintain`` does, as a library call.
+
+A running pipeline maintains the tables it writes after its micro-batches, within a time
+budget (:mod:`cdcflow.sinks.maintenance`). :func:`maintain` does all of it at once, for
+every table of the warehouse: small files compacted, files no version within
+``maintenance.vacuum_retention_hours`` needs deleted, expired log files cleaned up, and
+tombstones past ``apply.tombstone_retention_hours`` purged. It runs under the pipeline's
+lease, so never beside a running pipeline (``LeaseHeld``, exit 75): schedule it daily
+for pipelines run with ``--once``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdcflow.config import PipelineConfig, load_config
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.lease import PipelineLease
+from cdcflow.sinks.maintenance import Maintainer, TableMaintenance
+from cdcflow.sinks.system_tables import HISTORY_LOG, LEASES, SYSTEM_FOLDER
+
+__all__ = ["MaintenanceReport", "maintain", "warehouse_tables"]
+
+
+@dataclass
+class MaintenanceReport:
+    """What :func:`maintain` did: one entry per table it changed, and the tombstones it
+    purged."""
+
+    tables: list[TableMaintenance] = field(default_factory=list)
+    tombstones_purged: int = 0
+
+
+def warehouse_tables(warehouse: DeltaWarehouse) -> list[str]:
+    """Paths of every Delta table of a local warehouse: the mirrors, the system tables
+    and the history tables' change logs (the leases are left alone)."""
+    root = warehouse.root
+    paths = [f"{root}/{name}" for name in warehouse.mirrors()]
+    system = os.path.join(root, SYSTEM_FOLDER)
+    if os.path.isdir(system):
+        for name in sorted(os.listdir(system)):
+            if name == LEASES:
+                continue
+            if name == HISTORY_LOG:
+                logs = os.path.join(system, name)
+                paths += [f"{system}/{name}/{t}" for t in sorted(os.listdir(logs))]
+            elif os.path.isdir(os.path.join(system, name, "_delta_log")):
+                paths.append(f"{system}/{name}")
+    return paths
+
+
+def maintain(config: PipelineConfig | str | Path) -> MaintenanceReport:
+    """Compact, vacuum and clean up every table of the pipeline's warehouse, and purge
+    old tombstones, under the pipeline's lease.
+
+    Raises:
+        ConfigError: the configuration is invalid (a path is loaded first).
+        LeaseHeld: a run of the pipeline holds its lease.
+    """
+    if not isinstance(config, PipelineConfig):
+        config = load_config(config)
+    report = MaintenanceReport()
+    with PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0):
+        warehouse = DeltaWarehouse(config.warehouse, pipeline_id=config.pipeline_id)
+        maintainer = Maintainer(warehouse, config.maintenance.policy())
+        report.tables = maintainer.run_all(warehouse_tables(warehouse))
+        report.tombstones_purged = warehouse.tombstones.purge(
+            config.apply.tombstone_retention_hours
+        )
+    return report

@@ -1,0 +1,137 @@
+"""Maintenance (``cdcflow.sinks.maintenance``, ``cdcflow maintain``): small files
+compacted after micro-batches without changing a row or exactly-once, a merge that races
+a compaction merged again (never written twice), vacuum within its retention. Real
+delta-rs tables, read back with ``deltalake``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from tests.apply.helpers import dele, ins, table_of, upd
+
+import cdcflow
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.errors import LeaseHeld
+from cdcflow.sinks import delta as delta_module
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.lease import PipelineLease
+from cdcflow.sinks.maintenance import MaintenancePolicy, small_files
+
+TARGET = "db.items"
+OFTEN = MaintenancePolicy(compact_min_files=4, budget_s=60)
+
+
+def _files(path: str) -> int:
+    return len(DeltaTable(path).file_uris())
+
+
+def _names(wh: DeltaWarehouse) -> dict[int, str]:
+    data = wh.read(TARGET)
+    return dict(zip(data["id"].to_pylist(), data["name"].to_pylist(), strict=True))
+
+
+def _new_keys(ap: BatchApplier, batches: int, start: int = 0) -> list:
+    """``batches`` micro-batches of 10 new keys each (each adds a file to the mirror)."""
+    reports = []
+    for b in range(start, start + batches):
+        reports.append(
+            ap.apply(table_of(*(ins(b * 10 + k, f"v{b}", seq=b + 1) for k in range(10))), b)
+        )
+    return reports
+
+
+def test_small_files_are_compacted_after_a_batch_and_every_row_stays(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=OFTEN)
+    reports = _new_keys(ap, 3)
+    assert _files(wh.table_path(TARGET)) == 3 and not any(r.maintenance for r in reports)
+    fourth = _new_keys(ap, 1, start=3)[0]
+    assert any(line.startswith(wh.table_path(TARGET)) for line in fourth.maintenance)
+    assert _files(wh.table_path(TARGET)) == 1
+    assert _files(wh.system_path("changelog")) == 1  # the bookkeeping tables too
+    assert _names(wh) == {b * 10 + k: f"v{b}" for b in range(4) for k in range(10)}
+
+
+def test_compaction_keeps_exactly_once_and_the_tombstone_index(tmp_path):
+    root = str(tmp_path / "wh")
+    wh = DeltaWarehouse(root, pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=OFTEN)
+    batches = [table_of(ins(k, "a", seq=1, offset=k)) for k in range(3)]
+    batches.append(table_of(dele(1, seq=5, offset=3)))
+    for i, b in enumerate(batches):
+        ap.apply(b, i)
+    tombs = DeltaTable(wh.tombstones.path)
+    # the tombstones and the offsets were compacted; the index follows without a reread
+    assert wh.tombstones._index.version == tombs.version()
+    assert _files(wh.system_path("batches")) == 1 and _files(wh.system_path("offsets")) == 1
+    # a new process: every delivery is applied already, and the delete still guards
+    again = BatchApplier(DeltaWarehouse(root, pipeline_id="t"), maintenance=OFTEN)
+    assert [again.apply(b, 9).replayed for b in batches] == [1, 1, 1, 1]
+    again.apply(table_of(ins(1, "late", seq=2, offset=4)), 10)
+    assert _names(wh) == {0: "a", 2: "a"}
+
+
+def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(tmp_path, monkeypatch):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
+    _new_keys(ap, 3)
+    real, calls = delta_module.rewrite_actions, []
+
+    def then_compacted(table, *args, **kwargs):
+        actions = real(table, *args, **kwargs)
+        if not calls:  # another writer compacts the files this merge just read
+            DeltaTable(table.table_uri).optimize.compact()
+        calls.append(1)
+        return actions
+
+    monkeypatch.setattr(delta_module, "rewrite_actions", then_compacted)
+    (mirror,) = ap.apply(table_of(upd(5, "updated", seq=9), upd(25, "updated", seq=9)), 3).mirrors
+    assert len(calls) == 2 and mirror.metrics["merge_attempts"] == 2
+    rows = wh.read(TARGET)
+    assert rows.num_rows == 30  # no row twice
+    assert _names(wh)[5] == _names(wh)[25] == "updated"
+
+
+def test_vacuum_deletes_only_what_no_version_within_retention_needs(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
+    _new_keys(ap, 4)
+    path = wh.table_path(TARGET)
+
+    def parquet_on_disk() -> int:
+        return sum(1 for f in os.listdir(path) if f.endswith(".parquet"))
+
+    from cdcflow.sinks.maintenance import Maintainer
+
+    kept = Maintainer(wh, MaintenancePolicy()).run_all([path])  # 168 h: nothing is old
+    assert kept[0].files_after == 1 and kept[0].vacuumed == 0 and parquet_on_disk() == 5
+    now = Maintainer(wh, MaintenancePolicy(vacuum_retention_hours=0)).run_all([path])
+    assert now[0].vacuumed == 4 and parquet_on_disk() == 1
+    assert len(_names(wh)) == 40
+
+
+def test_cdcflow_maintain_compacts_every_table_under_the_lease(tmp_path):
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        "pipeline_id: m\nwarehouse: wh\ncheckpoint: ck\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+        "sources: [{name: a, format: debezium-json, topics: [t]}]\n"
+        "maintenance: {vacuum_retention_hours: 0}\n"
+    )
+    root = str(tmp_path / "wh")
+    ap = BatchApplier(
+        DeltaWarehouse(root, pipeline_id="m.a"), maintenance=MaintenancePolicy(enabled=False)
+    )
+    _new_keys(ap, 5)
+    loaded = cdcflow.load_config(config)
+    with PipelineLease(loaded.warehouse, loaded.pipeline_id, ttl_s=600), pytest.raises(LeaseHeld):
+        cdcflow.maintain(config)
+    report = cdcflow.maintain(config)
+    done = {Path(t.path).name: t for t in report.tables}
+    assert {"db.items", "changelog", "batches", "offsets", "progress"} <= set(done)
+    assert done["db.items"].files_before == 5 and done["db.items"].files_after == 1
+    table = DeltaTable(f"{root}/db.items")
+    assert small_files(table, 1 << 30) == (1, 1) and table.to_pyarrow_table().num_rows == 50
