@@ -22,6 +22,17 @@ from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.file_stats import STRING_PREFIX, file_stats, files_in_range
 
 TARGET = "db.items"
+
+
+@pytest.fixture
+def file_per_batch(monkeypatch):
+    """Tables past the small-table rewrite (``SMALL_TABLE_BYTES``): a batch's new keys
+    are a file of their own, as in a large mirror."""
+    from cdcflow.sinks import arrow_merge
+
+    monkeypatch.setattr(arrow_merge, "SMALL_TABLE_BYTES", 0)
+
+
 PAIRS = SourceTable("test", "db", "", "pairs")
 
 
@@ -107,7 +118,7 @@ def test_composite_keys_merge_alike(tmp_path):
     assert (0, "y", 1) in mirrors["arrow"]
 
 
-def test_a_merge_rewrites_only_the_files_its_keys_are_in(tmp_path):
+def test_a_merge_rewrites_only_the_files_its_keys_are_in(tmp_path, file_per_batch):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t", target_file_rows=100)
     ap = BatchApplier(wh)
 
@@ -143,7 +154,7 @@ def test_a_merge_rewrites_only_the_files_its_keys_are_in(tmp_path):
     assert names == expected
 
 
-def test_a_key_in_a_files_range_but_not_in_the_file_rewrites_nothing(tmp_path):
+def test_a_key_in_a_files_range_but_not_in_the_file_rewrites_nothing(tmp_path, file_per_batch):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh)
     ap.apply(table_of(ins(0, "a", seq=1), ins(10, "b", seq=1)), 0)
@@ -217,7 +228,7 @@ def test_files_in_range_keeps_files_a_value_can_be_in():
     assert files_in_range(strings, "k", pa.array(["c"])).to_pylist() == [True]
 
 
-def test_files_keep_their_size_when_rewritten(tmp_path, monkeypatch):
+def test_files_keep_their_size_when_rewritten(tmp_path, monkeypatch, file_per_batch):
     """A file about the target size stays one file when a merge rewrites it (no halving
     at every rewrite); more than 1.5 times the target is split into equal files."""
     from cdcflow.sinks import arrow_merge
@@ -237,3 +248,23 @@ def test_files_keep_their_size_when_rewritten(tmp_path, monkeypatch):
     assert mirror.metrics["num_target_files_added"] == 3
     files = DeltaTable(wh.table_path(TARGET)).get_add_actions(flatten=True)
     assert sorted(files["num_records"].to_pylist()) == [100, 100, 100]
+
+
+def test_a_small_table_stays_one_file_sorted_by_key(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh)
+    for b in range(6):  # new keys below and above the stored ones, and an update
+        ap.apply(
+            table_of(
+                ins(100 - b, "low", seq=b + 1),
+                ins(100 + b, "high", seq=b + 1),
+                upd(100, "u", seq=b + 1),
+            ),
+            b,
+        )
+    files = DeltaTable(wh.table_path(TARGET)).get_add_actions(flatten=True)
+    assert files.num_rows == 1
+    ids = [r["id"] for r in DeltaTable(wh.table_path(TARGET)).to_pyarrow_table().to_pylist()]
+    assert ids == sorted(ids) == list(range(95, 106))
+    (mirror,) = ap.apply(table_of(upd(100, "older", seq=0)), 6).mirrors
+    assert mirror.metrics["num_target_files_added"] == 0  # an older change rewrites nothing

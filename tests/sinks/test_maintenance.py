@@ -21,6 +21,17 @@ from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import MaintenancePolicy, small_files
 
 TARGET = "db.items"
+
+
+@pytest.fixture
+def file_per_batch(monkeypatch):
+    """Tables past the small-table rewrite (``SMALL_TABLE_BYTES``): a batch's new keys
+    are a file of their own, as in a large mirror."""
+    from cdcflow.sinks import arrow_merge
+
+    monkeypatch.setattr(arrow_merge, "SMALL_TABLE_BYTES", 0)
+
+
 OFTEN = MaintenancePolicy(compact_min_files=4, budget_s=60)
 
 
@@ -43,7 +54,7 @@ def _new_keys(ap: BatchApplier, batches: int, start: int = 0) -> list:
     return reports
 
 
-def test_small_files_are_compacted_after_a_batch_and_every_row_stays(tmp_path):
+def test_small_files_are_compacted_after_a_batch_and_every_row_stays(tmp_path, file_per_batch):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh, maintenance=OFTEN)
     reports = _new_keys(ap, 3)
@@ -55,7 +66,7 @@ def test_small_files_are_compacted_after_a_batch_and_every_row_stays(tmp_path):
     assert _names(wh) == {b * 10 + k: f"v{b}" for b in range(4) for k in range(10)}
 
 
-def test_compaction_keeps_exactly_once_and_the_tombstone_index(tmp_path):
+def test_compaction_keeps_exactly_once_and_the_tombstone_index(tmp_path, file_per_batch):
     root = str(tmp_path / "wh")
     wh = DeltaWarehouse(root, pipeline_id="t")
     ap = BatchApplier(wh, maintenance=OFTEN)
@@ -74,7 +85,9 @@ def test_compaction_keeps_exactly_once_and_the_tombstone_index(tmp_path):
     assert _names(wh) == {0: "a", 2: "a"}
 
 
-def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(tmp_path, monkeypatch):
+def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(
+    tmp_path, monkeypatch, file_per_batch
+):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
     _new_keys(ap, 3)
@@ -95,7 +108,7 @@ def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(tmp
     assert _names(wh)[5] == _names(wh)[25] == "updated"
 
 
-def test_vacuum_deletes_only_what_no_version_within_retention_needs(tmp_path):
+def test_vacuum_deletes_only_what_no_version_within_retention_needs(tmp_path, file_per_batch):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
     _new_keys(ap, 4)
@@ -113,7 +126,7 @@ def test_vacuum_deletes_only_what_no_version_within_retention_needs(tmp_path):
     assert len(_names(wh)) == 40
 
 
-def test_cdcflow_maintain_compacts_every_table_under_the_lease(tmp_path):
+def test_cdcflow_maintain_compacts_every_table_under_the_lease(tmp_path, file_per_batch):
     config = tmp_path / "p.yaml"
     config.write_text(
         "pipeline_id: m\nwarehouse: wh\ncheckpoint: ck\n"

@@ -68,6 +68,9 @@ TARGET_FILE_ROWS = 1_000_000
 #: (issue 18, part 3) keeps their number bounded
 TARGET_FILE_BYTES = 32 * 1024 * 1024
 
+#: a table whose data files hold at most this many bytes is rewritten whole, as one file
+SMALL_TABLE_BYTES = 4 * 1024 * 1024
+
 #: a candidate file of at most this many rows is read whole at once (its key columns
 #: alone first otherwise)
 READ_WHOLE_ROWS = 20_000
@@ -103,8 +106,10 @@ def rewrite_actions(
     source = _cast_like(source, schema)
     filesystem = table_filesystem(table.table_uri, storage_options)
     files = pa.table(table.get_add_actions(flatten=True))
-    candidates = _candidate_files(files, source, spec, schema)
     now_ms = int(time.time() * 1000)
+    if 0 < (pc.sum(files["size_bytes"]).as_py() or 0) <= SMALL_TABLE_BYTES:
+        return _rewrite_small_table(filesystem, files, schema, source, spec, now_ms)
+    candidates = _candidate_files(files, source, spec, schema)
 
     def rewrite(candidate: tuple[str, int | None]) -> _Rewritten | None:
         stored = _read_if_holding(filesystem, schema, candidate, source, spec)
@@ -141,6 +146,53 @@ def rewrite_actions(
     metrics["num_target_files_removed"] = len(rewritten)
     metrics["num_target_files_added"] = len(actions) - len(rewritten)
     return actions, metrics
+
+
+def _rewrite_small_table(
+    filesystem: pa_fs.FileSystem,
+    files: pa.Table,
+    schema: pa.Schema,
+    source: pa.Table,
+    spec: MergeSpec,
+    now_ms: int,
+) -> tuple[list[AddAction | RemoveAction], dict[str, Any]]:
+    """A table of at most :data:`SMALL_TABLE_BYTES` is read and written whole, as one
+    file sorted by key: a small table stays one file however many batches change it (a
+    file for each batch's new keys would make hundreds of small tables slower every
+    batch), and it is clustered by key when it outgrows this."""
+    paths = files["path"].to_pylist()
+    parts = [
+        pads.ParquetFileFormat().make_fragment(p, filesystem).to_table(schema=schema) for p in paths
+    ]
+    stored = pa.concat_tables(parts) if parts else schema.empty_table()
+    rows, matched_rows, counts = merged_rows(stored, source, schema, spec)
+    matched = np.zeros(source.num_rows, dtype=bool)
+    matched[matched_rows] = True
+    inserts = _new_rows(source, schema, matched, spec)
+    metrics: dict[str, Any] = {
+        **counts,
+        "num_source_rows": source.num_rows,
+        "num_target_rows_inserted": inserts.num_rows,
+        "num_target_files_scanned": len(paths),
+        "num_target_files_skipped": 0,
+        "num_target_files_removed": 0,
+        "num_target_files_added": 0,
+    }
+    changed = counts["num_target_rows_updated"] + counts["num_target_rows_deleted"]
+    if not changed and not inserts.num_rows:
+        return [], metrics  # every change was older than the stored rows
+    rows = pa.concat_tables([rows, inserts])
+    if rows.num_rows > 1:
+        order = [(k, "ascending") for k in spec.key_columns]
+        rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    sizes = files["size_bytes"].to_pylist()
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(p, True, now_ms, size) for p, size in zip(paths, sizes, strict=True)
+    ]
+    adds = write_data_files(filesystem, rows, now_ms)
+    metrics["num_target_files_removed"] = len(paths)
+    metrics["num_target_files_added"] = len(adds)
+    return actions + adds, metrics
 
 
 @dataclass(frozen=True, slots=True)
