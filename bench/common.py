@@ -260,6 +260,10 @@ def run_cdcflow_once(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "pipeline.yaml"
+    # an A/B of apply settings: CDCFLOW_BENCH_APPLY='{"merge_engine": "delta-rs"}'
+    extra = json.loads(os.environ.get("CDCFLOW_BENCH_APPLY", "{}"))
+    if extra:
+        config = {**config, "apply": {**config.get("apply", {}), **extra}}
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     cmd = [
         sys.executable,

@@ -5,7 +5,9 @@ The same mirror (``id`` bigint key, a text, a bigint, a double, and cdcflow's
 with the same merge source -- 1,000 updates of existing keys spread over the table, the
 shape :meth:`cdcflow.sinks.delta.DeltaWarehouse.apply_mirror` builds -- by:
 
-* ``delta-rs``: :class:`~cdcflow.sinks.delta.DeltaWarehouse` (the driver);
+* ``arrow (driver)``: :class:`~cdcflow.sinks.delta.DeltaWarehouse` (the driver, the
+  Arrow merge, the default: decision 44);
+* ``delta-rs``: the same with ``merge_engine="delta-rs"`` (delta-rs's MERGE);
 * ``delta-spark``: :class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse` (Delta Lake's
   ``MERGE INTO`` on a local ``local[2]`` Spark, the executors);
 * ``delta-spark + DV``: the same with deletion vectors on the copy (what Delta could do;
@@ -36,6 +38,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
+from cdcflow.sinks.merge import MergeSpec
 from cdcflow.spark import get_or_create_session
 
 UPDATES = 1000
@@ -76,7 +79,7 @@ def _time_merge(wh: DeltaWarehouse, base: Path, work: Path, source: pa.Table, ba
     shutil.copytree(base, work)
     table = DeltaTable(str(work))
     started = time.perf_counter()
-    wh._merge_rows(table, source, COLUMNS, ["id"], batch)
+    wh._merge_rows(table, source, MergeSpec(tuple(COLUMNS), ("id",), batch))
     return time.perf_counter() - started
 
 
@@ -104,7 +107,11 @@ def main() -> None:
             )
             source = _source(rows)
             sinks = {
-                "delta-rs": (DeltaWarehouse(str(root), pipeline_id="bench"), base),
+                "arrow (driver)": (DeltaWarehouse(str(root), pipeline_id="bench"), base),
+                "delta-rs": (
+                    DeltaWarehouse(str(root), pipeline_id="bench", merge_engine="delta-rs"),
+                    base,
+                ),
                 "delta-spark": (SparkDeltaWarehouse(str(root), spark, pipeline_id="bench"), base),
                 "delta-spark + DV": (
                     SparkDeltaWarehouse(str(root), spark, pipeline_id="bench"),

@@ -51,14 +51,21 @@ def cluster():
         yield c
 
 
-def merge_engines(table_path: Path) -> set[str]:
+def merge_engines(table_path: Path, arrow_merges: bool = False) -> set[str]:
     """The ``engineInfo`` of the commits that merged into a Delta table (``MERGE``):
-    ``delta-rs:...`` or ``Apache-Spark/... Delta-Lake/...``."""
+    ``delta-rs:...`` or ``Apache-Spark/... Delta-Lake/...``; with ``arrow_merges``, also
+    the Arrow merge's commits of file actions (``WRITE`` commits of an apply, which carry
+    its ``cdcflow.apply_id``: decision 44)."""
     engines = set()
     for commit in sorted((table_path / "_delta_log").glob("*.json")):
         for line in commit.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
-            if info and info.get("operation") == "MERGE":
+            if not info:
+                continue
+            merged = info.get("operation") == "MERGE" or (
+                arrow_merges and info.get("operation") == "WRITE" and "cdcflow.apply_id" in info
+            )
+            if merged:
                 engines.add(str(info.get("engineInfo") or info.get("clientVersion")))
     return engines
 
@@ -120,7 +127,13 @@ def test_a_run_on_a_standalone_cluster_mirrors_its_source(
     assert java_consumer == (source == "spark-kafka")
     assert not (tmp_path / "ck" / "staging").exists()
     mirrors = [p for p in (tmp_path / "wh").iterdir() if (p / "_delta_log").is_dir()]
-    engines = set().union(*(merge_engines(p) for p in mirrors if not p.name.startswith("_")))
+    engines = set().union(
+        *(
+            merge_engines(p, arrow_merges=sink == "delta-rs")
+            for p in mirrors
+            if not p.name.startswith("_")
+        )
+    )
     assert engines, "no mirror was merged"
     if sink == "delta-spark":
         assert all("Delta-Lake/4.4.0" in e for e in engines), engines

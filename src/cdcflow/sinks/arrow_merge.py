@@ -14,7 +14,7 @@ that removed a file read here makes the commit fail (delta-rs's conflict check).
 
 So a batch of new keys (an auto-increment table growing) rewrites nothing, a batch of
 recent keys rewrites the last files, and a batch of keys spread over the whole mirror
-rewrites every file, as delta-rs's MERGE does (issue 18, bench/merge_cost.py).
+rewrites every file, as delta-rs's MERGE does (issue 18, bench/merge_scale.py).
 
 The rules are the SQL merge's (:func:`cdcflow.sinks.merge.merge_expressions`,
 docs/semantics.md): a stored row is overwritten or deleted only by a row with a sequence
