@@ -304,3 +304,20 @@ def emit(rows: list[dict[str, Any]], json_path: str | Path | None = None) -> Non
     print(format_table(rows))
     if json_path:
         write_rows(json_path, rows)
+
+
+def demo_shaped_tables(exact_types: Any, tables: int, name_width: int) -> list[Any]:
+    """``tables`` table specifications shaped like the demo's tables in turn (customers,
+    orders, order lines, ...), named ``t<i>_<demo table>`` with ``i`` zero-padded to
+    ``name_width`` digits; ``exact_types``: the encoder's (``Encoder.exact_types``)."""
+    from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, tables_for
+
+    shapes = tables_for(exact_types)
+    return [
+        TableSpec(
+            f"t{i:0{name_width}d}_{DEMO_TABLES[i % len(DEMO_TABLES)].name}",
+            shapes[i % len(shapes)].columns,
+            shapes[i % len(shapes)].key_columns,
+        )
+        for i in range(tables)
+    ]

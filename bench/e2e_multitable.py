@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, past_startup_rate, row, run_cdcflow_once  # noqa: E402
+from common import demo_shaped_tables, emit, past_startup_rate, row, run_cdcflow_once  # noqa: E402
 
 FORMAT = "canal-json"
 TOPIC = "bench.canal"
@@ -40,18 +40,10 @@ def generate(events: int, tables: int, seed: int = 5) -> tuple[list[Any], dict[s
     """``events`` Canal JSON messages over ``tables`` tables, and each table's final row
     count."""
     from cdcflow_testkit.encoders import encoder_for
-    from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, Workload, tables_for
+    from cdcflow_testkit.workload import Workload
 
     encoder = encoder_for(FORMAT)
-    shapes = tables_for(encoder.exact_types)
-    specs = [
-        TableSpec(
-            f"t{i:02d}_{DEMO_TABLES[i % len(DEMO_TABLES)].name}",
-            shapes[i % len(shapes)].columns,
-            shapes[i % len(shapes)].key_columns,
-        )
-        for i in range(tables)
-    ]
+    specs = demo_shaped_tables(encoder.exact_types, tables, name_width=2)
     workload = Workload(specs, database=DATABASE, seed=seed)
     messages = []
     for change in workload.changes(events):

@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, row  # noqa: E402
+from common import demo_shaped_tables, emit, row  # noqa: E402
 
 FORMAT = "debezium-json"
 
@@ -67,18 +67,10 @@ def micro_batches(tables: int, changes: int, batches: int, seed: int = 7) -> lis
     from cdcflow.formats.base import Record
     from cdcflow.model import Origin
     from cdcflow_testkit.encoders import encoder_for
-    from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, Workload, tables_for
+    from cdcflow_testkit.workload import Workload
 
     encoder = encoder_for(FORMAT)
-    shapes = tables_for(encoder.exact_types)
-    specs = [
-        TableSpec(
-            f"t{i:03d}_{DEMO_TABLES[i % len(DEMO_TABLES)].name}",
-            shapes[i % len(shapes)].columns,
-            shapes[i % len(shapes)].key_columns,
-        )
-        for i in range(tables)
-    ]
+    specs = demo_shaped_tables(encoder.exact_types, tables, name_width=3)
     workload = Workload(specs, database="shop", seed=seed)
     out, offset = [], 0
     decoder = None

@@ -47,7 +47,7 @@ def prunable(data_type: pa.DataType) -> bool:
     )
 
 
-def _bound(value: Any, data_type: pa.DataType, is_max: bool) -> Any:
+def _bound(value: Any, is_max: bool) -> Any:
     """The JSON value of a bound; ``None`` to leave it out."""
     if value is None:
         return None
@@ -81,8 +81,8 @@ def file_stats(data: pa.Table) -> str:
         if not prunable(data_type) or column.null_count == len(column):
             continue
         bounds = pc.min_max(column)
-        low = _bound(bounds["min"].as_py(), data_type, is_max=False)
-        high = _bound(bounds["max"].as_py(), data_type, is_max=True)
+        low = _bound(bounds["min"].as_py(), is_max=False)
+        high = _bound(bounds["max"].as_py(), is_max=True)
         if low is not None:
             minimum[name] = low
         if high is not None:
