@@ -158,6 +158,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from cdcflow.warehouse_maintenance import maintain
 
     report = maintain(args.config)
+    for expired in report.expired:
+        print(expired.describe())
     for table in report.tables:
         print(table.describe())
     before = sum(t.files_before for t in report.tables)
@@ -165,9 +167,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     print(
         f"{len(report.tables)} tables maintained: {before} -> {after} data files, "
         f"{sum(t.vacuumed for t in report.tables)} unreferenced files deleted, "
-        f"{report.tombstones_purged} tombstones purged"
+        f"{report.tombstones_purged} tombstones purged, "
+        f"{sum(e.rows_deleted for e in report.expired)} bookkeeping rows expired"
     )
-    return 1 if any(t.error for t in report.tables) else 0
+    failed = any(t.error for t in report.tables) or any(e.error for e in report.expired)
+    return 1 if failed else 0
 
 
 def _interrupt_on_sigterm() -> None:

@@ -77,6 +77,7 @@ from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.sinks.maintenance import MaintenancePolicy
+from cdcflow.sinks.retention import RetentionPolicy
 
 __all__ = [
     "SINKS",
@@ -290,6 +291,19 @@ class ApplyConfig(_Strict):
         )
 
 
+class RetentionConfig(_Strict):
+    """``maintenance.retention:``: how long the ``_cdcflow`` bookkeeping rows are kept
+    (:class:`~cdcflow.sinks.retention.RetentionPolicy`; ``0``: forever)."""
+
+    changelog_hours: float = Field(default=168.0, ge=0)
+    changelog_max_rows: int = Field(default=0, ge=0)
+    dead_letters_hours: float = Field(default=720.0, ge=0)
+    batches_hours: float = Field(default=720.0, ge=0)
+    progress_hours: float = Field(default=720.0, ge=0)
+    offsets_hours: float = Field(default=720.0, ge=0)
+    every_hours: float = Field(default=1.0, gt=0)
+
+
 class MaintenanceConfig(_Strict):
     """``maintenance:``: compaction and vacuum of the tables, after micro-batches and by
     ``cdcflow maintain`` (:class:`~cdcflow.sinks.maintenance.MaintenancePolicy`)."""
@@ -301,10 +315,17 @@ class MaintenanceConfig(_Strict):
     target_file_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     vacuum_every_hours: float = Field(default=24.0, ge=0)
     vacuum_retention_hours: float = Field(default=168.0, ge=0)
+    retention: RetentionConfig = RetentionConfig()
 
     def policy(self) -> MaintenancePolicy:
         """The policy :class:`~cdcflow.apply.batch.BatchApplier` maintains by."""
-        return MaintenancePolicy(**self.model_dump())
+        fields = self.model_dump(exclude={"retention"})
+        retention = self.retention.model_dump(exclude={"every_hours"})
+        return MaintenancePolicy(
+            **fields,
+            retention=RetentionPolicy(**retention),
+            retention_every_hours=self.retention.every_hours,
+        )
 
 
 class TriggerConfig(_Strict):

@@ -3,8 +3,9 @@
 A running pipeline maintains the tables it writes after its micro-batches, within a time
 budget (:mod:`cdcflow.sinks.maintenance`). :func:`maintain` does all of it at once, for
 every table of the warehouse: small files compacted, files no version within
-``maintenance.vacuum_retention_hours`` needs deleted, expired log files cleaned up, and
-tombstones past ``apply.tombstone_retention_hours`` purged. It runs under the pipeline's
+``maintenance.vacuum_retention_hours`` needs deleted, expired log files cleaned up,
+tombstones past ``apply.tombstone_retention_hours`` purged, and the ``_cdcflow``
+bookkeeping rows past ``maintenance.retention`` expired (:mod:`cdcflow.sinks.retention`). It runs under the pipeline's
 lease, so never beside a running pipeline (``LeaseHeld``, exit 75): schedule it daily
 for pipelines run with ``--once``.
 """
@@ -19,6 +20,7 @@ from cdcflow.config import PipelineConfig, load_config
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import Maintainer, TableMaintenance
+from cdcflow.sinks.retention import Expired, expire
 from cdcflow.sinks.system_tables import HISTORY_LOG, LEASES, SYSTEM_FOLDER
 
 __all__ = ["MaintenanceReport", "maintain", "warehouse_tables"]
@@ -26,11 +28,12 @@ __all__ = ["MaintenanceReport", "maintain", "warehouse_tables"]
 
 @dataclass
 class MaintenanceReport:
-    """What :func:`maintain` did: one entry per table it changed, and the tombstones it
-    purged."""
+    """What :func:`maintain` did: one entry per table it changed, the tombstones it
+    purged and the bookkeeping rows it expired, per system table."""
 
     tables: list[TableMaintenance] = field(default_factory=list)
     tombstones_purged: int = 0
+    expired: list[Expired] = field(default_factory=list)
 
 
 def warehouse_tables(warehouse: DeltaWarehouse) -> list[str]:
@@ -64,7 +67,9 @@ def maintain(config: PipelineConfig | str | Path) -> MaintenanceReport:
     report = MaintenanceReport()
     with PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0):
         warehouse = DeltaWarehouse(config.warehouse, pipeline_id=config.pipeline_id)
-        maintainer = Maintainer(warehouse, config.maintenance.policy())
+        policy = config.maintenance.policy()
+        report.expired = expire(warehouse, policy.retention)  # first: compaction follows
+        maintainer = Maintainer(warehouse, policy)
         report.tables = maintainer.run_all(warehouse_tables(warehouse))
         report.tombstones_purged = warehouse.tombstones.purge(
             config.apply.tombstone_retention_hours

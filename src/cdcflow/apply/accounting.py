@@ -126,10 +126,19 @@ def origin(part: pa.Table, i: int) -> dict[str, Any]:
     }
 
 
-def changelog_rows(rows: pa.Table, batch_id: int) -> pa.Table:
-    """The ``_cdcflow/changelog`` rows of an apply's events."""
+def changelog_rows(rows: pa.Table, batch_id: int, now_ms: int | None = None) -> pa.Table:
+    """The ``_cdcflow/changelog`` rows of an apply's events, stamped with the batch id
+    and ``committed_at_ms`` (``now_ms``, default the wall clock), which retention counts
+    from."""
     out = rows.select(CHANGELOG_COLUMNS)
-    return out.append_column("batch_id", pa.array([batch_id] * out.num_rows, pa.int64()))
+    n = out.num_rows
+    now_ms = _now_ms() if now_ms is None else now_ms
+    out = out.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+    return out.append_column("committed_at_ms", pa.array([now_ms] * n, pa.int64()))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _event_json(part: pa.Table) -> pa.Array:
@@ -157,6 +166,7 @@ def dead_letters(
     code: str | pa.ChunkedArray,
     message: str | pa.ChunkedArray,
     target: str | None = None,
+    now_ms: int | None = None,
 ) -> pa.Table:
     """``_cdcflow/dead_letters`` rows, one per row of ``rows``: the only builder.
 
@@ -168,6 +178,8 @@ def dead_letters(
         stage: ``decode`` | ``apply``.
         code, message: one for all rows, or one per row.
         target: the table that refused the events (apply).
+        now_ms: ``committed_at_ms`` of the rows (default: the wall clock), which
+            retention counts from.
     """
     n = rows.num_rows
     if stage == "decode":
@@ -193,6 +205,7 @@ def dead_letters(
             "target_table": each(target),
             "raw_key": raw_key,
             "raw_value": raw_value,
+            "committed_at_ms": pa.array([_now_ms() if now_ms is None else now_ms] * n, pa.int64()),
         },
         schema=DEAD_LETTER_SCHEMA,
     )

@@ -304,6 +304,7 @@ class BatchApplier:
         # 8. maintenance, after the apply is complete and within its own time budget
         touched = [m.path for m in report.mirrors] + [wh.system_path(n) for n in _SYSTEM]
         report.maintenance = [m.describe() for m in self.maintainer.after_batch(touched)]
+        report.maintenance += [e.describe() for e in self.maintainer.expire_due()]
         return report
 
     def _apply_tables(

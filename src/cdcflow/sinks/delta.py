@@ -229,7 +229,11 @@ class DeltaWarehouse:
         table = (None if refresh else self._tables.get(path)) or self.open(path)
         if table is None:
             return False
-        version = table.transaction_version(app_id or self.app_id)
+        try:
+            version = table.transaction_version(app_id or self.app_id)
+        except (DeltaError, OSError) as exc:  # the log read lazily: damaged, unreadable
+            self._tables.pop(path, None)
+            raise storage_error(exc, path, self._target_of(path)) from exc
         return version is not None and version >= batch_id
 
     def commit_properties(

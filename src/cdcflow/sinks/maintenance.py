@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from cdcflow.sinks.retention import Expired, RetentionPolicy, expire
+
 if TYPE_CHECKING:
     from cdcflow.sinks.delta import DeltaWarehouse
 
@@ -53,6 +55,9 @@ class MaintenancePolicy:
             (``0``: only by ``cdcflow maintain``).
         vacuum_retention_hours: files a version of the last this many hours references
             are kept (readers of older versions, time travel); the Delta default, 168.
+        retention: how long the ``_cdcflow`` bookkeeping rows are kept
+            (:mod:`cdcflow.sinks.retention`).
+        retention_every_hours: a running pipeline expires rows at most this often.
     """
 
     enabled: bool = True
@@ -62,6 +67,8 @@ class MaintenancePolicy:
     target_file_bytes: int = 64 * 1024 * 1024
     vacuum_every_hours: float = 24.0
     vacuum_retention_hours: float = 168.0
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention_every_hours: float = 1.0
 
 
 @dataclass(slots=True)
@@ -107,6 +114,24 @@ class Maintainer:
         self._vacuumed_at: dict[str, float] = {}
         #: table path -> batches that touched it since it was last looked at
         self._touches: dict[str, int] = {}
+        #: monotonic time of the last expiry of the bookkeeping rows (None: not yet)
+        self._expired_at: float | None = None
+
+    def expire_due(self, now_ms: int | None = None) -> list[Expired]:
+        """Expire the ``_cdcflow`` bookkeeping rows past their retention
+        (:func:`cdcflow.sinks.retention.expire`) if ``retention_every_hours`` have passed
+        since the last time (the first call expires at once); what it did, per table."""
+        if not self.policy.enabled:
+            return []
+        now = time.monotonic()
+        every_s = self.policy.retention_every_hours * 3600
+        if self._expired_at is not None and now - self._expired_at < every_s:
+            return []
+        self._expired_at = now
+        done = expire(self.warehouse, self.policy.retention, now_ms)
+        for result in done:
+            log.info("retention: %s", result.describe())
+        return done
 
     def after_batch(self, paths: Sequence[str]) -> list[TableMaintenance]:
         """Maintain the tables at ``paths`` (those a micro-batch touched) that need it,

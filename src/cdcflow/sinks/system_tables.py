@@ -72,7 +72,9 @@ HISTORY_LOG = "history_log"
 #: table properties, with the same storage options and error mapping)
 LEASES = "leases"
 
-#: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only).
+#: Event columns kept in the changelog (the rest of EVENT_SCHEMA is dead-letter only);
+#: each row also carries its ``batch_id`` and ``committed_at_ms`` (wall clock of the
+#: commit, which retention counts from: :mod:`cdcflow.sinks.retention`).
 CHANGELOG_COLUMNS = [
     "op",
     "format",
@@ -109,6 +111,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("target_table", pa.string()),
         ("raw_key", pa.binary()),
         ("raw_value", pa.binary()),  # record bytes (decode) or the event's JSON (apply)
+        ("committed_at_ms", pa.int64()),  # wall clock of the commit: retention counts from it
     ]
 )
 
