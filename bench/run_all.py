@@ -16,9 +16,18 @@ carry over from one to the next):
 * ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;
+* ``merge_scale``: :mod:`merge_scale` -- 1k and 20k new, recent and uniform keys merged
+  into mirrors of ``--merge-scale-rows`` rows (10M and 100M; uniform keys only into the
+  smallest), the Arrow merge beside delta-rs's MERGE;
 * ``freshness``: :mod:`freshness` -- a producer at ``--freshness-rate`` changes/s for
   ``--freshness-seconds`` into a streaming ``cdcflow run`` with the default configuration;
-  p50/p95/max of (Delta commit time - source commit time).
+  p50/p95/max of (Delta commit time - source commit time);
+* ``freshness_new_keys``: the same with new-key inserts for ``--long-freshness-seconds``
+  (600: issue 18's 10 minutes), the worst minute's p95 and whether the backlog stays;
+* ``long_run``: :mod:`long_run` -- ``--long-run-batches`` micro-batches into
+  ``--long-run-tables`` tables through the apply path, without and with maintenance: files,
+  log, read and apply time at batches 100, 1k, 5k and 20k. At the full size this alone
+  takes hours on 2 cores (``--skip long_run``, or ``--scale``).
 
 Then prints one table (figure, value, reference, ratio, target) and writes every row,
 with the sizes and the machine, to ``bench/results/latest.json`` (or ``--out``).
@@ -42,7 +51,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, child_env, format_table, read_rows, write_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("decode", "debezium", "multitable", "many_tables", "freshness")
+BENCHMARKS = (
+    "decode",
+    "debezium",
+    "multitable",
+    "many_tables",
+    "merge_scale",
+    "freshness",
+    "freshness_new_keys",
+    "long_run",
+)
 
 
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -82,12 +100,34 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "--changes",
             str(args.many_tables_changes),
         ],
+        "merge_scale": [
+            "merge_scale.py",
+            "--rows",
+            ",".join(n(r) for r in args.merge_scale_rows),
+            "--uniform-max-rows",
+            n(min(args.merge_scale_rows)),
+        ],
         "freshness": [
             "freshness.py",
             "--rate",
             str(args.freshness_rate),
             "--seconds",
             str(max(10.0, args.freshness_seconds * args.scale)),
+        ],
+        "freshness_new_keys": [
+            "freshness.py",
+            "--new-keys",
+            "--rate",
+            str(args.freshness_rate),
+            "--seconds",
+            str(max(10.0, args.long_freshness_seconds * args.scale)),
+        ],
+        "long_run": [
+            "long_run.py",
+            "--batches",
+            n(args.long_run_batches),
+            "--tables",
+            str(args.long_run_tables),
         ],
     }
 
@@ -107,6 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--freshness-rate", type=int, default=20_000, help="changes/s")
     parser.add_argument("--freshness-seconds", type=float, default=120.0)
+    parser.add_argument(
+        "--long-freshness-seconds", type=float, default=600.0, help="new-key inserts, seconds"
+    )
+    parser.add_argument(
+        "--merge-scale-rows",
+        type=int,
+        nargs="+",
+        default=[10_000_000, 100_000_000],
+        help="mirror sizes the merges go into",
+    )
+    parser.add_argument(
+        "--long-run-batches", type=int, default=20_000, help="micro-batches, with and without"
+    )
+    parser.add_argument("--long-run-tables", type=int, default=50)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this")
     parser.add_argument("--skip", action="append", choices=BENCHMARKS, default=[])
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))

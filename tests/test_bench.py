@@ -39,3 +39,29 @@ def test_decode_benchmark_gives_its_rows_for_every_format(decode_formats):
         assert r["value"] > 0 and r["reference"] > 0
         assert r["messages"] == 200
     assert all(r["target"] for r in rows if r["figure"].endswith("decode_kafka_batch"))
+
+
+@pytest.fixture(scope="module")
+def long_run():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import long_run
+
+        yield long_run
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_long_run_benchmark_measures_both_runs_at_its_marks(long_run):
+    runs = {
+        "without maintenance": long_run.run_one(3, tables=2, rows=500, maintained=False, day_s=60),
+        "with maintenance": long_run.run_one(3, tables=2, rows=500, maintained=True, day_s=60),
+    }
+    for marks in runs.values():
+        assert set(marks) == {3}
+        figures = marks[3]
+        assert figures["files per mirror"] >= 1 and figures["apply per batch (s)"] > 0
+        assert figures["bookkeeping data files"] >= 4
+    rows = long_run.rows_of(runs)
+    assert len(rows) == 2 * len(runs["with maintenance"][3])
+    assert all(r["target"] is None for r in rows)  # one mark: nothing to be flat against

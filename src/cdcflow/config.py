@@ -310,7 +310,7 @@ class MaintenanceConfig(_Strict):
 
     enabled: bool = True
     budget_s: float = Field(default=2.0, ge=0)
-    small_file_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    small_file_bytes: int = Field(default=1024 * 1024, ge=1)
     compact_min_files: int = Field(default=16, ge=2)
     target_file_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     vacuum_every_hours: float = Field(default=24.0, ge=0)

@@ -70,7 +70,12 @@ def maintain(config: PipelineConfig | str | Path) -> MaintenanceReport:
         policy = config.maintenance.policy()
         report.expired = expire(warehouse, policy.retention)  # first: compaction follows
         maintainer = Maintainer(warehouse, policy)
-        report.tables = maintainer.run_all(warehouse_tables(warehouse))
+        overrides = {}
+        for name in warehouse.mirrors():  # a mirror's folder is its target's name
+            own = config.tables(name).maintenance
+            if own is not None:
+                overrides[warehouse.table_path(name)] = own.overrides()
+        report.tables = maintainer.run_all(warehouse_tables(warehouse), overrides)
         report.tombstones_purged = warehouse.tombstones.purge(
             config.apply.tombstone_retention_hours
         )

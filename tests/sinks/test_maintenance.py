@@ -148,3 +148,51 @@ def test_cdcflow_maintain_compacts_every_table_under_the_lease(tmp_path, file_pe
     assert done["db.items"].files_before == 5 and done["db.items"].files_after == 1
     table = DeltaTable(f"{root}/db.items")
     assert small_files(table, 1 << 30) == (1, 1) and table.to_pyarrow_table().num_rows == 50
+
+
+def test_a_tables_own_maintenance_settings_override_the_pipelines(tmp_path, file_per_batch):
+    from cdcflow.apply.options import TableRules
+    from cdcflow.model import SourceTable
+
+    other = SourceTable("test", "db", "", "other")
+    rules = TableRules.of(
+        [
+            ("db.*", {"maintenance": {"compact_min_files": 4}}),
+            ("db.other", {"maintenance": {"enabled": False}}),
+        ]
+    )
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    never = MaintenancePolicy(compact_min_files=1000, budget_s=60)  # the pipeline's
+    ap = BatchApplier(wh, tables=rules, maintenance=never)
+    for b in range(4):
+        ap.apply(
+            table_of(
+                *(ins(b * 10 + k, "v", seq=1, offset=b * 20 + k) for k in range(10)),
+                *(
+                    ins(b * 10 + k, "v", seq=1, offset=b * 20 + 10 + k, table=other)
+                    for k in range(10)
+                ),
+            ),
+            b,
+        )
+    # db.items: its own compact_min_files (4); db.other: both rules, key by key (off)
+    assert rules("db.other").maintenance.overrides() == {"compact_min_files": 4, "enabled": False}
+    assert _files(wh.table_path(TARGET)) == 1
+    assert _files(wh.table_path("db.other")) == 4
+    assert _files(wh.system_path("changelog")) == 4  # the pipeline's 1000 for the rest
+    report = cdcflow.maintain(
+        _config(tmp_path, "tables: [{match: 'db.other', maintenance: {enabled: false}}]")
+    )
+    assert {Path(t.path).name for t in report.tables} >= {"changelog"}
+    assert "db.other" not in {Path(t.path).name for t in report.tables}
+    assert _files(wh.table_path("db.other")) == 4
+
+
+def _config(tmp_path: Path, extra: str) -> Path:
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        "pipeline_id: t\nwarehouse: wh\ncheckpoint: ck\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+        "sources: [{name: a, format: debezium-json, topics: [t]}]\n" + extra + "\n"
+    )
+    return config

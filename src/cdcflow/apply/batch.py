@@ -303,7 +303,10 @@ class BatchApplier:
         report.seconds = time.perf_counter() - started
         # 8. maintenance, after the apply is complete and within its own time budget
         touched = [m.path for m in report.mirrors] + [wh.system_path(n) for n in _SYSTEM]
-        report.maintenance = [m.describe() for m in self.maintainer.after_batch(touched)]
+        own = {m.path: self.tables(m.target).maintenance for m in report.mirrors}
+        overrides = {path: o.overrides() for path, o in own.items() if o is not None}
+        done = self.maintainer.after_batch(touched, overrides)
+        report.maintenance = [m.describe() for m in done]
         report.maintenance += [e.describe() for e in self.maintainer.expire_due()]
         return report
 

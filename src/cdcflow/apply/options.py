@@ -17,6 +17,8 @@ Example::
         sequence_by: [updated_at]
       - match: "shop.audit.*"
         soft_delete: true
+      - match: "shop.public.events"
+        maintenance: {target_file_bytes: 268435456, vacuum_retention_hours: 720}
 
 The options are declared once, in :class:`TableOptions`; :class:`TableRule` is derived
 from it (every option optional, plus ``match``), so the YAML and the applier cannot
@@ -33,12 +35,19 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Field,
     RootModel,
     create_model,
     model_validator,
 )
 
-__all__ = ["SCHEMA_POLICIES", "TableOptions", "TableRule", "TableRules"]
+__all__ = [
+    "SCHEMA_POLICIES",
+    "TableMaintenanceOptions",
+    "TableOptions",
+    "TableRule",
+    "TableRules",
+]
 
 #: What a schema change does to a table (Flink CDC's schema-change behaviours):
 #: ``evolve`` applies it (add, widen, record drops and renames); ``ignore`` keeps the
@@ -54,6 +63,26 @@ def _known_policy(value: Any) -> Any:
 
 
 SchemaPolicy = Annotated[Literal["evolve", "ignore", "fail"], BeforeValidator(_known_policy)]
+
+
+class TableMaintenanceOptions(BaseModel):
+    """One table's maintenance, over the pipeline's ``maintenance:`` (an unset key keeps
+    the pipeline's value; :class:`~cdcflow.sinks.maintenance.MaintenancePolicy` says what
+    each does). A big, hot table may want bigger files; a table readers time-travel on,
+    a longer vacuum retention; a table another job compacts, ``enabled: false``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | None = None
+    compact_min_files: Annotated[int, Field(ge=2)] | None = None
+    small_file_bytes: Annotated[int, Field(ge=1)] | None = None
+    target_file_bytes: Annotated[int, Field(ge=1024)] | None = None
+    vacuum_every_hours: Annotated[float, Field(ge=0)] | None = None
+    vacuum_retention_hours: Annotated[float, Field(ge=0)] | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The keys set, by name (what :func:`dataclasses.replace` takes)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 class TableOptions(BaseModel):
@@ -73,6 +102,8 @@ class TableOptions(BaseModel):
         track_history: ``history`` mode only: the columns whose changes open a new
             version; changes to other columns update the current version in place.
             ``None``: every column is tracked.
+        maintenance: this table's compaction and vacuum settings over the pipeline's
+            (:class:`TableMaintenanceOptions`); ``None``: the pipeline's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -83,6 +114,7 @@ class TableOptions(BaseModel):
     ignore_null_updates: bool = False
     schema_changes: SchemaPolicy = "evolve"
     track_history: tuple[str, ...] | None = None
+    maintenance: TableMaintenanceOptions | None = None
 
 
 class _RuleBase(BaseModel):
@@ -131,7 +163,12 @@ class TableRules(RootModel[tuple[TableRule, ...]]):  # type: ignore[valid-type]
         options = TableOptions()
         for rule in self.root:
             if fnmatch.fnmatchcase(target, rule.match):
-                options = options.model_copy(update=rule.overrides())
+                update = rule.overrides()
+                if update.get("maintenance") is not None and options.maintenance is not None:
+                    # a later rule's maintenance keys over an earlier rule's, key by key
+                    merged = options.maintenance.overrides() | update["maintenance"].overrides()
+                    update["maintenance"] = TableMaintenanceOptions(**merged)
+                options = options.model_copy(update=update)
         return options
 
     @classmethod

@@ -6,9 +6,14 @@ keys as a file of their own, and the bookkeeping tables (``_cdcflow/changelog``,
 ``batches``, ``progress``, ...) get one file per batch. :class:`Maintainer` runs after
 a micro-batch's apply, on the tables it touched, within a time budget
 (``maintenance.budget_s``): a table with :attr:`MaintenancePolicy.compact_min_files`
-small files or more is compacted (delta-rs ``optimize.compact``: small files bin-packed
-into files of ``target_file_bytes``, in their order, with statistics; a commit that
-changes no data). A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files
+small files or more is compacted (delta-rs ``optimize.compact``, in file order, with
+statistics; a commit that changes no data). A mirror's small files are packed into files
+of up to ``small_file_bytes`` (1 MiB): files past that size are never rewritten after a
+batch, so a compaction costs what the new files weigh, not the mirror, and the recent keys
+of a growing table stay in small files an update rewrites cheaply (delta-rs writes no
+deletion vectors, so an update rewrites its whole file). The append-only bookkeeping
+tables are packed up to ``target_file_bytes`` (64 MiB), and so is every table by
+``cdcflow maintain``. A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files
 no version within ``vacuum_retention_hours`` references are deleted, and log files past
 the table's log retention (``delta.logRetentionDuration``, 30 days) are cleaned up.
 ``cdcflow maintain`` runs the same on every table at once, whatever the budget.
@@ -21,9 +26,10 @@ are still there before its commit: :meth:`cdcflow.sinks.delta.DeltaWarehouse._re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,9 +54,11 @@ class MaintenancePolicy:
         enabled: maintain automatically after micro-batches (``cdcflow maintain`` runs
             whatever this says).
         budget_s: after a micro-batch, no new table is started past this many seconds.
-        small_file_bytes: a data file smaller than this is small.
+        small_file_bytes: a data file smaller than this is small; after a batch, a
+            mirror's small files are packed into files up to this size.
         compact_min_files: a table with this many small files (or more) is compacted.
-        target_file_bytes: the size compaction writes files up to.
+        target_file_bytes: the size the bookkeeping tables, and every table by ``cdcflow
+            maintain``, are packed up to.
         vacuum_every_hours: a table is vacuumed at most this often by a running pipeline
             (``0``: only by ``cdcflow maintain``).
         vacuum_retention_hours: files a version of the last this many hours references
@@ -62,7 +70,7 @@ class MaintenancePolicy:
 
     enabled: bool = True
     budget_s: float = 2.0
-    small_file_bytes: int = 8 * 1024 * 1024
+    small_file_bytes: int = 1024 * 1024
     compact_min_files: int = 16
     target_file_bytes: int = 64 * 1024 * 1024
     vacuum_every_hours: float = 24.0
@@ -133,49 +141,74 @@ class Maintainer:
             log.info("retention: %s", result.describe())
         return done
 
-    def after_batch(self, paths: Sequence[str]) -> list[TableMaintenance]:
+    def policy_for(
+        self, path: str, overrides: Mapping[str, Mapping[str, Any]] | None
+    ) -> MaintenancePolicy:
+        """The policy of the table at ``path``: the pipeline's, with the table's own keys
+        (``tables[].maintenance``) over it."""
+        own = (overrides or {}).get(path)
+        return dataclasses.replace(self.policy, **own) if own else self.policy
+
+    def after_batch(
+        self, paths: Sequence[str], overrides: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[TableMaintenance]:
         """Maintain the tables at ``paths`` (those a micro-batch touched) that need it,
         until :attr:`MaintenancePolicy.budget_s` is spent; the rest wait for a later
         batch. A table is looked at only every ``compact_min_files`` batches that touch
         it (a batch adds a file or two), so a batch over 500 tables does not list 500
-        tables' files. A table's failure is logged and left for later, never raised."""
-        policy = self.policy
-        if not policy.enabled:
+        tables' files. A table's failure is logged and left for later, never raised.
+
+        Args:
+            paths: the tables' folders.
+            overrides: ``{path: {policy key: value}}``, tables' own settings
+                (:class:`~cdcflow.apply.options.TableMaintenanceOptions`).
+        """
+        if not self.policy.enabled:
             return []
         started = time.monotonic()
-        every_s = policy.vacuum_every_hours * 3600
         due = []
         for path in paths:
+            policy = self.policy_for(path, overrides)
+            if not policy.enabled:
+                continue
+            every_s = policy.vacuum_every_hours * 3600
             touches = self._touches.get(path, 0) + 1
             self._touches[path] = touches
             # the first sight starts the vacuum clock: a pipeline's start is not a schedule
             first_vacuum = self._vacuumed_at.setdefault(path, started)
             vacuum_due = every_s > 0 and started - first_vacuum >= every_s
             if touches >= policy.compact_min_files or vacuum_due:
-                due.append(path)
+                due.append((path, policy))
         done = []
-        for path in due:
-            if time.monotonic() - started > policy.budget_s:
+        for path, policy in due:
+            if time.monotonic() - started > self.policy.budget_s:
                 break  # the rest stay due for the next batch
             self._touches[path] = 0
-            result = self._maintain(path, force=False)
+            result = self._maintain(path, policy, force=False)
             if result is not None:
                 done.append(result)
                 log.info("maintenance: %s", result.describe())
         return done
 
-    def run_all(self, paths: Sequence[str]) -> list[TableMaintenance]:
+    def run_all(
+        self, paths: Sequence[str], overrides: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[TableMaintenance]:
         """``cdcflow maintain``: compact every table at ``paths`` with two small files or
-        more, vacuum it and clean up its log, whatever the budget and the schedule."""
+        more, vacuum it and clean up its log, whatever the budget and the schedule (a
+        table whose own settings say ``enabled: false`` is left alone)."""
         done = []
         for path in paths:
-            result = self._maintain(path, force=True)
+            policy = self.policy_for(path, overrides)
+            if (overrides or {}).get(path, {}).get("enabled") is False:
+                continue
+            result = self._maintain(path, policy, force=True)
             if result is not None:
                 done.append(result)
         return done
 
-    def _maintain(self, path: str, force: bool) -> TableMaintenance | None:
-        policy = self.policy
+    def _maintain(
+        self, path: str, policy: MaintenancePolicy, force: bool
+    ) -> TableMaintenance | None:
         table = self.warehouse.open(path)
         if table is None:
             return None
@@ -191,8 +224,17 @@ class Maintainer:
         try:
             if compact:
                 before = table.version()
+                # delta-rs bin-packs every file under its target size. A mirror after a
+                # batch: only the small files, into files up to the small size, so the
+                # hot keys never share a file with the cold rows of a big one (an update
+                # of a recent key rewrites at most small_file_bytes). The append-only
+                # bookkeeping tables, and every table by hand: up to target_file_bytes.
+                mirror = not path.startswith(self.warehouse.system_path(""))
+                target = (
+                    policy.small_file_bytes if mirror and not force else policy.target_file_bytes
+                )
                 result.compacted = table.optimize.compact(
-                    target_size=policy.target_file_bytes, max_concurrent_tasks=2
+                    target_size=target, max_concurrent_tasks=2
                 )
                 if path == self.warehouse.tombstones.path:  # no data changed: keep its index
                     self.warehouse.tombstones.accept_rewrite(before, table.version())
