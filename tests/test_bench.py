@@ -3,6 +3,7 @@ generates, decodes without dead letters, and gets its rows. No timing is asserte
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -11,15 +12,18 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-@pytest.fixture(scope="module")
-def decode_formats():
+def _bench_module(name: str):
+    """Import ``bench/<name>.py`` (bench/ on the path only while it is used)."""
     sys.path.insert(0, str(BENCH))
     try:
-        import decode_formats
-
-        yield decode_formats
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def decode_formats():
+    yield from _bench_module("decode_formats")
 
 
 def test_decode_benchmark_gives_its_rows_for_every_format(decode_formats):
@@ -43,13 +47,7 @@ def test_decode_benchmark_gives_its_rows_for_every_format(decode_formats):
 
 @pytest.fixture(scope="module")
 def long_run():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import long_run
-
-        yield long_run
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from _bench_module("long_run")
 
 
 def test_long_run_benchmark_measures_both_runs_at_its_marks(long_run):

@@ -198,10 +198,9 @@ class Maintainer:
         table whose own settings say ``enabled: false`` is left alone)."""
         done = []
         for path in paths:
-            policy = self.policy_for(path, overrides)
-            if (overrides or {}).get(path, {}).get("enabled") is False:
-                continue
-            result = self._maintain(path, policy, force=True)
+            if ((overrides or {}).get(path) or {}).get("enabled") is False:
+                continue  # the table's own word; the pipeline's enabled is not asked here
+            result = self._maintain(path, self.policy_for(path, overrides), force=True)
             if result is not None:
                 done.append(result)
         return done

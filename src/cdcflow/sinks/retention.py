@@ -46,6 +46,8 @@ import pyarrow.compute as pc
 from cdcflow.sinks.system_tables import BATCHES, CHANGELOG, DEAD_LETTERS, OFFSETS, PROGRESS
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
     from cdcflow.sinks.delta import DeltaWarehouse
 
 __all__ = ["Expired", "RetentionPolicy", "expire"]
@@ -140,16 +142,19 @@ def expire(
             continue
         started = time.monotonic()
         result = Expired(rule.table)
+        path = warehouse.system_path(rule.table)
         try:
-            predicate = _expired_predicate(warehouse, rule, hours, max_rows, now_ms)
+            table = warehouse.open(path)
+            predicate = None
+            if table is not None:
+                predicate = _expired_predicate(table, rule, hours, max_rows, now_ms)
             if predicate is not None:
-                table = warehouse.open(warehouse.system_path(rule.table))
                 metrics = table.delete(predicate)
-                warehouse.forget(warehouse.system_path(rule.table))
+                warehouse.forget(path)
                 result.rows_deleted = int(metrics.get("num_deleted_rows", 0) or 0)
         except Exception as exc:  # noqa: BLE001 - tried again at the next run
             result.error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            warehouse.forget(warehouse.system_path(rule.table))
+            warehouse.forget(path)
             log.warning("retention of _cdcflow/%s failed (tried again later): %s", rule.table, exc)
         result.seconds = time.monotonic() - started
         if result.rows_deleted or result.error:
@@ -158,13 +163,10 @@ def expire(
 
 
 def _expired_predicate(
-    warehouse: DeltaWarehouse, rule: _Rule, hours: float, max_rows: int, now_ms: int
+    table: DeltaTable, rule: _Rule, hours: float, max_rows: int, now_ms: int
 ) -> str | None:
-    """The SQL predicate of the rule's expired rows (``None``: nothing expires)."""
-    path = warehouse.system_path(rule.table)
-    table = warehouse.open(path)
-    if table is None:
-        return None
+    """The SQL predicate of the rule's expired rows in ``table`` (``None``: nothing
+    expires)."""
     names = table.schema().to_arrow().names
     if rule.time_column not in names:
         return None  # a table from before the time column: its rows are kept
