@@ -32,7 +32,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import RemoveAction
 
 from cdcflow.errors import ApplyError, Code
@@ -52,6 +52,7 @@ from cdcflow.sinks.merge import (
     merge_expressions,
     quote_column,
 )
+from cdcflow.sinks.refresh import refresh, worn
 from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     SCHEMA_CHANGES_SCHEMA,
@@ -170,6 +171,8 @@ class DeltaWarehouse:
         #: custom metadata every commit of the current apply carries (its offset ranges)
         self.commit_metadata: dict[str, str] = {}
         self._tables: dict[str, DeltaTable] = {}
+        #: the version each cached handle was opened at (:func:`~cdcflow.sinks.refresh.worn`)
+        self._opened_at: dict[str, int] = {}
         #: the mirrors' deleted keys and truncates (read once, one commit per batch)
         self.tombstones = TombstoneStore(self)
 
@@ -194,8 +197,9 @@ class DeltaWarehouse:
         table = self._tables.get(path)
         try:
             if table is not None:
-                table.update_incremental()
-                return table
+                refresh(table, path)
+                if not worn(table, self._opened_at[path]):
+                    return table
             table = DeltaTable(path, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
@@ -203,6 +207,7 @@ class DeltaWarehouse:
             self._tables.pop(path, None)
             raise storage_error(exc, path, self._target_of(path)) from exc
         self._tables[path] = table
+        self._opened_at[path] = table.version()
         return table
 
     def forget(self, path: str) -> None:
@@ -237,20 +242,26 @@ class DeltaWarehouse:
         return version is not None and version >= batch_id
 
     def commit_properties(
-        self, batch_id: int, app_id: str | None = None, extra: Mapping[str, int] | None = None
+        self,
+        batch_id: int,
+        app_id: str | None = None,
+        extra: Mapping[str, int] | None = None,
+        max_commit_retries: int | None = None,
     ) -> CommitProperties:
         """Commit properties of the current apply: its application transaction
         ``(app_id or self.app_id, batch_id)``, the ``extra`` application transactions
         (``{app_id: version}``, in their order), and the apply's :attr:`commit_metadata`
-        (the Kafka offset ranges it covers)."""
+        (the Kafka offset ranges it covers); ``max_commit_retries=0`` commits only on the
+        version read (delta-rs's default retries on newer versions)."""
         others = [Transaction(app, version) for app, version in (extra or {}).items()]
         return CommitProperties(
             custom_metadata=dict(self.commit_metadata) or None,
+            max_commit_retries=max_commit_retries,
             app_transactions=[Transaction(app_id or self.app_id, batch_id), *others],
         )
 
-    def _commit(self, batch_id: int) -> CommitProperties:
-        return self.commit_properties(batch_id)
+    def _commit(self, batch_id: int, retries: int | None = None) -> CommitProperties:
+        return self.commit_properties(batch_id, max_commit_retries=retries)
 
     def append(
         self,
@@ -780,28 +791,33 @@ class DeltaWarehouse:
         """
         started = time.perf_counter()
         for attempt in range(1, _MERGE_ATTEMPTS + 1):
+            if attempt > 1:
+                table.update_incremental()
             actions, metrics = rewrite_actions(
                 table, source, spec, self.storage_options, self.target_file_rows
             )
-            removed = {a.path for a in actions if isinstance(a, RemoveAction)}
-            if removed:
-                # delta-rs checks no read set for a commit of file actions: a file this
-                # merge read must still be there (not compacted away meanwhile), or its
-                # rows would be written twice; then the merge is computed again
-                table.update_incremental()
-                live = set(pa.table(table.get_add_actions())["path"].to_pylist())
-                if not removed <= live:
-                    log.info("table %s: files rewritten meanwhile; merging again", table.table_uri)
-                    continue
-            if actions:
+            if not actions:
+                self._mark(table, spec.batch_id)
+                break
+            # delta-rs checks no read set for a commit of file actions: committed over a
+            # concurrent compaction of the files this merge read, the rewrite would keep
+            # their rows twice. A rewrite is therefore committed only on the version it
+            # read (no retry on a newer one, so no log refresh before it); losing that
+            # race, the merge is computed again on the new version. New keys alone are
+            # a blind append, which any version takes.
+            rewrites = any(isinstance(a, RemoveAction) for a in actions)
+            try:
                 table.create_write_transaction(
                     actions,
                     "append",
                     table.schema(),
-                    commit_properties=self._commit(spec.batch_id),
+                    commit_properties=self._commit(spec.batch_id, retries=0 if rewrites else None),
                 )
-            else:
-                self._mark(table, spec.batch_id)
+            except CommitFailedError:
+                if not rewrites:
+                    raise
+                log.info("table %s: committed to meanwhile; merging again", table.table_uri)
+                continue
             if attempt > 1:
                 metrics["merge_attempts"] = attempt
             break

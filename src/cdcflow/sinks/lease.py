@@ -51,6 +51,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cdcflow.errors import LeaseHeld, LeaseLost
 from cdcflow.sinks.faults import storage_error
+from cdcflow.sinks.refresh import refresh, worn
 from cdcflow.sinks.system_tables import LEASES, SYSTEM_FOLDER
 
 __all__ = ["DEFAULT_TTL_S", "LeaseOwner", "LeaseState", "PipelineLease"]
@@ -278,6 +279,7 @@ class PipelineLease:
         self._clock = clock
         self._lock = threading.RLock()  # one read-decide-commit at a time in this process
         self._table: DeltaTable | None = None
+        self._opened_at = 0  # the version _table was opened at
         self._state: LeaseState | None = None  # ours, as last committed
         self._valid_until = 0.0  # monotonic: others may take the lease over after this
         self._lost_reason: str | None = None
@@ -316,13 +318,15 @@ class PipelineLease:
         return int(self._clock() * 1000)
 
     def _refresh(self) -> DeltaTable | None:
-        if self._table is None:
-            try:
-                self._table = DeltaTable(self.path, storage_options=self.storage_options or None)
-            except TableNotFoundError:
-                return None
-        else:
-            self._table.update_incremental()
+        if self._table is not None:
+            refresh(self._table, self.path)
+            if not worn(self._table, self._opened_at):
+                return self._table
+        try:
+            self._table = DeltaTable(self.path, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        self._opened_at = self._table.version()
         return self._table
 
     def _commit(self, state: LeaseState) -> bool:
