@@ -52,7 +52,7 @@ from cdcflow.sinks.merge import (
     merge_expressions,
     quote_column,
 )
-from cdcflow.sinks.refresh import refresh, worn
+from cdcflow.sinks.refresh import current
 from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     SCHEMA_CHANGES_SCHEMA,
@@ -194,20 +194,17 @@ class DeltaWarehouse:
             StorageError: the table's log cannot be read (damaged, permission denied);
                 one line naming the path and the fix (:mod:`cdcflow.sinks.faults`).
         """
-        table = self._tables.get(path)
+        cached = self._tables.get(path)
         try:
-            if table is not None:
-                refresh(table, path)
-                if not worn(table, self._opened_at[path]):
-                    return table
-            table = DeltaTable(path, storage_options=self.storage_options or None)
+            table, opened_at = current(
+                cached, self._opened_at.get(path, 0), path, self.storage_options
+            )
         except TableNotFoundError:
             return None
         except (DeltaError, OSError) as exc:
             self._tables.pop(path, None)
             raise storage_error(exc, path, self._target_of(path)) from exc
-        self._tables[path] = table
-        self._opened_at[path] = table.version()
+        self._tables[path], self._opened_at[path] = table, opened_at
         return table
 
     def forget(self, path: str) -> None:

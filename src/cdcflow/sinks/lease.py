@@ -51,7 +51,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cdcflow.errors import LeaseHeld, LeaseLost
 from cdcflow.sinks.faults import storage_error
-from cdcflow.sinks.refresh import refresh, worn
+from cdcflow.sinks.refresh import current
 from cdcflow.sinks.system_tables import LEASES, SYSTEM_FOLDER
 
 __all__ = ["DEFAULT_TTL_S", "LeaseOwner", "LeaseState", "PipelineLease"]
@@ -318,15 +318,12 @@ class PipelineLease:
         return int(self._clock() * 1000)
 
     def _refresh(self) -> DeltaTable | None:
-        if self._table is not None:
-            refresh(self._table, self.path)
-            if not worn(self._table, self._opened_at):
-                return self._table
         try:
-            self._table = DeltaTable(self.path, storage_options=self.storage_options or None)
+            self._table, self._opened_at = current(
+                self._table, self._opened_at, self.path, self.storage_options
+            )
         except TableNotFoundError:
             return None
-        self._opened_at = self._table.version()
         return self._table
 
     def _commit(self, state: LeaseState) -> bool:

@@ -23,16 +23,39 @@ check (decision 49):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from urllib.parse import unquote, urlparse
 
 from deltalake import DeltaTable
 
-__all__ = ["REOPEN_AFTER_VERSIONS", "refresh", "worn"]
+__all__ = ["REOPEN_AFTER_VERSIONS", "current", "refresh", "worn"]
 
 #: a handle is opened again once it has moved this many versions past its opening: the
 #: checkpoint interval delta-rs writes at (``delta.checkpointInterval``, 100), so the new
 #: handle starts from a checkpoint no older than that
 REOPEN_AFTER_VERSIONS = 100
+
+
+def current(
+    table: DeltaTable | None,
+    opened_version: int,
+    path: str,
+    storage_options: Mapping[str, str] | None = None,
+) -> tuple[DeltaTable, int]:
+    """The handle of the table at ``path`` to use now, and the version it was opened at:
+    ``table`` (the cached handle, opened at ``opened_version``) refreshed, or a handle
+    opened afresh when there is none or it is :func:`worn`.
+
+    Raises:
+        deltalake.exceptions.TableNotFoundError: there is no table at ``path``.
+        deltalake.exceptions.DeltaError, OSError: its log cannot be read.
+    """
+    if table is not None:
+        refresh(table, path)
+        if not worn(table, opened_version):
+            return table, opened_version
+    table = DeltaTable(path, storage_options=dict(storage_options or {}) or None)
+    return table, table.version()
 
 
 def worn(table: DeltaTable, opened_version: int) -> bool:
