@@ -157,8 +157,11 @@ def run(
     max_backlog_s: float = 30.0,
     seed: int = 7,
     new_keys: bool = False,
+    keep: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Produce at ``rate`` for ``seconds`` into a streaming ``cdcflow run``; result rows."""
+    """Produce at ``rate`` for ``seconds`` into a streaming ``cdcflow run``; result rows.
+    With ``keep`` (a folder), the run logs at INFO and its log and warehouse are moved
+    there for a look afterwards (one line per micro-batch, what maintenance did)."""
     from cdcflow_testkit.encoders import Message
     from cdcflow_testkit.services.broker import EmbeddedBroker
 
@@ -189,6 +192,7 @@ def run(
                 sys.executable,
                 "-c",
                 "import sys; from cdcflow.cli import main; sys.exit(main())",
+                *(["--log-level", "INFO"] if keep else []),
                 "run",
                 str(path),
             ]
@@ -258,7 +262,12 @@ def run(
                 f"{len(lat):,} applied"
             )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if keep:
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.move(root, keep)
+            print(f"  log and warehouse kept in {keep}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     extra = {
         "keys": "new" if new_keys else keys,
         "rate": rate,
@@ -333,9 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slice-ms", type=int, default=100, help="produce every N ms")
     parser.add_argument("--trigger", help='processing-time trigger, e.g. "1 second"')
     parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="log at INFO; keep the run's log and warehouse in DIR"
+    )
     args = parser.parse_args(argv)
     rows = run(
-        args.rate, args.seconds, args.keys, args.slice_ms, args.trigger, new_keys=args.new_keys
+        args.rate,
+        args.seconds,
+        args.keys,
+        args.slice_ms,
+        args.trigger,
+        new_keys=args.new_keys,
+        keep=args.keep,
     )
     emit(rows, args.json)
     return 0

@@ -1,5 +1,6 @@
 """Per-table apply options on real Delta tables: sequence_by, soft delete,
-ignore_null_updates, schema-change policies, type widening, drops, tombstone retention."""
+ignore_null_updates, schema-change policies, type widening, drops, tombstone retention,
+partition_by."""
 
 from __future__ import annotations
 
@@ -359,6 +360,78 @@ def test_resume_lets_a_stopped_table_go_on(tmp_path):
         3,
     )
     assert _rows(wh)[3]["color"] == "g"
+
+
+# ---------------------------------------------------------------- partition_by
+
+
+def _partition_folders(wh, target=TARGET):
+    paths = pa.table(DeltaTable(wh.table_path(target)).get_add_actions())["path"]
+    return sorted({p.split("/")[0] for p in paths.to_pylist()})
+
+
+def test_partition_by_creates_a_partitioned_mirror_and_applies_every_change(
+    tmp_path, warehouse_factory
+):
+    wh, ap = _setup(tmp_path, warehouse_factory, partition_by=("qty",))
+    ap.apply(table_of(*(ins(k, f"n{k}", qty=k % 3, seq=k) for k in range(1, 7))), 0)
+    assert DeltaTable(wh.table_path(TARGET)).metadata().partition_columns == ["qty"]
+    # an update that moves its row to another partition, a delete, a plain update
+    ap.apply(table_of(upd(1, "moved", qty=2, seq=10), dele(2, seq=11), upd(3, "c", 0, seq=12)), 1)
+    assert _rows(wh) == {
+        1: {"id": 1, "name": "moved", "qty": 2},
+        3: {"id": 3, "name": "c", "qty": 0},
+        4: {"id": 4, "name": "n4", "qty": 1},
+        5: {"id": 5, "name": "n5", "qty": 2},
+        6: {"id": 6, "name": "n6", "qty": 0},
+    }
+    assert _partition_folders(wh) == ["qty=0", "qty=1", "qty=2"]
+    # a truncate, then new rows; an older change of a truncated key is not applied
+    ap.apply(table_of(ev(Op.TRUNCATE, seq=20), ins(7, "after", qty=5, seq=21)), 2)
+    ap.apply(table_of(upd(4, "older than the truncate", qty=1, seq=13)), 3)
+    assert _rows(wh) == {7: {"id": 7, "name": "after", "qty": 5}}
+
+
+def test_a_merge_into_a_table_partitioned_by_its_key_reads_only_the_partitions_it_changes(
+    tmp_path,
+):
+    wh, ap = _setup(tmp_path, partition_by=("id",))
+    ap.apply(table_of(*(ins(k, f"n{k}", seq=k) for k in range(1, 9))), 0)
+    report = ap.apply(table_of(upd(3, "three", seq=20), upd(5, "five", seq=21)), 1)
+    (mirror,) = report.mirrors
+    # delta-rs prunes by the key's partition values: 2 of the 8 files are read
+    assert mirror.metrics["num_target_files_scanned"] == 2
+    assert mirror.metrics["num_target_files_skipped_during_scan"] == 6
+    assert _rows(wh)[3]["name"] == "three" and _rows(wh)[8]["name"] == "n8"
+
+
+def test_a_history_table_is_partitioned_too(tmp_path):
+    wh, ap = _setup(tmp_path, mode="history", partition_by=("qty",))
+    ap.apply(table_of(ins(1, "a", qty=1, seq=1), ins(2, "b", qty=1, seq=2)), 0)
+    ap.apply(table_of(upd(1, "a2", qty=2, seq=3)), 1)
+    table = DeltaTable(wh.table_path(TARGET))
+    assert table.metadata().partition_columns == ["qty"]
+    versions = sorted((r["id"], r["qty"], r["__is_current"]) for r in wh.read(TARGET).to_pylist())
+    assert versions == [(1, 1, False), (1, 2, True), (2, 1, True)]
+
+
+def test_a_partition_column_the_table_lacks_stops_the_table_and_names_the_option(tmp_path):
+    wh, ap = _setup(tmp_path, partition_by=("region",))
+    report = ap.apply(table_of(ins(1, "a", seq=1)), 0)
+    assert report.dead_letters[Code.TABLE_FAULT] == 1
+    assert wh.open(wh.table_path(TARGET)) is None  # nothing created in the wrong layout
+    stop = [r for r in _system(wh, "schema_changes").to_pylist() if r["change"] == "stop"]
+    assert "partition_by names ['region']" in stop[0]["message"]
+    assert "cdcflow resume" in stop[0]["message"]
+
+
+def test_partition_by_is_checked_when_the_rules_are_loaded():
+    assert TableRules.of([("db.*", {"partition_by": ["day", "region"]})])(TARGET).partition_by == (
+        "day",
+        "region",
+    )
+    with pytest.raises(ValueError, match="names a column twice"):
+        TableRules.of([("db.*", {"partition_by": ["day", "day"]})])
 
 
 # ---------------------------------------------------------------- tombstone retention

@@ -19,6 +19,7 @@ Example::
         soft_delete: true
       - match: "shop.public.events"
         maintenance: {target_file_bytes: 268435456, vacuum_retention_hours: 720}
+        partition_by: [event_date]   # when cdcflow creates the table
 
 The options are declared once, in :class:`TableOptions`; :class:`TableRule` is derived
 from it (every option optional, plus ``match``), so the YAML and the applier cannot
@@ -104,6 +105,10 @@ class TableOptions(BaseModel):
             ``None``: every column is tracked.
         maintenance: this table's compaction and vacuum settings over the pipeline's
             (:class:`TableMaintenanceOptions`); ``None``: the pipeline's.
+        partition_by: data columns the table is partitioned by (Delta partition columns,
+            one folder per value), set when cdcflow creates the table; an existing
+            table keeps its layout. ``()``: unpartitioned, clustered by key (the
+            default, and what most tables want: docs/decisions.md 50).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -115,6 +120,20 @@ class TableOptions(BaseModel):
     schema_changes: SchemaPolicy = "evolve"
     track_history: tuple[str, ...] | None = None
     maintenance: TableMaintenanceOptions | None = None
+    partition_by: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _distinct_partition_columns(self) -> TableOptions:
+        _check_partition_by(self.partition_by)
+        return self
+
+
+def _check_partition_by(columns: Sequence[str] | None) -> None:
+    if columns and (len(set(columns)) != len(columns) or "" in columns):
+        raise ValueError(
+            f"partition_by {list(columns)} names a column twice or an empty name; "
+            "list each partition column once"
+        )
 
 
 class _RuleBase(BaseModel):
@@ -125,6 +144,7 @@ class _RuleBase(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> _RuleBase:
         given = self.overrides()
+        _check_partition_by(given.get("partition_by"))
         if "track_history" in given and given.get("mode") == "mirror":
             raise ValueError("track_history applies to mode: history only; remove one of them")
         if given.get("soft_delete") and given.get("mode") == "history":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -128,6 +129,23 @@ class TableApplier:
             )
         return mirror
 
+    def _check_partition_columns(
+        self, target: str, part: pa.Table, types: Mapping[str, str], partition_by: Sequence[str]
+    ) -> None:
+        """Before a table is created: every ``partition_by`` column is one of its columns.
+
+        Raises:
+            TableFault: one is not; the table stops until the option is fixed.
+        """
+        missing = [c for c in partition_by if c not in types]
+        if missing:
+            raise TableFault(
+                f"table {target}: tables[].partition_by names {missing}, not columns of the "
+                f"table (it has {sorted(types)}); fix partition_by, then `cdcflow resume "
+                f"--warehouse {self.warehouse.root} {target}`",
+                origin(part, 0),
+            )
+
     def _has_committed(self, path: str, batch_id: int) -> bool:
         """Whether the table at ``path`` holds apply ``batch_id`` (``False`` if unreadable)."""
         try:
@@ -164,6 +182,8 @@ class TableApplier:
         if decision.widen:
             wh.widen_columns(target, decision.widen)
         types = decision.types
+        if table is None and options.partition_by:
+            self._check_partition_columns(target, part, types, options.partition_by)
         if options.mode == "history":
             return self._apply_history(target, part, types, key_columns, batch_id, options)
         full_row = _full_row_identity(part)
@@ -180,6 +200,7 @@ class TableApplier:
             batch_id,
             soft_delete=options.soft_delete,
             full_row_identity=full_row,
+            partition_by=options.partition_by,
         )
         wh.tombstones.stage(target, net, batch_id)  # committed with the batch's others
         if decision.copies:
@@ -197,7 +218,14 @@ class TableApplier:
     ) -> MirrorResult:
         """SCD type 2: versions instead of one row per key (see :mod:`cdcflow.sinks.history`)."""
         h = apply_history(
-            self.warehouse, target, part, types, key_columns, batch_id, options.track_history
+            self.warehouse,
+            target,
+            part,
+            types,
+            key_columns,
+            batch_id,
+            options.track_history,
+            partition_by=options.partition_by,
         )
         return MirrorResult(
             target=target,

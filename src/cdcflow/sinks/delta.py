@@ -50,6 +50,7 @@ from cdcflow.sinks.merge import (
     MergeSpec,
     key_match,
     merge_expressions,
+    partition_pruning,
     quote_column,
 )
 from cdcflow.sinks.refresh import current
@@ -397,6 +398,7 @@ class DeltaWarehouse:
         batch_id: int,
         soft_delete: bool = False,
         full_row_identity: bool = False,
+        partition_by: Sequence[str] = (),
     ) -> MirrorResult:
         """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
 
@@ -410,6 +412,8 @@ class DeltaWarehouse:
             soft_delete: a delete (or truncate) sets ``_deleted`` instead of removing rows.
             full_row_identity: the "key" is the whole row (a table without a primary
                 key): key columns may be NULL and are matched NULL-safely.
+            partition_by: partition columns of the mirror if this creates it (every
+                one a column of ``types``); an existing mirror keeps its layout.
 
         Raises:
             ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
@@ -446,7 +450,7 @@ class DeltaWarehouse:
             system.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
         version = None if table is None else table.version()
         columns = self.ensure_table(
-            path, table, types, () if full_row_identity else key_columns, system
+            path, table, types, () if full_row_identity else key_columns, system, partition_by
         )
         if table is None or table.version() != version:
             table = self.open(path)  # created, or columns added
@@ -530,8 +534,10 @@ class DeltaWarehouse:
         types: Mapping[str, str],
         key_columns: Sequence[str],
         system_fields: Sequence[pa.Field],
+        partition_by: Sequence[str] = (),
     ) -> list[str]:
-        """Create a table (data columns, then ``system_fields``) or add what it lacks.
+        """Create a table (data columns, then ``system_fields``, partitioned by the
+        columns ``partition_by`` names, each one of ``types``) or add what it lacks.
 
         ``key_columns`` are created NOT NULL. A missing data or system column is added as
         nullable, *before* any merge, never via ``merge_schema=True``: delta-rs 1.6.6 copies
@@ -549,6 +555,7 @@ class DeltaWarehouse:
                 path,
                 pa.schema([*fields, *system_fields]),
                 mode="ignore",
+                partition_by=list(partition_by) or None,
                 storage_options=self.storage_options or None,
             )
             return list(types)
@@ -735,11 +742,20 @@ class DeltaWarehouse:
         """Merge the checked merge source into the mirror in one commit that carries the
         batch's transaction; the merge's metrics (delta-rs's names, plus ``merge_s``)."""
         wide = len(spec.columns) >= REWRITE_MIN_COLUMNS
-        merge = self._merge if self.merge_engine == "delta-rs" and not wide else self._rewrite_merge
-        return merge(table, source, spec)
+        arrow = self.merge_engine == "arrow" or wide
+        if arrow and not table.metadata().partition_columns:
+            return self._rewrite_merge(table, source, spec)
+        # a partitioned mirror: delta-rs writes each row into its partition's folder, and
+        # prunes partitions when the key holds the partition columns (decision 50)
+        return self._merge(table, source, spec)
 
     def _merge(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         on = key_match(spec.key_columns, "IS NOT DISTINCT FROM" if spec.null_safe else "=")
+        pruning = partition_pruning(
+            source, table.metadata().partition_columns, () if spec.null_safe else spec.key_columns
+        )
+        if pruning:
+            on = f"{on} AND {pruning}"
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         updates = {quote_column(c): v for c, v in updates.items()}
         inserts = {quote_column(c): v for c, v in inserts.items()}

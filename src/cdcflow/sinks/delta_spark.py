@@ -47,6 +47,7 @@ from cdcflow.sinks.merge import (
     MergeSpec,
     key_match,
     merge_expressions,
+    partition_pruning,
     quote_column,
 )
 
@@ -121,6 +122,11 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
         on = key_match(spec.key_columns, "<=>" if spec.null_safe else "=")
+        pruning = partition_pruning(
+            source, table.metadata().partition_columns, () if spec.null_safe else spec.key_columns
+        )
+        if pruning:  # Spark's Delta MERGE prunes partitions by the target's own conditions
+            on = f"{on} AND {pruning}"
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         flag = quote_column(DELETE_FLAG)
         if spec.soft_delete:

@@ -471,9 +471,10 @@ def _ensure_table(
     table: DeltaTable | None,
     types: Mapping[str, str],
     key_columns: Sequence[str],
+    partition_by: Sequence[str] = (),
 ) -> DeltaTable:
     """Create the history table or add new data columns (:meth:`DeltaWarehouse.ensure_table`)."""
-    warehouse.ensure_table(path, table, types, key_columns, _SYSTEM_FIELDS)
+    warehouse.ensure_table(path, table, types, key_columns, _SYSTEM_FIELDS, partition_by)
     opened = warehouse.open(path)
     assert opened is not None
     return opened
@@ -515,6 +516,7 @@ def apply_history(
     key_columns: Sequence[str],
     batch_id: int,
     track_history: Sequence[str] | None = None,
+    partition_by: Sequence[str] = (),
 ) -> HistoryResult:
     """Apply one batch of one table's events to its SCD type 2 history table.
 
@@ -530,6 +532,7 @@ def apply_history(
         batch_id: micro-batch id; the commits carry ``(warehouse.app_id, batch_id)``.
         track_history: columns whose change opens a version; a change of other columns
             only updates the covering version in place. ``None``: every column.
+        partition_by: partition columns of the history table if this creates it.
 
     Returns:
         A :class:`HistoryResult`; keys whose values do not fit their columns, and events
@@ -632,7 +635,7 @@ def apply_history(
     write, gone = _plan(recomputed, stored, touched, result)
 
     if write or gone:
-        table = _ensure_table(warehouse, path, table, all_types, key_columns)
+        table = _ensure_table(warehouse, path, table, all_types, key_columns, partition_by)
     source = None
     if table is not None and (write or gone):
         schema = arrow_schema(table)

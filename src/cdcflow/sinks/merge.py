@@ -25,6 +25,7 @@ __all__ = [
     "MergeSpec",
     "key_match",
     "merge_expressions",
+    "partition_pruning",
     "quote_column",
 ]
 
@@ -51,6 +52,40 @@ def key_match(key_columns: Sequence[str], equals: str = "=") -> str:
     comparison parenthesised: delta-rs parses ``a IS NOT DISTINCT FROM b AND c`` as
     ``a IS NOT DISTINCT FROM (b AND c)``."""
     return " AND ".join(f"(t.{quote_column(k)} {equals} s.{quote_column(k)})" for k in key_columns)
+
+
+def partition_pruning(
+    source: pa.Table, partition_columns: Sequence[str], key_columns: Sequence[str]
+) -> str | None:
+    """A condition on the target ``t`` that keeps a merge to the partitions its source
+    rows are in: ``t.`p` IN (...)`` for each partition column, with the source's values.
+
+    Only when every partition column is a key column: a row then never moves between
+    partitions (a change of a key column is a delete and an insert), so the rows a
+    source row matches are in the partition its own values name. delta-rs 1.6 does not
+    infer this from the key match (a merge into a table partitioned by its key scanned
+    every file: tests/apply/test_table_options.py). ``None`` when it does not apply, or
+    for a column of a type whose SQL literal is not plain (only integers, strings and
+    dates are written).
+    """
+    if not partition_columns or not set(partition_columns) <= set(key_columns):
+        return None
+    conditions = []
+    for name in partition_columns:
+        column = source[name]
+        if column.null_count:
+            return None
+        values = column.unique().to_pylist()
+        if pa.types.is_integer(column.type):
+            literals = [str(int(v)) for v in values]
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            literals = ["'" + v.replace("'", "''") + "'" for v in values]
+        elif pa.types.is_date32(column.type):
+            literals = [f"DATE '{v.isoformat()}'" for v in values]
+        else:
+            return None
+        conditions.append(f"t.{quote_column(name)} IN ({', '.join(literals)})")
+    return " AND ".join(conditions)
 
 
 def merge_expressions(
