@@ -312,6 +312,7 @@ class MaintenanceConfig(_Strict):
     budget_s: float = Field(default=2.0, ge=0)
     small_file_bytes: int = Field(default=1024 * 1024, ge=1)
     compact_min_files: int = Field(default=16, ge=2)
+    mirror_file_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     target_file_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     vacuum_every_hours: float = Field(default=24.0, ge=0)
     vacuum_retention_hours: float = Field(default=168.0, ge=0)

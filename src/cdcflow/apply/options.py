@@ -77,6 +77,7 @@ class TableMaintenanceOptions(BaseModel):
     enabled: bool | None = None
     compact_min_files: Annotated[int, Field(ge=2)] | None = None
     small_file_bytes: Annotated[int, Field(ge=1)] | None = None
+    mirror_file_bytes: Annotated[int, Field(ge=1024)] | None = None
     target_file_bytes: Annotated[int, Field(ge=1024)] | None = None
     vacuum_every_hours: Annotated[float, Field(ge=0)] | None = None
     vacuum_retention_hours: Annotated[float, Field(ge=0)] | None = None

@@ -489,22 +489,28 @@ def write_data_files(
     rows: pa.Table,
     now_ms: int,
     target_file_rows: int = TARGET_FILE_ROWS,
+    *,
+    single_file: bool = False,
+    data_change: bool = True,
 ) -> list[AddAction]:
     """Write ``rows`` (in the order given) as data files of about equal size, at most
     ``target_file_rows`` rows and about :data:`TARGET_FILE_BYTES` each, in the table
-    folder (``filesystem`` is rooted there).
+    folder (``filesystem`` is rooted there); as one file with ``single_file`` (a
+    compaction's output, :mod:`cdcflow.sinks.compaction`).
 
     Returns:
-        One add action per file, with its statistics (:func:`file_stats`).
+        One add action per file, with its statistics (:func:`file_stats`) and
+        ``data_change`` (false: the rows were in the table already).
     """
     if not rows.num_rows:
         return []
-    per_file = -(-rows.num_rows // _file_count(rows, target_file_rows))
+    files = 1 if single_file else _file_count(rows, target_file_rows)
+    per_file = -(-rows.num_rows // files)
     actions = []
     for start in range(0, rows.num_rows, per_file):
         part = rows.slice(start, per_file)
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         pq.write_table(part, path, filesystem=filesystem, compression="snappy")
         size = filesystem.get_file_info(path).size
-        actions.append(AddAction(path, size, {}, now_ms, True, file_stats(part)))
+        actions.append(AddAction(path, size, {}, now_ms, data_change, file_stats(part)))
     return actions

@@ -5,23 +5,23 @@ Every micro-batch that changes a table adds files: the Arrow merge writes a batc
 keys as a file of their own, and the bookkeeping tables (``_cdcflow/changelog``,
 ``batches``, ``progress``, ...) get one file per batch. :class:`Maintainer` runs after
 a micro-batch's apply, on the tables it touched, within a time budget
-(``maintenance.budget_s``): a table with :attr:`MaintenancePolicy.compact_min_files`
-small files or more is compacted (delta-rs ``optimize.compact``, in file order, with
-statistics; a commit that changes no data). A mirror's small files are packed into files
-of up to ``small_file_bytes`` (1 MiB): files past that size are never rewritten after a
-batch, so a compaction costs what the new files weigh, not the mirror, and the recent keys
-of a growing table stay in small files an update rewrites cheaply (delta-rs writes no
-deletion vectors, so an update rewrites its whole file). The append-only bookkeeping
-tables are packed up to ``target_file_bytes`` (64 MiB), and so is every table by
-``cdcflow maintain``. A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files
-no version within ``vacuum_retention_hours`` references are deleted, and log files past
-the table's log retention (``delta.logRetentionDuration``, 30 days) are cleaned up.
-``cdcflow maintain`` runs the same on every table at once, whatever the budget.
+(``maintenance.budget_s``), one **size-tiered** compaction job per table at a time
+(:mod:`cdcflow.sinks.compaction`): the oldest files of a size tier that holds
+``compact_min_files`` files or more are merged into one, and no job reads more than
+the table's target size: ``mirror_file_bytes`` (16 MiB) for a mirror, so an update of
+any key rewrites at most that much (delta-rs writes no deletion vectors, so an update
+rewrites its whole file), ``target_file_bytes`` (64 MiB) for the append-only
+bookkeeping tables. A compaction's cost follows what the batches since the last one
+wrote, never the table. ``cdcflow maintain`` bin-packs every table up to
+``target_file_bytes`` at once (delta-rs ``optimize.compact``), as do partitioned tables
+after a batch. A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files no
+version within ``vacuum_retention_hours`` references are deleted, and log files past the
+table's log retention (``delta.logRetentionDuration``, 30 days) are cleaned up.
 
 Maintenance runs between micro-batches on the apply's own thread, so it never races a
 merge of the same pipeline; a compaction that loses a race to another writer fails its
-commit and is tried again after a later batch (the merge checks that the files it read
-are still there before its commit: :meth:`cdcflow.sinks.delta.DeltaWarehouse._rewrite_merge`).
+commit and is tried again after a later batch (a merge that loses a race to a compaction
+is computed again: :meth:`cdcflow.sinks.delta.DeltaWarehouse._rewrite_merge`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from cdcflow.sinks.compaction import compact_once, data_files, plan
 from cdcflow.sinks.retention import Expired, RetentionPolicy, expire
 
 if TYPE_CHECKING:
@@ -54,11 +55,12 @@ class MaintenancePolicy:
         enabled: maintain automatically after micro-batches (``cdcflow maintain`` runs
             whatever this says).
         budget_s: after a micro-batch, no new table is started past this many seconds.
-        small_file_bytes: a data file smaller than this is small; after a batch, a
-            mirror's small files are packed into files up to this size.
-        compact_min_files: a table with this many small files (or more) is compacted.
-        target_file_bytes: the size the bookkeeping tables, and every table by ``cdcflow
-            maintain``, are packed up to.
+        small_file_bytes: a data file smaller than this is small (size tier 0).
+        compact_min_files: a size tier with this many files (or more) is compacted; the
+            tiers' fanout (:func:`cdcflow.sinks.compaction.tier`).
+        mirror_file_bytes: after a batch, a mirror's files are merged up to this size.
+        target_file_bytes: after a batch, the bookkeeping tables' files are merged up to
+            this size; ``cdcflow maintain`` packs every table up to it.
         vacuum_every_hours: a table is vacuumed at most this often by a running pipeline
             (``0``: only by ``cdcflow maintain``).
         vacuum_retention_hours: files a version of the last this many hours references
@@ -72,6 +74,7 @@ class MaintenancePolicy:
     budget_s: float = 2.0
     small_file_bytes: int = 1024 * 1024
     compact_min_files: int = 16
+    mirror_file_bytes: int = 16 * 1024 * 1024
     target_file_bytes: int = 64 * 1024 * 1024
     vacuum_every_hours: float = 24.0
     vacuum_retention_hours: float = 168.0
@@ -211,8 +214,16 @@ class Maintainer:
         table = self.warehouse.open(path)
         if table is None:
             return None
-        small, total = small_files(table, policy.small_file_bytes)
-        compact = small >= (2 if force else policy.compact_min_files)
+        mirror = not path.startswith(self.warehouse.system_path(""))
+        target = policy.mirror_file_bytes if mirror else policy.target_file_bytes
+        partitioned = bool(table.metadata().partition_columns)
+        files = data_files(table)
+        total = len(files)
+        if force or partitioned:  # delta-rs bin-packs every file under its target
+            small = sum(1 for f in files if f.size_bytes < policy.small_file_bytes)
+            compact = small >= (2 if force else policy.compact_min_files)
+        else:
+            compact = bool(plan(files, policy.small_file_bytes, target, policy.compact_min_files))
         last = self._vacuumed_at.get(path)
         every_s = policy.vacuum_every_hours * 3600
         vacuum = force or (every_s > 0 and last is not None and time.monotonic() - last >= every_s)
@@ -223,18 +234,23 @@ class Maintainer:
         try:
             if compact:
                 before = table.version()
-                # delta-rs bin-packs every file under its target size. A mirror after a
-                # batch: only the small files, into files up to the small size, so the
-                # hot keys never share a file with the cold rows of a big one (an update
-                # of a recent key rewrites at most small_file_bytes). The append-only
-                # bookkeeping tables, and every table by hand: up to target_file_bytes.
-                mirror = not path.startswith(self.warehouse.system_path(""))
-                target = (
-                    policy.small_file_bytes if mirror and not force else policy.target_file_bytes
-                )
-                result.compacted = table.optimize.compact(
-                    target_size=target, max_concurrent_tasks=2
-                )
+                if force or partitioned:
+                    result.compacted = table.optimize.compact(
+                        target_size=policy.target_file_bytes if force else target,
+                        max_concurrent_tasks=2,
+                    )
+                else:
+                    result.compacted = compact_once(
+                        table,
+                        policy.small_file_bytes,
+                        target,
+                        policy.compact_min_files,
+                        sort_by_key=mirror,
+                        storage_options=self.warehouse.storage_options,
+                    )
+                    if result.compacted["more"]:  # the next job at the next batch
+                        self._touches[path] = policy.compact_min_files
+                    table = self.warehouse.open(path) or table  # vacuum needs the new version
                 if path == self.warehouse.tombstones.path:  # no data changed: keep its index
                     self.warehouse.tombstones.accept_rewrite(before, table.version())
             if vacuum:
