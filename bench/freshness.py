@@ -116,10 +116,13 @@ def _percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[i]
 
 
-def freshness_s(warehouse: Path, by_minute: dict[int, list[float]] | None = None) -> list[float]:
-    """Per applied change: batch commit time - source commit time, seconds (sorted);
-    ``by_minute`` (when given) gets the same per minute of source time since the first
-    change."""
+def freshness_s(
+    warehouse: Path, by_minute: dict[int, list[float]] | None = None, since_ms: int = 0
+) -> list[float]:
+    """Per applied change with a source time from ``since_ms`` on (the warm-up change,
+    produced before the run started, left out): batch commit time - source commit time,
+    seconds (sorted); ``by_minute`` (when given) gets the same per minute of source time
+    since the first change."""
     from deltalake import DeltaTable
 
     batches = (
@@ -136,7 +139,7 @@ def freshness_s(warehouse: Path, by_minute: dict[int, list[float]] | None = None
     pairs = [
         (ts, (committed[b] - ts) / 1000)
         for b, ts in zip(log["batch_id"].to_pylist(), log["ts_ms"].to_pylist(), strict=True)
-        if ts is not None
+        if ts is not None and ts >= since_ms
     ]
     if by_minute is not None and pairs:
         first = min(ts for ts, _ in pairs)
@@ -215,6 +218,7 @@ def run(
                     backlogs: list[int] = []
                     report_every = max(12, round(seconds / 10))  # about every 10 s
                     t0 = time.monotonic()
+                    t0_ms = int(time.time() * 1000)
                     n_slices = round(seconds * 1000 / slice_ms)
                     behind_s = 0.0
                     for s in range(n_slices):
@@ -254,7 +258,7 @@ def run(
                     proc.kill()
                     proc.wait()
             by_minute: dict[int, list[float]] = {}
-            lat = freshness_s(warehouse, by_minute)[1:] if produced > 1 else []  # no warm-up
+            lat = freshness_s(warehouse, by_minute, since_ms=t0_ms) if produced > 1 else []
             achieved = (produced - 1) / produce_s
             print(
                 f"  produced {produced - 1:,} changes in {produce_s:.1f} s "

@@ -66,6 +66,18 @@ def test_small_files_are_compacted_after_a_batch_and_every_row_stays(tmp_path, f
     assert _names(wh) == {b * 10 + k: f"v{b}" for b in range(4) for k in range(10)}
 
 
+def test_a_job_that_would_outrun_the_budget_left_waits_for_the_next_batch(tmp_path, file_per_batch):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=OFTEN)
+    ap.maintainer.compact_bytes_per_s = 1.0  # every job is estimated at hours
+    reports = _new_keys(ap, 4)
+    # the first job of a batch runs whatever its estimate; the others wait
+    assert len([line for line in reports[3].maintenance if "->" in line]) == 1
+    fifth = _new_keys(ap, 1, start=4)[0]  # the waiting tables are due again at once
+    assert len(fifth.maintenance) == 1
+    assert _names(wh) == {b * 10 + k: f"v{b}" for b in range(5) for k in range(10)}
+
+
 def test_compaction_keeps_exactly_once_and_the_tombstone_index(tmp_path, file_per_batch):
     root = str(tmp_path / "wh")
     wh = DeltaWarehouse(root, pipeline_id="t")

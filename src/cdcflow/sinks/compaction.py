@@ -155,10 +155,10 @@ def compact_once(
         return metrics
     schema = pa.schema(table.schema().to_arrow())
     filesystem = table_filesystem(table.table_uri, storage_options)
-    parquet = pads.ParquetFileFormat()
-    rows = pa.concat_tables(
-        [parquet.make_fragment(f.path, filesystem).to_table(schema=schema) for f in job]
-    )
+    # read on pyarrow's threads; columns a file predates are read as nulls
+    rows = pads.FileSystemDataset.from_paths(
+        [f.path for f in job], schema, pads.ParquetFileFormat(), filesystem
+    ).to_table()
     key = [f.name for f in schema if not f.nullable]
     if sort_by_key and key and rows.num_rows > 1:
         rows = rows.take(pc.sort_indices(rows, sort_keys=[(k, "ascending") for k in key]))

@@ -127,6 +127,9 @@ class Maintainer:
         self._touches: dict[str, int] = {}
         #: monotonic time of the last expiry of the bookkeeping rows (None: not yet)
         self._expired_at: float | None = None
+        #: how fast compaction jobs read, bytes/s (a running estimate: a job that would not
+        #: fit in what is left of a batch's budget waits for the next batch)
+        self.compact_bytes_per_s: float = 32 * 1024 * 1024
 
     def expire_due(self, now_ms: int | None = None) -> list[Expired]:
         """Expire the ``_cdcflow`` bookkeeping rows past their retention
@@ -184,10 +187,14 @@ class Maintainer:
                 due.append((path, policy))
         done = []
         for path, policy in due:
-            if time.monotonic() - started > self.policy.budget_s:
+            left_s = self.policy.budget_s - (time.monotonic() - started)
+            if left_s <= 0:
                 break  # the rest stay due for the next batch
             self._touches[path] = 0
-            result = self._maintain(path, policy, force=False)
+            # the first job of a batch always runs (a big job is never starved); a later
+            # one only if it fits in what is left of the budget
+            compacted = any(r.compacted for r in done)
+            result = self._maintain(path, policy, force=False, left_s=left_s if compacted else None)
             if result is not None:
                 done.append(result)
                 log.info("maintenance: %s", result.describe())
@@ -209,8 +216,10 @@ class Maintainer:
         return done
 
     def _maintain(
-        self, path: str, policy: MaintenancePolicy, force: bool
+        self, path: str, policy: MaintenancePolicy, force: bool, left_s: float | None = None
     ) -> TableMaintenance | None:
+        """Compact and vacuum one table if due; ``left_s``: a compaction job estimated
+        (:attr:`compact_bytes_per_s`) to take longer is left due for the next batch."""
         table = self.warehouse.open(path)
         if table is None:
             return None
@@ -223,7 +232,12 @@ class Maintainer:
             small = sum(1 for f in files if f.size_bytes < policy.small_file_bytes)
             compact = small >= (2 if force else policy.compact_min_files)
         else:
-            compact = bool(plan(files, policy.small_file_bytes, target, policy.compact_min_files))
+            job = plan(files, policy.small_file_bytes, target, policy.compact_min_files)
+            compact = bool(job)
+            job_s = sum(f.size_bytes for f in job) / self.compact_bytes_per_s
+            if compact and left_s is not None and job_s > left_s:
+                compact = False
+                self._touches[path] = policy.compact_min_files  # due at the next batch
         last = self._vacuumed_at.get(path)
         every_s = policy.vacuum_every_hours * 3600
         vacuum = force or (every_s > 0 and last is not None and time.monotonic() - last >= every_s)
@@ -240,6 +254,7 @@ class Maintainer:
                         max_concurrent_tasks=2,
                     )
                 else:
+                    job_started = time.monotonic()
                     result.compacted = compact_once(
                         table,
                         policy.small_file_bytes,
@@ -248,6 +263,10 @@ class Maintainer:
                         sort_by_key=mirror,
                         storage_options=self.warehouse.storage_options,
                     )
+                    took_s = time.monotonic() - job_started
+                    if took_s > 0.05:  # measured well enough to count
+                        rate = result.compacted["bytesRemoved"] / took_s
+                        self.compact_bytes_per_s = (self.compact_bytes_per_s + rate) / 2
                     if result.compacted["more"]:  # the next job at the next batch
                         self._touches[path] = policy.compact_min_files
                     table = self.warehouse.open(path) or table  # vacuum needs the new version
