@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +50,7 @@ from cdcflow.sinks.merge import (
     SOFT_DELETE_COLUMN,
     MergeSpec,
 )
+from cdcflow.sinks.refresh import local_path
 
 __all__ = [
     "TARGET_FILE_BYTES",
@@ -216,11 +216,9 @@ def table_filesystem(
     """A pyarrow file system rooted at the table's folder: the local one for a local
     table (no Python call per read or write, so parallel applies do not queue on the
     GIL), delta-rs's object store otherwise."""
-    if table_uri.startswith("file://"):  # delta-rs gives local tables as percent-encoded URLs
-        local = unquote(urlparse(table_uri).path)
+    local = local_path(table_uri)
+    if local is not None:
         return pa_fs.SubTreeFileSystem(local, pa_fs.LocalFileSystem())
-    if "://" not in table_uri:
-        return pa_fs.SubTreeFileSystem(table_uri, pa_fs.LocalFileSystem())
     return pa_fs.PyFileSystem(DeltaStorageHandler(table_uri, dict(storage_options or {}) or None))
 
 

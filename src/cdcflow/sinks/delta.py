@@ -48,9 +48,8 @@ from cdcflow.sinks.merge import (
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     MergeSpec,
-    key_match,
+    merge_condition,
     merge_expressions,
-    partition_pruning,
     quote_column,
 )
 from cdcflow.sinks.refresh import current
@@ -750,12 +749,8 @@ class DeltaWarehouse:
         return self._merge(table, source, spec)
 
     def _merge(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
-        on = key_match(spec.key_columns, "IS NOT DISTINCT FROM" if spec.null_safe else "=")
-        pruning = partition_pruning(
-            source, table.metadata().partition_columns, () if spec.null_safe else spec.key_columns
-        )
-        if pruning:
-            on = f"{on} AND {pruning}"
+        partitions = table.metadata().partition_columns
+        on = merge_condition(spec, source, partitions, "IS NOT DISTINCT FROM")
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         updates = {quote_column(c): v for c, v in updates.items()}
         inserts = {quote_column(c): v for c, v in inserts.items()}

@@ -45,9 +45,8 @@ from cdcflow.sinks.merge import (
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     MergeSpec,
-    key_match,
+    merge_condition,
     merge_expressions,
-    partition_pruning,
     quote_column,
 )
 
@@ -121,12 +120,8 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         session = self._session(spec.batch_id)
         view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
-        on = key_match(spec.key_columns, "<=>" if spec.null_safe else "=")
-        pruning = partition_pruning(
-            source, table.metadata().partition_columns, () if spec.null_safe else spec.key_columns
-        )
-        if pruning:  # Spark's Delta MERGE prunes partitions by the target's own conditions
-            on = f"{on} AND {pruning}"
+        # Spark's Delta MERGE prunes partitions by the target's own conditions in it
+        on = merge_condition(spec, source, table.metadata().partition_columns, "<=>")
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         flag = quote_column(DELETE_FLAG)
         if spec.soft_delete:

@@ -24,6 +24,7 @@ __all__ = [
     "TS_COLUMN",
     "MergeSpec",
     "key_match",
+    "merge_condition",
     "merge_expressions",
     "partition_pruning",
     "quote_column",
@@ -86,6 +87,20 @@ def partition_pruning(
             return None
         conditions.append(f"t.{quote_column(name)} IN ({', '.join(literals)})")
     return " AND ".join(conditions)
+
+
+def merge_condition(
+    spec: MergeSpec, source: pa.Table, partition_columns: Sequence[str], null_safe_equals: str
+) -> str:
+    """The merge's ``ON`` condition, shared by the sinks: the key match
+    (:func:`key_match`, with ``null_safe_equals`` for a keyless table: ``IS NOT DISTINCT
+    FROM`` in delta-rs, ``<=>`` in Spark) and, for a table partitioned by key columns,
+    the partitions of the source rows (:func:`partition_pruning`)."""
+    on = key_match(spec.key_columns, null_safe_equals if spec.null_safe else "=")
+    pruning = partition_pruning(
+        source, partition_columns, () if spec.null_safe else spec.key_columns
+    )
+    return f"{on} AND {pruning}" if pruning else on
 
 
 def merge_expressions(

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 from deltalake import DeltaTable
 
-__all__ = ["REOPEN_AFTER_VERSIONS", "current", "refresh", "worn"]
+__all__ = ["REOPEN_AFTER_VERSIONS", "current", "local_path", "refresh", "worn"]
 
 #: a handle is opened again once it has moved this many versions past its opening: the
 #: checkpoint interval delta-rs writes at (``delta.checkpointInterval``, 100), so the new
@@ -65,6 +65,14 @@ def worn(table: DeltaTable, opened_version: int) -> bool:
     return table.version() - opened_version >= REOPEN_AFTER_VERSIONS
 
 
+def local_path(uri: str) -> str | None:
+    """The local folder of a table at ``uri`` (a path, or a ``file://`` URL as delta-rs
+    gives local tables, percent-encoded); ``None`` for an object store."""
+    if uri.startswith("file://"):
+        return unquote(urlparse(uri).path)
+    return None if "://" in uri else uri
+
+
 def refresh(table: DeltaTable, path: str) -> None:
     """Bring ``table`` (the handle of the table at ``path``) to the latest version.
 
@@ -78,8 +86,9 @@ def refresh(table: DeltaTable, path: str) -> None:
     than the log's retention), the log is listed as delta-rs lists it. Object stores are
     asked as delta-rs asks them (listed from an offset).
     """
-    if "://" not in path or path.startswith("file://"):
-        log = os.path.join(unquote(urlparse(path).path) if "://" in path else path, "_delta_log")
+    local = local_path(path)
+    if local is not None:
+        log = os.path.join(local, "_delta_log")
         version = table.version()
         newer = os.path.exists(os.path.join(log, f"{version + 1:020d}.json"))
         # the handle's own commit file gone: the log was cleaned up past it, and the
