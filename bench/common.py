@@ -269,6 +269,7 @@ def run_cdcflow_once(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
         sys.executable,
         "-c",
         "import sys; from cdcflow.cli import main; sys.exit(main())",
+        "-v",  # a line per micro-batch in the log: what it applied, and in how long
         "run",
         "--once",
         str(path),

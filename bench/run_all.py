@@ -12,7 +12,7 @@ carry over from one to the next):
 * ``debezium``: :mod:`e2e_debezium` -- ``--e2e-events`` Debezium events into one
   mirror, cdcflow vs a plain PySpark reference, with the peak RSS of each pipeline;
 * ``multitable``: :mod:`e2e_multitable` -- ``--multitable-events`` Canal JSON events of
-  20 tables in one topic;
+  20 tables in one topic, beside the same of one table (issue 18: >= 0.9x);
 * ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;

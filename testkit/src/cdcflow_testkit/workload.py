@@ -153,6 +153,64 @@ _WORDS = [
 ]
 
 
+class _KeyOrder:
+    """The live keys of one table in insertion order, as a sequence ``random.choice`` can
+    index in O(log n): what ``list(rows)`` gave in O(n) per change, which made a
+    one-table workload of 1M changes quadratic. A Fenwick tree counts the live slots of
+    an append-only key list; a removed key's slot stays, dead."""
+
+    def __init__(self, keys: Iterable[tuple] = ()) -> None:
+        self._keys: list[tuple | None] = []
+        self._slot: dict[tuple, int] = {}
+        self._tree = [0]
+        for key in keys:
+            self.append(key)
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def append(self, key: tuple) -> None:
+        i = len(self._keys)
+        if i + 1 >= len(self._tree):  # full: rebuild at double the size
+            self._tree = [0] * (2 * len(self._tree) + 1)
+            for j, k in enumerate(self._keys):
+                if k is not None:
+                    self._add(j, 1)
+        self._keys.append(key)
+        self._slot[key] = i
+        self._add(i, 1)
+
+    def remove(self, key: tuple) -> None:
+        i = self._slot.pop(key)
+        self._keys[i] = None
+        self._add(i, -1)
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def _add(self, i: int, delta: int) -> None:
+        i += 1
+        tree = self._tree
+        while i < len(tree):
+            tree[i] += delta
+            i += i & -i
+
+    def __getitem__(self, k: int) -> tuple:
+        """The ``k``-th live key (0-based), in insertion order."""
+        if not 0 <= k < len(self._slot):
+            raise IndexError(k)
+        tree, pos, step = self._tree, 0, 1 << (len(self._tree) - 1).bit_length()
+        while step:  # the last position whose prefix count is <= k
+            nxt = pos + step
+            if nxt < len(tree) and tree[nxt] <= k:
+                pos = nxt
+                k -= tree[nxt]
+            step >>= 1
+        key = self._keys[pos]
+        assert key is not None
+        return key
+
+
 @dataclass
 class Workload:
     """Random changes over in-memory tables, with the resulting final state.
@@ -183,8 +241,10 @@ class Workload:
         self._ts_ms = 1_700_000_000_000
         self._next_id: dict[str, int] = {}
         self._columns: dict[str, dict[str, str]] = {}
+        self._order: dict[str, _KeyOrder] = {}
         for t in self.tables:
             self.state.setdefault(t.name, {})
+            self._order[t.name] = _KeyOrder(self.state[t.name])
             self._next_id[t.name] = 1
             self._columns[t.name] = dict(t.columns)
 
@@ -322,8 +382,10 @@ class Workload:
         for i in range(n):
             spec = rng.choice(self.tables)
             rows = self.state[spec.name]
+            order = self._order[spec.name]
             if truncate_every and i and i % truncate_every == 0:
                 rows.clear()
+                order.clear()
                 yield self._emit(Op.TRUNCATE, spec, None, None)
                 continue
             if p_add_column and rng.random() < p_add_column:
@@ -335,9 +397,10 @@ class Workload:
                     key = self._new_key(spec)
                 after = self._row(spec, key)
                 rows[key] = after
+                order.append(key)
                 yield self._emit(Op.INSERT, spec, None, after)
             elif r < p_insert + p_update:
-                key = rng.choice(list(rows))
+                key = rng.choice(order)
                 before = rows[key]
                 if p_key_change and rng.random() < p_key_change:
                     new_key = self._new_key(spec)
@@ -348,13 +411,16 @@ class Workload:
                     else:  # UPDATE ... SET <key> = ...: only the key columns change
                         after = {**before, **dict(zip(spec.key_columns, new_key, strict=True))}
                     del rows[key]
+                    order.remove(key)
+                    order.append(new_key)
                     key = new_key
                 else:
                     after = self._row(spec, key)
                 rows[key] = after
                 yield self._emit(Op.UPDATE, spec, before, after)
             else:
-                key = rng.choice(list(rows))
+                key = rng.choice(order)
+                order.remove(key)
                 before = rows.pop(key)
                 yield self._emit(Op.DELETE, spec, before, None)
 
