@@ -316,6 +316,7 @@ class MaintenanceConfig(_Strict):
     target_file_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     vacuum_every_hours: float = Field(default=24.0, ge=0)
     vacuum_retention_hours: float = Field(default=168.0, ge=0)
+    log_retention_hours: float | None = Field(default=24.0, gt=0)
     retention: RetentionConfig = RetentionConfig()
 
     def policy(self) -> MaintenancePolicy:

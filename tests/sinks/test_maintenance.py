@@ -208,3 +208,82 @@ def _config(tmp_path: Path, extra: str) -> Path:
         "sources: [{name: a, format: debezium-json, topics: [t]}]\n" + extra + "\n"
     )
     return config
+
+
+# ------------------------------------------------------------------ log retention
+
+
+def _log_retention(path: str) -> str | None:
+    return DeltaTable(path).metadata().configuration.get("delta.logRetentionDuration")
+
+
+def test_every_table_an_apply_creates_keeps_log_retention_hours_of_log(tmp_path):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    _new_keys(BatchApplier(wh), 1)
+    made = [wh.table_path(TARGET), *(wh.system_path(n) for n in ("changelog", "batches"))]
+    assert {_log_retention(p) for p in made} == {"interval 86400 seconds"}  # 24 h
+    other = DeltaWarehouse(str(tmp_path / "other"), pipeline_id="t")
+    _new_keys(BatchApplier(other, maintenance=MaintenancePolicy(log_retention_hours=None)), 1)
+    assert _log_retention(other.table_path(TARGET)) is None  # Delta's own 30 days
+
+
+def test_delta_rs_drops_log_files_past_the_retention_at_a_checkpoint(tmp_path):
+    """The property's value is one delta-rs reads: with a retention of one second, the
+    checkpoint after version 199 removes the commit files older than that and than the
+    checkpoint before it (delta-rs 1.6 keeps the log from the previous checkpoint on),
+    and the table reads the same."""
+    import time
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    second = MaintenancePolicy(enabled=False, log_retention_hours=1 / 3600)
+    _new_keys(BatchApplier(wh, maintenance=second), 1)
+    path = wh.table_path(TARGET)
+    assert _log_retention(path) == "interval 1 seconds"
+    time.sleep(1.5)
+    table = DeltaTable(path)
+    row = table.to_pyarrow_table().slice(0, 1)
+    while table.version() < 200:
+        write_deltalake(table, pa.Table.from_batches([], schema=row.schema), mode="append")
+        table.update_incremental()
+    log = sorted(os.listdir(os.path.join(path, "_delta_log")))
+    assert "00000000000000000199.checkpoint.parquet" in log
+    assert log[0] == "00000000000000000099.checkpoint.parquet"  # 0..98: cleaned up
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 10
+
+
+def test_cdcflow_maintain_gives_older_tables_the_retention_and_keeps_a_set_one(
+    tmp_path, file_per_batch
+):
+    root = str(tmp_path / "wh")
+    old = MaintenancePolicy(enabled=False, log_retention_hours=None)  # as before 0.4.0
+    wh = DeltaWarehouse(root, pipeline_id="t.a")
+    _new_keys(BatchApplier(wh, maintenance=old), 2)
+    changelog = wh.system_path("changelog")
+    DeltaTable(changelog).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 30 days"}
+    )
+    report = cdcflow.maintain(_config(tmp_path, "maintenance: {log_retention_hours: 2}"))
+    done = {Path(t.path).name: t for t in report.tables}
+    assert _log_retention(wh.table_path(TARGET)) == "interval 7200 seconds"
+    assert (
+        done["db.items"].log_retention_hours == 2 and "log kept 2 h" in done["db.items"].describe()
+    )
+    assert _log_retention(changelog) == "interval 30 days"  # someone's own setting
+    assert done["changelog"].log_retention_hours is None
+    again = cdcflow.maintain(_config(tmp_path, "maintenance: {log_retention_hours: 2}"))
+    assert all(t.log_retention_hours is None for t in again.tables)  # once in a table's life
+
+
+def test_a_vacuum_retention_under_an_hour_is_rounded_up_never_down(tmp_path, file_per_batch):
+    """delta-rs takes whole hours; 0.5 h must not become 0 (every removed file deleted)."""
+    from cdcflow.sinks.maintenance import Maintainer
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    _new_keys(BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False)), 4)
+    path = wh.table_path(TARGET)
+    done = Maintainer(wh, MaintenancePolicy(vacuum_retention_hours=0.5)).run_all([path])
+    assert done[0].files_after == 1 and done[0].vacuumed == 0  # removed just now: kept
+    assert sum(1 for f in os.listdir(path) if f.endswith(".parquet")) == 5

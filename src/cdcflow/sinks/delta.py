@@ -168,6 +168,9 @@ class DeltaWarehouse:
         self.pipeline_id = pipeline_id
         self.app_id = f"cdcflow-{pipeline_id}"
         self.storage_options = dict(storage_options or {})
+        #: Delta table properties every table this view creates gets (the log retention
+        #: of ``maintenance.log_retention_hours``, set by the batch applier)
+        self.table_configuration: dict[str, str] = {}
         #: custom metadata every commit of the current apply carries (its offset ranges)
         self.commit_metadata: dict[str, str] = {}
         self._tables: dict[str, DeltaTable] = {}
@@ -305,6 +308,7 @@ class DeltaWarehouse:
                 path,
                 data,
                 mode="append",
+                configuration=self.table_configuration or None,
                 commit_properties=commit,
                 storage_options=self.storage_options or None,
             )
@@ -555,6 +559,7 @@ class DeltaWarehouse:
                 pa.schema([*fields, *system_fields]),
                 mode="ignore",
                 partition_by=list(partition_by) or None,
+                configuration=self.table_configuration or None,
                 storage_options=self.storage_options or None,
             )
             return list(types)

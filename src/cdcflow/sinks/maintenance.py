@@ -16,7 +16,14 @@ wrote, never the table. ``cdcflow maintain`` bin-packs every table up to
 ``target_file_bytes`` at once (delta-rs ``optimize.compact``), as do partitioned tables
 after a batch. A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files no
 version within ``vacuum_retention_hours`` references are deleted, and log files past the
-table's log retention (``delta.logRetentionDuration``, 30 days) are cleaned up.
+table's log retention are cleaned up. That retention is ``log_retention_hours`` (24):
+every table cdcflow creates gets it as ``delta.logRetentionDuration``, ``cdcflow
+maintain`` sets it on older tables that have none, and delta-rs drops the older log
+files at each checkpoint (every 100 commits). A table's own setting is never changed.
+It bounds more than history: on a local or mounted file system delta-rs lists the whole
+``_delta_log`` folder at every commit and every refresh (about 8 µs a file here), so a
+mirror committed to every second under Delta's 30-day default would hold 2.6M log
+files and spend seconds on each commit (decision 52).
 
 Maintenance runs between micro-batches on the apply's own thread, so it never races a
 merge of the same pipeline; a compaction that loses a race to another writer fails its
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +50,14 @@ from cdcflow.sinks.retention import Expired, RetentionPolicy, expire
 if TYPE_CHECKING:
     from cdcflow.sinks.delta import DeltaWarehouse
 
-__all__ = ["MaintenancePolicy", "Maintainer", "TableMaintenance", "small_files"]
+__all__ = [
+    "LOG_RETENTION",
+    "MaintenancePolicy",
+    "Maintainer",
+    "TableMaintenance",
+    "log_retention_value",
+    "small_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +83,10 @@ class MaintenancePolicy:
         retention: how long the ``_cdcflow`` bookkeeping rows are kept
             (:mod:`cdcflow.sinks.retention`).
         retention_every_hours: a running pipeline expires rows at most this often.
+        log_retention_hours: ``delta.logRetentionDuration`` of the tables cdcflow creates
+            (the history a log keeps, for time travel and incremental readers), and of
+            older ones without the property when ``cdcflow maintain`` runs; ``None``:
+            not set (Delta's default is 30 days).
     """
 
     enabled: bool = True
@@ -80,6 +99,17 @@ class MaintenancePolicy:
     vacuum_retention_hours: float = 168.0
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_every_hours: float = 1.0
+    log_retention_hours: float | None = 24.0
+
+
+#: the Delta table property :attr:`MaintenancePolicy.log_retention_hours` sets
+LOG_RETENTION = "delta.logRetentionDuration"
+
+
+def log_retention_value(hours: float) -> str:
+    """``delta.logRetentionDuration`` for ``hours`` (``"interval 86400 seconds"``; whole
+    seconds, at least one)."""
+    return f"interval {max(1, round(hours * 3600))} seconds"
 
 
 @dataclass(slots=True)
@@ -91,6 +121,8 @@ class TableMaintenance:
     files_after: int = 0
     compacted: dict[str, Any] = field(default_factory=dict)
     vacuumed: int = 0
+    #: the log retention ``cdcflow maintain`` gave a table that had none, hours
+    log_retention_hours: float | None = None
     seconds: float = 0.0
     error: str | None = None
 
@@ -99,6 +131,8 @@ class TableMaintenance:
         done = f"{self.files_before} -> {self.files_after} files"
         if self.vacuumed:
             done += f", {self.vacuumed} vacuumed"
+        if self.log_retention_hours is not None:
+            done += f", log kept {self.log_retention_hours:g} h"
         if self.error:
             done += f", failed: {self.error}"
         return f"{self.path}: {done} ({self.seconds:.2f} s)"
@@ -215,11 +249,41 @@ class Maintainer:
                 done.append(result)
         return done
 
+    def settle_log_retention(self, path: str, policy: MaintenancePolicy) -> bool:
+        """Give the table at ``path`` the policy's ``log_retention_hours`` as its
+        ``delta.logRetentionDuration`` if it has no such property (a table made before
+        0.4.0; a value someone set is kept). One metadata commit; ``True`` when made.
+        Only for ``cdcflow maintain``, which holds the pipeline's lease: a metadata commit
+        conflicts with every concurrent write of the table.
+
+        Raises:
+            deltalake exceptions / OSError: the table could not be read or committed to.
+        """
+        hours = policy.log_retention_hours
+        table = self.warehouse.open(path)
+        if hours is None or table is None:
+            return False
+        if LOG_RETENTION in table.metadata().configuration:
+            return False
+        value = log_retention_value(hours)
+        table.alter.set_table_properties({LOG_RETENTION: value}, raise_if_not_exists=False)
+        self.warehouse.forget(path)
+        log.info("table %s: %s = %s", path, LOG_RETENTION, value)
+        return True
+
     def _maintain(
         self, path: str, policy: MaintenancePolicy, force: bool, left_s: float | None = None
     ) -> TableMaintenance | None:
         """Compact and vacuum one table if due; ``left_s``: a compaction job estimated
         (:attr:`compact_bytes_per_s`) to take longer is left due for the next batch."""
+        log_retention_error = None
+        log_retention_set = False
+        if force:  # before the table is read: a metadata commit conflicts with a rewrite
+            try:
+                log_retention_set = self.settle_log_retention(path, policy)
+            except Exception as exc:  # noqa: BLE001 - reported, the rest still runs
+                log_retention_error = str(exc).splitlines()[0][:300]
+                self.warehouse.forget(path)
         table = self.warehouse.open(path)
         if table is None:
             return None
@@ -244,6 +308,9 @@ class Maintainer:
         if not compact and not vacuum:
             return None
         result = TableMaintenance(path, files_before=total, files_after=total)
+        if log_retention_set:
+            result.log_retention_hours = policy.log_retention_hours
+        result.error = log_retention_error
         started = time.monotonic()
         try:
             if compact:
@@ -274,8 +341,8 @@ class Maintainer:
                     self.warehouse.tombstones.accept_rewrite(before, table.version())
             if vacuum:
                 self._vacuumed_at[path] = time.monotonic()
-                removed = table.vacuum(
-                    retention_hours=int(policy.vacuum_retention_hours),
+                removed = table.vacuum(  # whole hours: rounded up, never shorter than asked
+                    retention_hours=math.ceil(policy.vacuum_retention_hours),
                     dry_run=False,
                     enforce_retention_duration=False,
                 )
@@ -289,6 +356,11 @@ class Maintainer:
         if refreshed is not None:
             result.files_after = small_files(refreshed, policy.small_file_bytes)[1]
         result.seconds = time.monotonic() - started
-        if not compact and not result.vacuumed and result.error is None:
+        if (
+            not compact
+            and not result.vacuumed
+            and result.error is None
+            and result.log_retention_hours is None
+        ):
             return None  # a vacuum that found nothing is not worth a line
         return result
