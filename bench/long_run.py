@@ -266,15 +266,16 @@ def run_one(
 
 
 def _compress_log_retention(warehouse: Any, day_s: float) -> None:
-    """``delta.logRetentionDuration`` of one simulated day (``log_retention_hours``, 24)
+    """The log and tombstone retention of one simulated day (``log_retention_hours``, 24)
     on every table."""
+    from cdcflow.sinks.maintenance import log_retention_properties
     from cdcflow.warehouse_maintenance import warehouse_tables
 
     seconds = max(1, int(day_s))
     for path in warehouse_tables(warehouse):
         table = warehouse.open(path)
         table.alter.set_table_properties(
-            {"delta.logRetentionDuration": f"interval {seconds} seconds"}, raise_if_not_exists=False
+            log_retention_properties(seconds / 3600), raise_if_not_exists=False
         )
         warehouse.forget(path)
 

@@ -41,11 +41,13 @@ Example (every key with its default where it has one)::
     maintenance:                   # after micro-batches, within a budget; `cdcflow maintain`
       enabled: true
       budget_s: 2                  # no new table is started past this, per micro-batch
-      compact_min_files: 16        # a table with this many small files is compacted
-      small_file_bytes: 8388608    # smaller files are small
-      target_file_bytes: 67108864  # compaction writes files up to this size
+      compact_min_files: 16        # a size tier with this many files is compacted
+      small_file_bytes: 1048576    # smaller files are tier 0
+      mirror_file_bytes: 16777216  # a mirror's compaction writes files up to this size
+      target_file_bytes: 67108864  # ... the bookkeeping tables' (and cdcflow maintain's)
       vacuum_every_hours: 24       # files no recent version needs are deleted this often
       vacuum_retention_hours: 168  # ... kept this long for readers of older versions
+      log_retention_hours: 24      # delta.logRetentionDuration of the tables it creates
 
 An unknown key is an error that lists the valid ones; a missing one names the key.
 Everything that can be checked without a broker is checked by :func:`load_config`,

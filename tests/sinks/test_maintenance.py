@@ -217,11 +217,16 @@ def _log_retention(path: str) -> str | None:
     return DeltaTable(path).metadata().configuration.get("delta.logRetentionDuration")
 
 
+def _tombstone_retention(path: str) -> str | None:
+    return DeltaTable(path).metadata().configuration.get("delta.deletedFileRetentionDuration")
+
+
 def test_every_table_an_apply_creates_keeps_log_retention_hours_of_log(tmp_path):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     _new_keys(BatchApplier(wh), 1)
     made = [wh.table_path(TARGET), *(wh.system_path(n) for n in ("changelog", "batches"))]
     assert {_log_retention(p) for p in made} == {"interval 86400 seconds"}  # 24 h
+    assert {_tombstone_retention(p) for p in made} == {"interval 86400 seconds"}
     other = DeltaWarehouse(str(tmp_path / "other"), pipeline_id="t")
     _new_keys(BatchApplier(other, maintenance=MaintenancePolicy(log_retention_hours=None)), 1)
     assert _log_retention(other.table_path(TARGET)) is None  # Delta's own 30 days
@@ -272,7 +277,7 @@ def test_cdcflow_maintain_gives_older_tables_the_retention_and_keeps_a_set_one(
         done["db.items"].log_retention_hours == 2 and "log kept 2 h" in done["db.items"].describe()
     )
     assert _log_retention(changelog) == "interval 30 days"  # someone's own setting
-    assert done["changelog"].log_retention_hours is None
+    assert _tombstone_retention(changelog) == "interval 7200 seconds"  # what it lacked
     again = cdcflow.maintain(_config(tmp_path, "maintenance: {log_retention_hours: 2}"))
     assert all(t.log_retention_hours is None for t in again.tables)  # once in a table's life
 
@@ -287,3 +292,29 @@ def test_a_vacuum_retention_under_an_hour_is_rounded_up_never_down(tmp_path, fil
     done = Maintainer(wh, MaintenancePolicy(vacuum_retention_hours=0.5)).run_all([path])
     assert done[0].files_after == 1 and done[0].vacuumed == 0  # removed just now: kept
     assert sum(1 for f in os.listdir(path) if f.endswith(".parquet")) == 5
+
+
+def test_checkpoints_carry_no_tombstone_older_than_the_retention(tmp_path, file_per_batch):
+    """A mirror removes a file or two every batch; Delta's default keeps each removal in
+    every checkpoint for 7 days (a week at a batch a second is about 1M tombstones)."""
+    import glob
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import write_deltalake
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    second = MaintenancePolicy(compact_min_files=4, budget_s=60, log_retention_hours=1 / 3600)
+    _new_keys(BatchApplier(wh, maintenance=second), 4)  # compacted: 4 files removed
+    path = wh.table_path(TARGET)
+    assert _tombstone_retention(path) == "interval 1 seconds"
+    time.sleep(1.5)
+    table = DeltaTable(path)
+    schema = table.to_pyarrow_table().schema
+    while table.version() < 100:
+        write_deltalake(table, pa.Table.from_batches([], schema=schema), mode="append")
+        table.update_incremental()
+    checkpoint = sorted(glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))[-1]
+    assert pq.read_table(checkpoint)["remove"].drop_null().to_pylist() == []
+    assert len(_names(wh)) == 40

@@ -66,12 +66,7 @@ from cdcflow.apply.transactions import (
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
 from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult
-from cdcflow.sinks.maintenance import (
-    LOG_RETENTION,
-    Maintainer,
-    MaintenancePolicy,
-    log_retention_value,
-)
+from cdcflow.sinks.maintenance import Maintainer, MaintenancePolicy, log_retention_properties
 from cdcflow.sinks.system_tables import (
     BATCHES,
     CHANGELOG,
@@ -163,7 +158,7 @@ class BatchApplier:
         self.maintainer = Maintainer(warehouse, maintenance)
         hours = self.maintainer.policy.log_retention_hours
         if hours is not None:  # the tables this applier creates keep that much log
-            warehouse.table_configuration[LOG_RETENTION] = log_retention_value(hours)
+            warehouse.table_configuration.update(log_retention_properties(hours))
         self._pool: ThreadPoolExecutor | None = None
 
     @property

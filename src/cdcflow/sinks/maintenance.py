@@ -17,8 +17,9 @@ wrote, never the table. ``cdcflow maintain`` bin-packs every table up to
 after a batch. A table not vacuumed for ``vacuum_every_hours`` is vacuumed: files no
 version within ``vacuum_retention_hours`` references are deleted, and log files past the
 table's log retention are cleaned up. That retention is ``log_retention_hours`` (24):
-every table cdcflow creates gets it as ``delta.logRetentionDuration``, ``cdcflow
-maintain`` sets it on older tables that have none, and delta-rs drops the older log
+every table cdcflow creates gets it as ``delta.logRetentionDuration`` (and as
+``delta.deletedFileRetentionDuration``, so checkpoints do not carry a week of removed
+files), ``cdcflow maintain`` sets it on older tables that have none, and delta-rs drops the older log
 files at each checkpoint (every 100 commits). A table's own setting is never changed.
 It bounds more than history: on a local or mounted file system delta-rs lists the whole
 ``_delta_log`` folder at every commit and every refresh (about 8 µs a file here), so a
@@ -52,9 +53,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOG_RETENTION",
+    "TOMBSTONE_RETENTION",
     "MaintenancePolicy",
     "Maintainer",
     "TableMaintenance",
+    "log_retention_properties",
     "log_retention_value",
     "small_files",
 ]
@@ -83,10 +86,12 @@ class MaintenancePolicy:
         retention: how long the ``_cdcflow`` bookkeeping rows are kept
             (:mod:`cdcflow.sinks.retention`).
         retention_every_hours: a running pipeline expires rows at most this often.
-        log_retention_hours: ``delta.logRetentionDuration`` of the tables cdcflow creates
-            (the history a log keeps, for time travel and incremental readers), and of
-            older ones without the property when ``cdcflow maintain`` runs; ``None``:
-            not set (Delta's default is 30 days).
+        log_retention_hours: ``delta.logRetentionDuration`` (the history a log keeps,
+            for time travel and incremental readers) and
+            ``delta.deletedFileRetentionDuration`` (how long checkpoints carry a removed
+            file's tombstone) of the tables cdcflow creates, and of older ones without
+            them when ``cdcflow maintain`` runs; ``None``: not set (Delta's defaults are
+            30 and 7 days).
     """
 
     enabled: bool = True
@@ -102,14 +107,25 @@ class MaintenancePolicy:
     log_retention_hours: float | None = 24.0
 
 
-#: the Delta table property :attr:`MaintenancePolicy.log_retention_hours` sets
+#: the Delta table properties :attr:`MaintenancePolicy.log_retention_hours` sets: how long
+#: log files are kept, and how long a removed file's tombstone stays in checkpoints (past
+#: the log's retention no version that could read the file can be rebuilt; a mirror
+#: removes a file or two every batch, and a week of tombstones made 68 MiB checkpoints)
 LOG_RETENTION = "delta.logRetentionDuration"
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
 
 
 def log_retention_value(hours: float) -> str:
-    """``delta.logRetentionDuration`` for ``hours`` (``"interval 86400 seconds"``; whole
-    seconds, at least one)."""
+    """A Delta interval for ``hours`` (``"interval 86400 seconds"``; whole seconds, at
+    least one)."""
     return f"interval {max(1, round(hours * 3600))} seconds"
+
+
+def log_retention_properties(hours: float) -> dict[str, str]:
+    """The table properties of ``log_retention_hours`` (:data:`LOG_RETENTION`,
+    :data:`TOMBSTONE_RETENTION`)."""
+    value = log_retention_value(hours)
+    return {LOG_RETENTION: value, TOMBSTONE_RETENTION: value}
 
 
 @dataclass(slots=True)
@@ -250,11 +266,11 @@ class Maintainer:
         return done
 
     def settle_log_retention(self, path: str, policy: MaintenancePolicy) -> bool:
-        """Give the table at ``path`` the policy's ``log_retention_hours`` as its
-        ``delta.logRetentionDuration`` if it has no such property (a table made before
-        0.4.0; a value someone set is kept). One metadata commit; ``True`` when made.
-        Only for ``cdcflow maintain``, which holds the pipeline's lease: a metadata commit
-        conflicts with every concurrent write of the table.
+        """Give the table at ``path`` the policy's ``log_retention_hours``
+        (:func:`log_retention_properties`) where it has no such property (a table made
+        before 0.4.0; a value someone set is kept). One metadata commit; ``True`` when
+        made. Only for ``cdcflow maintain``, which holds the pipeline's lease: a metadata
+        commit conflicts with every concurrent write of the table.
 
         Raises:
             deltalake exceptions / OSError: the table could not be read or committed to.
@@ -263,12 +279,13 @@ class Maintainer:
         table = self.warehouse.open(path)
         if hours is None or table is None:
             return False
-        if LOG_RETENTION in table.metadata().configuration:
+        have = table.metadata().configuration
+        missing = {k: v for k, v in log_retention_properties(hours).items() if k not in have}
+        if not missing:
             return False
-        value = log_retention_value(hours)
-        table.alter.set_table_properties({LOG_RETENTION: value}, raise_if_not_exists=False)
+        table.alter.set_table_properties(missing, raise_if_not_exists=False)
         self.warehouse.forget(path)
-        log.info("table %s: %s = %s", path, LOG_RETENTION, value)
+        log.info("table %s: %s", path, ", ".join(f"{k} = {v}" for k, v in missing.items()))
         return True
 
     def _maintain(
