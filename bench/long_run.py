@@ -15,8 +15,8 @@ adds files as it does to a real mirror), and each batch brings, per table, two n
 The run is made twice, without maintenance and with the defaults, time compressed: one
 simulated day is ``--day-s`` seconds of wall clock (default 60), so a vacuum is due every
 simulated day (``vacuum_every_hours``), the bookkeeping rows expire after their simulated
-retention, and the Delta log's retention (``maintenance.log_retention_hours``, 24 h, set
-as ``delta.logRetentionDuration``) is one simulated day on every table. Compaction needs no compression: it follows the
+retention, and the Delta log's retention (``maintenance.log_retention_hours``, 24 h) is
+one simulated day on every table. Compaction needs no compression: it follows the
 number of batches (``compact_min_files``).
 
 Reported at batches 100, 1k, 5k and 20k (those within ``--batches``, and the last), per
@@ -120,9 +120,12 @@ def _image(key: int, b: int) -> dict:
     return {"id": key, "name": f"name {key}", "qty": b, "note": f"changed in batch {b}"}
 
 
-def prefill(warehouse: Any, workload: Workload, rows: int) -> None:
-    """Each mirror created by the apply path (one insert), then ``rows`` more rows
-    appended as one sorted file, as a mirror loaded long ago would be."""
+def prefill(
+    warehouse: Any, workload: Workload, rows: int, log_retention_hours: float | None
+) -> None:
+    """Each mirror (and the bookkeeping tables) created by the apply path (one insert),
+    with the run's ``log_retention_hours``, then ``rows`` more rows appended as one
+    sorted file, as a mirror loaded long ago would be."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -145,7 +148,8 @@ def prefill(warehouse: Any, workload: Workload, rows: int) -> None:
         )
         for s in workload.sources
     ]
-    BatchApplier(warehouse, maintenance=MaintenancePolicy(enabled=False)).apply(
+    creation = MaintenancePolicy(enabled=False, log_retention_hours=log_retention_hours)
+    BatchApplier(warehouse, maintenance=creation).apply(
         pa.Table.from_batches([flatten(DecodeResult(events=first))]), delivery_id=0
     )
     ids = pa.array(range(1, rows + 1), pa.int64())
@@ -260,9 +264,7 @@ def run_one(
     with tempfile.TemporaryDirectory(prefix="cdcflow-long-") as root:
         warehouse = DeltaWarehouse(root, pipeline_id="bench.long")
         workload = Workload(tables, rows)
-        prefill(warehouse, workload, rows)
-        if maintained:
-            _compress_log_retention(warehouse, day_s)
+        prefill(warehouse, workload, rows, policy.log_retention_hours)
         applier = BatchApplier(warehouse, maintenance=policy)
         seconds: list[float] = []
         samples: list[tuple[float, float]] = []
@@ -272,8 +274,6 @@ def run_one(
             t = time.perf_counter()
             applier.apply(events, delivery_id=b)
             seconds.append(time.perf_counter() - t)
-            if maintained and b == 1:
-                _compress_log_retention(warehouse, day_s)  # the bookkeeping tables, now made
             if any(m - WINDOW < b <= m for m in marks) and b % SAMPLE_EVERY == 0:
                 samples.append(open_and_read(warehouse, workload))  # not in the apply time
             if b in marks:
@@ -285,21 +285,6 @@ def run_one(
                     flush=True,
                 )
     return out
-
-
-def _compress_log_retention(warehouse: Any, day_s: float) -> None:
-    """The log and tombstone retention of one simulated day (``log_retention_hours``, 24)
-    on every table."""
-    from cdcflow.sinks.maintenance import log_retention_properties
-    from cdcflow.warehouse_maintenance import warehouse_tables
-
-    seconds = max(1, int(day_s))
-    for path in warehouse_tables(warehouse):
-        table = warehouse.open(path)
-        table.alter.set_table_properties(
-            log_retention_properties(seconds / 3600), raise_if_not_exists=False
-        )
-        warehouse.forget(path)
 
 
 def rows_of(runs: dict[str, dict[int, dict[str, float]]]) -> list[dict[str, Any]]:

@@ -19,8 +19,8 @@ version within ``vacuum_retention_hours`` references are deleted, and log files 
 table's log retention are cleaned up. That retention is ``log_retention_hours`` (24):
 every table cdcflow creates gets it as ``delta.logRetentionDuration`` (and as
 ``delta.deletedFileRetentionDuration``, so checkpoints do not carry a week of removed
-files), ``cdcflow maintain`` sets it on older tables that have none, and delta-rs drops the older log
-files at each checkpoint (every 100 commits). A table's own setting is never changed.
+files), ``cdcflow maintain`` sets it on older tables that have none, and delta-rs drops
+the older log files at each checkpoint (every 100 commits). A table's own setting is never changed.
 It bounds more than history: on a local or mounted file system delta-rs lists the whole
 ``_delta_log`` folder at every commit and every refresh (about 8 µs a file here), so a
 mirror committed to every second under Delta's 30-day default would hold 2.6M log
