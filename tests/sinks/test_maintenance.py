@@ -235,8 +235,10 @@ def test_every_table_an_apply_creates_keeps_log_retention_hours_of_log(tmp_path)
 def test_delta_rs_drops_log_files_past_the_retention_at_a_checkpoint(tmp_path):
     """The property's value is one delta-rs reads: with a retention of one second, the
     checkpoint after version 199 removes the commit files older than that and than the
-    checkpoint before it (delta-rs 1.6 keeps the log from the previous checkpoint on),
-    and the table reads the same."""
+    checkpoint before it, and the table reads the same. delta-rs 1.6 keeps the log from
+    the last checkpoint at or before the oldest version still within the retention, so
+    versions 0-100 are made older than a second before the checkpoint at 199 (without
+    the second pause the test passes or fails with the speed of the loop)."""
     import time
 
     import pyarrow as pa
@@ -250,9 +252,11 @@ def test_delta_rs_drops_log_files_past_the_retention_at_a_checkpoint(tmp_path):
     time.sleep(1.5)
     table = DeltaTable(path)
     row = table.to_pyarrow_table().slice(0, 1)
-    while table.version() < 200:
-        write_deltalake(table, pa.Table.from_batches([], schema=row.schema), mode="append")
-        table.update_incremental()
+    for until, pause_s in ((101, 1.5), (200, 0)):
+        while table.version() < until:
+            write_deltalake(table, pa.Table.from_batches([], schema=row.schema), mode="append")
+            table.update_incremental()
+        time.sleep(pause_s)
     log = sorted(os.listdir(os.path.join(path, "_delta_log")))
     assert "00000000000000000199.checkpoint.parquet" in log
     assert log[0] == "00000000000000000099.checkpoint.parquet"  # 0..98: cleaned up
