@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdcflow.checkpoint import Checkpoint
+from cdcflow.checkpoint import FINGERPRINT_FILE, Checkpoint, Fingerprint
+from cdcflow.errors import ConfigError
 
 HEADER = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1795730091692,"conf":{}}\n'
 
@@ -40,3 +41,52 @@ def test_a_planned_batch_that_did_not_finish_does_not_count(tmp_path):
     assert checkpoint.read_nothing()
     (tmp_path / "commits" / "1").write_text("v1\n{}\n")
     assert not checkpoint.read_nothing()
+
+
+# ------------------------------------------------ the pipeline's one query (decision 53)
+
+
+def _fp(source: str, topics=("t",), fmt="debezium-json") -> Fingerprint:
+    return Fingerprint("p", source, fmt, tuple(topics), None, "wh")
+
+
+def test_a_checkpoint_holds_every_source_and_refuses_one_configured_otherwise(tmp_path):
+    checkpoint = Checkpoint(str(tmp_path / "_query"))
+    assert checkpoint.claim([_fp("a", ["t1"]), _fp("b", ["t2"])]) is True
+    assert set(checkpoint.fingerprints()) == {"a", "b"}
+    assert checkpoint.claim([_fp("a", ["t1"]), _fp("b", ["t2"])]) is True
+    with pytest.raises(ConfigError, match=r"format 'debezium-json' \(configured: 'canal-json'\)"):
+        checkpoint.claim([_fp("a", ["t1"]), _fp("b", ["t2"], fmt="canal-json")])
+    # a source added or removed: the checkpoint must start over (and is not claimed)
+    assert checkpoint.claim([_fp("a", ["t1"]), _fp("b", ["t2"]), _fp("c", ["t3"])]) is False
+    assert checkpoint.claim([_fp("a", ["t1"])]) is False
+    assert set(checkpoint.fingerprints()) == {"a", "b"}
+    assert checkpoint.forget(["b", "x"]) == ["b"]
+    assert checkpoint.claim([_fp("a", ["t1"])]) is True
+
+
+def test_a_checkpoint_of_cdcflow_before_0_4_reads_as_its_one_source(tmp_path):
+    (tmp_path / FINGERPRINT_FILE).write_text(
+        '{"pipeline_id": "p", "source": "a", "format": "debezium-json", "topics": ["t"],'
+        ' "topic_pattern": null, "warehouse": "wh"}'
+    )
+    assert Checkpoint(str(tmp_path)).fingerprints() == {"a": _fp("a")}
+
+
+def test_reads_are_tracked_per_source(tmp_path):
+    checkpoint = Checkpoint(str(tmp_path))
+    checkpoint.track_reads()
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for batch in (0, 1):
+        (tmp_path / "offsets" / str(batch)).write_text(HEADER + '{"t1":{"0":5},"t2":{"0":9}}\n')
+    checkpoint.delivered(0, ["a"])
+    checkpoint.delivered(1, ["a", "b"])
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")
+    again = Checkpoint(str(tmp_path))  # as the next run reads it
+    assert not again.read_nothing("a") and again.read_nothing("b") and again.read_nothing("c")
+    (tmp_path / "commits" / "1").write_text("v1\n{}\n")
+    assert not Checkpoint(str(tmp_path)).read_nothing("b")
+    assert again.committed_end_offsets() == {("t1", 0): 5, ("t2", 0): 9}
+    again.restart()
+    assert not tmp_path.exists() and again.is_new()

@@ -8,6 +8,7 @@ import pytest
 from deltalake import DeltaTable
 
 import cdcflow
+from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.errors import ConfigError, LeaseHeld
 from cdcflow.sinks.lease import PipelineLease
 
@@ -56,21 +57,35 @@ def _pipeline(tmp_path) -> Path:
         "sources: [{name: a, format: debezium-json, topics: [t]},"
         " {name: b, format: canal-json, topics: [u]}]\n"
     )
-    for name in ("a", "b"):
+    for name in ("a", "b"):  # per-source checkpoints of cdcflow before 0.4
         (tmp_path / "ck" / name / "offsets").mkdir(parents=True)
+    loaded = cdcflow.load_config(config)
+    query = Checkpoint(str(tmp_path / "ck" / QUERY_FOLDER))
+    query.claim([Fingerprint.of(loaded, s) for s in loaded.sources])
+    (tmp_path / "ck" / QUERY_FOLDER / "offsets").mkdir()
     (tmp_path / "wh" / "t").mkdir(parents=True)
     return config
 
 
-def test_reset_deletes_the_chosen_checkpoints_and_keeps_the_warehouse(tmp_path):
+def test_reset_of_some_sources_starts_them_over_and_keeps_the_others(tmp_path):
     config = _pipeline(tmp_path)
     plan = cdcflow.plan_reset(config, ["a"])
     assert plan.checkpoints == (tmp_path / "ck" / "a",) and plan.warehouse is None
+    assert plan.forgotten == ("a",)
     assert (tmp_path / "ck" / "a").exists()  # a plan deletes nothing
     cdcflow.reset(config, ["a"])
     assert not (tmp_path / "ck" / "a").exists() and (tmp_path / "ck" / "b").exists()
+    query = Checkpoint(str(tmp_path / "ck" / QUERY_FOLDER))
+    assert set(query.fingerprints()) == {"b"}  # the next run starts the checkpoint over
     assert (tmp_path / "wh" / "t").exists()
     assert cdcflow.plan_reset(config, ["a"]).steps == []  # nothing left to do
+
+
+def test_reset_of_every_source_deletes_the_checkpoint(tmp_path):
+    config = _pipeline(tmp_path)
+    cdcflow.reset(config)
+    assert not (tmp_path / "ck" / QUERY_FOLDER).exists() and not (tmp_path / "ck" / "a").exists()
+    assert (tmp_path / "wh" / "t").exists()
 
 
 def test_reset_refuses_while_a_run_holds_the_lease_and_deletes_nothing(tmp_path):

@@ -1,13 +1,19 @@
-"""A source's Spark checkpoint, as far as cdcflow must know it.
+"""The pipeline's Spark checkpoint, as far as cdcflow must know it.
+
+A pipeline runs one streaming query over every source's topics (decision 53); its
+checkpoint is ``<checkpoint>/_query`` (:data:`QUERY_FOLDER`). cdcflow before 0.4 ran one
+query per source, checkpointed in ``<checkpoint>/<source name>``: those folders are read
+once, for positions the warehouse does not know, when the pipeline's checkpoint starts.
+
 
 Spark's checkpoint folder of a streaming query holds ``offsets/<batch>`` (the planned
 offsets of each micro-batch) and ``commits/<batch>`` (the batches that finished). cdcflow
-adds ``cdcflow.json``, the checkpoint's *fingerprint*: which pipeline, source, format,
+adds ``cdcflow.json``, the checkpoint's *fingerprints*: which pipeline, sources, formats,
 topics and warehouse it belongs to. A checkpoint whose fingerprint differs from the
 configuration would make Spark resume another stream's positions; it is refused with one
 line naming the difference and the fix (``cdcflow reset``).
-``cdcflow-read.json`` records the first micro-batch that delivered a record, so that
-micro-batches that read nothing never count as reading something.
+``cdcflow-read.json`` records, per source, the first micro-batch that delivered a record,
+so that micro-batches that read nothing never count as reading something.
 
 The warehouse, not the checkpoint, knows what was applied (:mod:`cdcflow.apply.offsets`),
 so a deleted checkpoint loses nothing: the next run starts from the warehouse's offsets.
@@ -17,15 +23,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from cdcflow.errors import ConfigError
 
-__all__ = ["Checkpoint", "Fingerprint"]
+__all__ = ["Checkpoint", "Fingerprint", "QUERY_FOLDER"]
 
+#: the pipeline query's checkpoint folder under ``checkpoint`` (no source is called so:
+#: source names start with a letter or digit)
+QUERY_FOLDER = "_query"
 FINGERPRINT_FILE = "cdcflow.json"
-#: ``{"first_batch_with_records": id | null}``: the first micro-batch that delivered a
-#: record, written by cdcflow before the micro-batch can finish (decision 41)
+#: ``{"first_batch_with_records": id | null, "sources": {name: id}}``: the first
+#: micro-batch that delivered a record (of any source, and of each), written by cdcflow
+#: before the micro-batch can finish (decision 41)
 READ_FILE = "cdcflow-read.json"
 
 
@@ -40,6 +53,19 @@ class Fingerprint:
     topic_pattern: str | None
     warehouse: str
 
+    @classmethod
+    def of(cls, config: Any, source: Any) -> Fingerprint:
+        """What a checkpoint must hold of ``source`` (a ``SourceConfig``) of ``config``
+        (a ``PipelineConfig``)."""
+        return cls(
+            pipeline_id=config.pipeline_id,
+            source=source.name,
+            format=source.format,
+            topics=tuple(source.topics),
+            topic_pattern=source.topic_pattern,
+            warehouse=config.warehouse,
+        )
+
     def differences(self, other: Fingerprint) -> list[str]:
         """``"field: checkpoint value != configured value"`` for each field that differs."""
         mine, theirs = asdict(self), asdict(other)
@@ -49,10 +75,10 @@ class Fingerprint:
 
 
 class Checkpoint:
-    """The checkpoint folder of one source's streaming query (local paths only).
+    """The checkpoint folder of a streaming query (local paths only).
 
     Args:
-        path: the folder (``<checkpoint>/<source name>``).
+        path: the folder (``<checkpoint>/_query``; before 0.4 ``<checkpoint>/<source>``).
     """
 
     def __init__(self, path: str) -> None:
@@ -60,6 +86,8 @@ class Checkpoint:
         #: :meth:`_first_read`'s answer, once read or written: only this run writes it
         #: (it holds the pipeline's lease), so :meth:`delivered` reads no file per batch
         self._read_state: tuple[bool, int | None] | None = None
+        #: source -> the first micro-batch that delivered one of its records
+        self._source_reads: dict[str, int] | None = None
 
     def _batches(self, sub: str) -> list[int]:
         folder = os.path.join(self.path, sub)
@@ -86,35 +114,46 @@ class Checkpoint:
     def _load_read(self) -> tuple[bool, int | None]:
         try:
             with open(os.path.join(self.path, READ_FILE), encoding="utf-8") as f:
-                first = json.load(f).get("first_batch_with_records")
+                data = json.load(f)
+            first = data.get("first_batch_with_records")
+            sources = data.get("sources")
         except FileNotFoundError:
             return False, None
         except (OSError, ValueError, AttributeError):
             return False, None  # unreadable: judged by the offsets, as before tracking
+        if isinstance(sources, dict):
+            self._source_reads = {str(k): v for k, v in sources.items() if isinstance(v, int)}
         return True, first if isinstance(first, int) else None
 
     def _write_read(self, first: int | None) -> None:
         os.makedirs(self.path, exist_ok=True)
         tmp = os.path.join(self.path, READ_FILE + ".tmp")
+        sources = self._source_reads or {}
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"first_batch_with_records": first}, f)
+            json.dump({"first_batch_with_records": first, "sources": sources}, f)
         os.replace(tmp, os.path.join(self.path, READ_FILE))
         self._read_state = (True, first)
 
     def track_reads(self) -> None:
         """Start tracking reads on a new checkpoint (no micro-batch planned yet)."""
         if self.is_new() and not self._first_read()[0]:
+            self._source_reads = {}
             self._write_read(None)
 
-    def delivered(self, batch_id: int) -> None:
-        """Record that micro-batch ``batch_id`` delivered records; called before it is
-        applied, so before Spark can record it finished."""
+    def delivered(self, batch_id: int, sources: Sequence[str] = ()) -> None:
+        """Record that micro-batch ``batch_id`` delivered records (of ``sources``); called
+        before it is applied, so before Spark can record it finished."""
         tracked, first = self._first_read()
-        if tracked and (first is None or batch_id < first):
-            self._write_read(batch_id)
+        if not tracked:
+            return
+        known = self._source_reads if self._source_reads is not None else {}
+        new = [s for s in sources if s not in known or batch_id < known[s]]
+        if new or first is None or batch_id < first:
+            self._source_reads = {**known, **{s: batch_id for s in new}}
+            self._write_read(batch_id if first is None or batch_id < first else first)
 
-    def read_nothing(self) -> bool:
-        """Whether no finished micro-batch delivered a record.
+    def read_nothing(self, source: str | None = None) -> bool:
+        """Whether no finished micro-batch delivered a record (of ``source``, if given).
 
         A tracked checkpoint (:meth:`track_reads`) knows it: no finished micro-batch is at
         or after the first one that delivered records. Whatever the start offsets were
@@ -129,6 +168,8 @@ class Checkpoint:
         if not committed:
             return True
         tracked, first = self._first_read()
+        if tracked and source is not None and self._source_reads is not None:
+            first = self._source_reads.get(source)
         if tracked:
             return first is None or first > committed[-1]
         try:
@@ -153,42 +194,103 @@ class Checkpoint:
         """No micro-batch was ever planned: the query starts from ``startingOffsets``."""
         return not self.planned_batches()
 
-    def fingerprint(self) -> Fingerprint | None:
-        """The recorded fingerprint (``None``: none written, e.g. by cdcflow before 0.3)."""
+    def fingerprints(self) -> dict[str, Fingerprint] | None:
+        """The recorded fingerprints by source (``None``: none written, e.g. by cdcflow
+        before 0.3). A checkpoint of cdcflow before 0.4 holds one source's."""
         try:
             with open(os.path.join(self.path, FINGERPRINT_FILE), encoding="utf-8") as f:
                 data = json.load(f)
+            entries = data.get("sources", [data])
+            found = {}
+            for entry in entries:
+                entry["topics"] = tuple(entry.get("topics") or ())
+                fp = Fingerprint(**{k: entry.get(k) for k in Fingerprint.__slots__})
+                found[fp.source] = fp
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ConfigError(
                 f"checkpoint {self.path}: {FINGERPRINT_FILE} cannot be read ({exc}); fix: "
                 "`cdcflow reset CONFIG` (the warehouse keeps what was applied)"
             ) from exc
-        data["topics"] = tuple(data.get("topics") or ())
-        return Fingerprint(**{k: data.get(k) for k in Fingerprint.__slots__})
+        return found
 
-    def claim(self, expected: Fingerprint, config_path: str = "CONFIG") -> None:
-        """Check that the checkpoint belongs to ``expected`` and record it.
+    def claim(
+        self, expected: Fingerprint | Sequence[Fingerprint], config_path: str = "CONFIG"
+    ) -> bool:
+        """Check that the checkpoint belongs to the ``expected`` sources and record them.
 
         A new checkpoint, or one written before fingerprints existed, is claimed.
 
+        Returns:
+            ``True``: the checkpoint can be resumed; ``False``: its set of sources is not
+            the configured one (sources were added, removed or reset): it must start
+            over (:meth:`restart`), and is not claimed.
+
         Raises:
-            ConfigError: the checkpoint belongs to another pipeline, source, format,
-                topic selection or warehouse (one line: the differences and the fix).
+            ConfigError: a source of the checkpoint is configured with another pipeline,
+                format, topic selection or warehouse (one line: the differences and the
+                fix).
         """
-        found = self.fingerprint()
-        if found is not None and found != expected:
-            raise ConfigError(
-                f"checkpoint {self.path} belongs to another stream: "
-                f"{'; '.join(expected.differences(found))}. Resuming it would skip or re-read "
-                f"records. Fix: `cdcflow reset {config_path} --source {expected.source}` "
-                "(the warehouse keeps what was applied; the next run starts from its "
-                "offsets) or set `checkpoint` to another folder"
-            )
-        if found is None:
-            os.makedirs(self.path, exist_ok=True)
-            tmp = os.path.join(self.path, FINGERPRINT_FILE + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({**asdict(expected), "topics": list(expected.topics)}, f, indent=1)
-            os.replace(tmp, os.path.join(self.path, FINGERPRINT_FILE))
+        wanted = [expected] if isinstance(expected, Fingerprint) else list(expected)
+        found = self.fingerprints()
+        if found is not None:
+            for fp in wanted:
+                had = found.get(fp.source)
+                if had is not None and had != fp:
+                    raise ConfigError(
+                        f"checkpoint {self.path} belongs to another stream: "
+                        f"{'; '.join(fp.differences(had))}. Resuming it would skip or re-read "
+                        f"records. Fix: `cdcflow reset {config_path} --source {fp.source}` "
+                        "(the warehouse keeps what was applied; the next run starts from its "
+                        "offsets) or set `checkpoint` to another folder"
+                    )
+            return set(found) == {fp.source for fp in wanted}
+        self._write_fingerprints(wanted)
+        return True
+
+    def _write_fingerprints(self, fingerprints: Sequence[Fingerprint]) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        tmp = os.path.join(self.path, FINGERPRINT_FILE + ".tmp")
+        entries = [{**asdict(fp), "topics": list(fp.topics)} for fp in fingerprints]
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"sources": entries}, f, indent=1)
+        os.replace(tmp, os.path.join(self.path, FINGERPRINT_FILE))
+
+    def forget(self, sources: Sequence[str]) -> list[str]:
+        """Drop ``sources`` from the fingerprints, so the next run starts the checkpoint
+        over: those sources at the warehouse's offsets, the others where they are
+        (``cdcflow reset --source``). Returns the sources dropped."""
+        found = self.fingerprints() or {}
+        gone = [name for name in sources if name in found]
+        if gone:
+            self._write_fingerprints([fp for name, fp in found.items() if name not in gone])
+        return gone
+
+    def committed_end_offsets(self) -> dict[tuple[str, int], int]:
+        """``{(topic, partition): next offset}`` where the last finished micro-batch ended
+        (empty: none finished, or its offsets do not read as Kafka offsets)."""
+        committed = self.committed_batches()
+        if not committed:
+            return {}
+        try:
+            with open(
+                os.path.join(self.path, "offsets", str(committed[-1])), encoding="utf-8"
+            ) as f:
+                lines = [line for line in f.read().splitlines()[2:] if line.strip()]
+            out: dict[tuple[str, int], int] = {}
+            for line in lines:
+                for topic, partitions in json.loads(line).items():
+                    for partition, offset in partitions.items():
+                        if isinstance(offset, int) and offset >= 0:
+                            out[(str(topic), int(partition))] = offset
+            return out
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}
+
+    def restart(self) -> None:
+        """Delete the checkpoint: the query starts over from ``startingOffsets``."""
+        if os.path.isdir(self.path):
+            shutil.rmtree(self.path)
+        self._read_state = None
+        self._source_reads = None

@@ -193,6 +193,9 @@ class KafkaConfig(_Strict):
         return out
 
 
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
 class SourceConfig(_Strict):
     """One ``sources:`` entry: a set of topics in one format.
 
@@ -209,6 +212,16 @@ class SourceConfig(_Strict):
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if v and not _SOURCE_NAME.fullmatch(v):
+            raise ValueError(
+                f"{v!r}: a source name is letters, digits, '_', '-' and '.', starting with a "
+                "letter or digit (it names the source's offsets and log lines)"
+            )
+        return v
 
     @field_validator("format")
     @classmethod
@@ -401,6 +414,16 @@ class PipelineConfig(_Strict):
                 raise ValueError(
                     f"sources: two sources are called {name!r}; give each a distinct 'name'"
                 )
+        owner: dict[str, str] = {}
+        for source in self.sources:
+            for topic in source.topics:
+                if topic in owner:
+                    raise ValueError(
+                        f"sources {owner[topic]!r} and {source.name!r} both name topic "
+                        f"{topic!r}: a topic belongs to one source (one format, one offsets "
+                        "ledger); remove it from one of them"
+                    )
+                owner[topic] = source.name
         return self
 
 

@@ -1,21 +1,22 @@
-"""The streaming job: Kafka -> decode (Spark, mapInArrow) -> apply (Delta, per micro-batch).
+"""The streaming job: Kafka -> decode (Spark) -> apply (Delta, per micro-batch).
 
-One Structured Streaming query per configured source::
+One Structured Streaming query reads every configured source's topics (decision 53)::
 
-    kafka source ──► mapInArrow(decode) ──► foreachBatch: toArrow ──► BatchApplier.apply
-    (Spark)           (executors)            (driver)                (delta-rs commits)
+    kafka source + decode ──► foreachBatch: toArrow ──► split by source ──► BatchApplier.apply
+    (Spark executors: each topic     (driver)                              (one per source,
+     in its source's format)                                                delta-rs commits)
 
-Exactly once: the warehouse records the Kafka offsets it applied (:mod:`cdcflow.apply.offsets`)
-and skips records below them whatever micro-batch carries them. Before a query starts,
-the pipeline checks that the checkpoint belongs to this source (:mod:`cdcflow.checkpoint`),
-finishes an apply a crash interrupted by re-reading its exact offset ranges from Kafka, and
-starts a new (or deleted) checkpoint at the warehouse's offsets, so losing the checkpoint
-loses and duplicates nothing.
+Exactly once: the warehouse records, per source, the Kafka offsets it applied
+(:mod:`cdcflow.apply.offsets`) and skips records below them whatever micro-batch carries
+them. Before the query starts, the pipeline checks that the checkpoint belongs to these
+sources (:mod:`cdcflow.checkpoint`), finishes the applies a crash interrupted by
+re-reading their exact offset ranges from Kafka, and starts a new (or deleted)
+checkpoint at the warehouse's offsets, so losing the checkpoint loses and duplicates
+nothing.
 
-A micro-batch's apply runs on a thread of its own (:class:`ApplyLane`): once its records
-are covered by the warehouse's intent, Spark decodes the next micro-batch while the
-tables are written (decision 32). ``run(once=True)`` starts every source's query at once
-and waits for all (decision 45).
+A micro-batch's apply runs on a thread of its own (:class:`ApplyLane`), its sources side
+by side: once every source's records are covered by the warehouse's intent, Spark decodes
+the next micro-batch while the tables are written (decision 32).
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ import re
 import shutil
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.offsets import OffsetLedger, PendingApply
+from cdcflow.apply.offsets import PendingApply
 from cdcflow.apply.router import Router
-from cdcflow.checkpoint import Checkpoint, Fingerprint
+from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
 
 __all__ = ["ApplyLane", "Pipeline", "RunSummary", "source_error_of"]
 
@@ -88,7 +91,7 @@ class RunSummary:
 
 
 class ApplyLane:
-    """One source's applies, one at a time, each on a thread of its own, so that Spark
+    """The query's applies, one micro-batch at a time, each on a thread of its own, so that Spark
     decodes micro-batch N+1 while micro-batch N is written (decision 32).
 
     :meth:`start` returns once the apply says its records are durable (the warehouse's
@@ -102,7 +105,7 @@ class ApplyLane:
     def __init__(self, name: str, on_failure: Callable[[], None] | None = None) -> None:
         self.name = name
         #: called (on a thread of its own) when an apply fails after :meth:`start`
-        #: returned: the pipeline stops the source's query, so a failure is not left
+        #: returned: the pipeline stops the query, so a failure is not left
         #: waiting for the next micro-batch of an idle topic
         self.on_failure = on_failure
         self._thread: threading.Thread | None = None
@@ -207,8 +210,8 @@ class Pipeline:
         self.summary = RunSummary()
         #: source -> the cdcflow error that failed its query's micro-batch
         self._failures: dict[str, CdcflowError] = {}
-        #: source -> its applies (one running at a time, beside Spark's next micro-batch)
-        self._lanes: dict[str, ApplyLane] = {}
+        #: the query's applies (one micro-batch at a time, beside Spark's next one)
+        self._lane: ApplyLane | None = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -234,11 +237,25 @@ class Pipeline:
             storage_options=wh.storage_options or None,
         )
 
-    def _decoded_stream(self, source: SourceConfig, options: dict[str, str], staging: str | None):
-        """Decoded events as a streaming DataFrame of EVENT_SCHEMA rows.
+    def routing(self) -> TopicRouting:
+        """The sources of the pipeline's query and which one each topic belongs to.
+
+        Raises:
+            ConfigError: two sources name the same topic.
+        """
+        return TopicRouting(
+            [
+                SourceRoute(s.name, tuple(s.topics), s.topic_pattern, self._decode_function(s))
+                for s in self.config.sources
+            ]
+        )
+
+    def _decoded_stream(self, routing: TopicRouting, options: dict[str, str], staging: str | None):
+        """Decoded events of every source as one streaming DataFrame of EVENT_SCHEMA rows.
 
         On the Python Kafka source, decoding is fused into the read (``cdcflow_changes``:
-        one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``.
+        one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``. Each
+        topic is decoded by the format of its source.
         """
         from cdcflow.source.kafka import jvm_kafka_available, read_stream
 
@@ -247,24 +264,20 @@ class Pipeline:
         )
         if jvm or self.kafka_engine == "python-mapinarrow":
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
-            return raw.mapInArrow(self._decode_function(source), spark_event_schema())
+            return raw.mapInArrow(RoutedDecode(routing), spark_event_schema())
         from cdcflow.model import dumps
         from cdcflow.source.changes import FORMAT, register
 
-        wh = self.warehouse_for(source)
         fused = {
             **options,
-            "cdcflow.format": source.format,
-            "cdcflow.formatOptions": dumps(dict(source.options)).decode(),
-            "cdcflow.statePath": wh.system_path("decoder_state"),
-            "cdcflow.stateKey": wh.pipeline_id,
+            "cdcflow.sources": dumps([r.as_json() for r in routing.routes]).decode(),
         }
         if staging is not None:
             fused["cdcflow.stagingPath"] = staging
         register(self.spark)
         return self.spark.readStream.format(FORMAT).options(**fused).load()
 
-    def _staging_path(self, source: SourceConfig) -> str | None:
+    def _staging_path(self) -> str | None:
         """Where decode tasks stage event files: only for local Spark on the Python source.
 
         Local Spark's executors share the driver's file system; on a cluster the events
@@ -275,18 +288,10 @@ class Pipeline:
         master = self.spark.sparkContext.master
         if not master.startswith("local"):
             return None
-        return os.path.join(self.config.checkpoint, source.name, "staging")
+        return os.path.join(self.checkpoint().path, "staging")
 
-    def _start(self, source: SourceConfig, once: bool):
-        # the format's options were checked when the configuration was validated
-        # (SourceConfig), so a bad option never reaches a Spark task
-        options = self.config.kafka.reader_options()
-        if source.topics:
-            options["subscribe"] = ",".join(source.topics)
-        else:
-            assert source.topic_pattern is not None
-            options["subscribePattern"] = source.topic_pattern
-        applier = BatchApplier(
+    def _applier(self, source: SourceConfig) -> BatchApplier:
+        return BatchApplier(
             self.warehouse_for(source),
             Router(self.config.target_template),
             tables=self.config.tables,
@@ -297,14 +302,22 @@ class Pipeline:
             parallel_tables=self.config.apply.parallel_tables,
             maintenance=self.config.maintenance.policy(),
         )
-        checkpoint = self._prepare(source, applier, options)
-        staging = self._staging_path(source)
-        decoded = self._decoded_stream(source, options, staging)
+
+    def _start(self, once: bool):
+        """Start the pipeline's query: every source's topics, each micro-batch's events
+        split by source and applied by each source's own applier (own offsets ledger)."""
+        # the format's options were checked when the configuration was validated
+        # (SourceConfig), so a bad option never reaches a Spark task
+        routing = self.routing()
+        options = self.config.kafka.reader_options()
+        options.update(routing.subscription())
+        appliers = {s.name: self._applier(s) for s in self.config.sources}
+        checkpoint = self._prepare(appliers, options, routing)
+        staging = self._staging_path()
+        decoded = self._decoded_stream(routing, options, staging)
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
-        reports = self.summary.reports.setdefault(source.name, [])
-        on_batch = self.on_batch
-        lane = self._lanes.setdefault(source.name, ApplyLane(source.name))
+        lane = self._lane = ApplyLane(self.config.pipeline_id)
 
         def apply_batch(df, batch_id: int) -> None:
             manifest = None
@@ -315,29 +328,22 @@ class Pipeline:
                 events = read_staged(manifest)
             else:
                 events = df.toArrow()
-            if events.num_rows:  # before Spark can record the micro-batch finished
-                checkpoint.delivered(batch_id)
+            parts = routing.split(events)
+            if parts:  # before Spark can record the micro-batch finished
+                checkpoint.delivered(batch_id, list(parts))
 
             def work(on_durable: Callable[[], None]) -> None:
-                try:
-                    report = applier.apply(events, delivery_id=batch_id, on_durable=on_durable)
-                except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
-                    self._failures.setdefault(source.name, exc)
-                    raise
+                self._apply_sources(appliers, parts, batch_id, on_durable)
                 if manifest is not None:
                     for path in manifest["staged_path"].to_pylist():
                         os.remove(path)
-                reports.append(report)
-                log.info("source %s micro-batch %s: %s", source.name, batch_id, report.as_dict())
-                if on_batch is not None:
-                    on_batch(source.name, report)
 
             lane.start(work)
 
         writer = (
-            decoded.writeStream.queryName(f"cdcflow-{self.config.pipeline_id}-{source.name}")
+            decoded.writeStream.queryName(f"cdcflow-{self.config.pipeline_id}")
             .foreachBatch(apply_batch)
-            .option("checkpointLocation", os.path.join(self.config.checkpoint, source.name))
+            .option("checkpointLocation", checkpoint.path)
         )
         if once or self.config.trigger.available_now:
             writer = writer.trigger(availableNow=True)
@@ -347,60 +353,190 @@ class Pipeline:
         lane.on_failure = lambda: _stop_queries([query])
         return query
 
+    def _apply_sources(
+        self,
+        appliers: dict[str, BatchApplier],
+        parts: dict[str, Any],
+        batch_id: int,
+        on_durable: Callable[[], None],
+    ) -> None:
+        """Apply each source's part of a micro-batch with its own applier, up to
+        ``apply.parallel_tables`` sources at once; ``on_durable`` once every part's
+        records are durable (each source's offsets intent written).
+
+        Raises:
+            the first source's error, once every source's apply has ended.
+        """
+        if not parts:
+            on_durable()
+            return
+        if len(parts) == 1:
+            [(name, events)] = parts.items()
+            self._apply_source(name, appliers[name], events, batch_id, on_durable)
+            return
+        remaining = len(parts)
+        lock = threading.Lock()
+
+        def durable() -> None:
+            nonlocal remaining
+            with lock:
+                remaining -= 1
+                if remaining == 0:
+                    on_durable()
+
+        workers = min(len(parts), self.config.apply.parallel_tables)
+        with ThreadPoolExecutor(workers, thread_name_prefix="cdcflow-source") as pool:
+            futures = [
+                pool.submit(self._apply_source, name, appliers[name], ev, batch_id, durable)
+                for name, ev in parts.items()
+            ]
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()
+
+    def _apply_source(
+        self,
+        name: str,
+        applier: BatchApplier,
+        events: Any,
+        batch_id: int,
+        on_durable: Callable[[], None],
+    ) -> None:
+        try:
+            report = applier.apply(events, delivery_id=batch_id, on_durable=on_durable)
+        except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
+            self._failures.setdefault(name, exc)
+            raise
+        self.summary.reports.setdefault(name, []).append(report)
+        log.info("source %s micro-batch %s: %s", name, batch_id, report.as_dict())
+        if self.on_batch is not None:
+            self.on_batch(name, report)
+
     # ------------------------------------------------------------------ start-up
 
     def fingerprint(self, source: SourceConfig) -> Fingerprint:
-        """What the source's checkpoint must belong to."""
-        return Fingerprint(
-            pipeline_id=self.config.pipeline_id,
-            source=source.name,
-            format=source.format,
-            topics=tuple(source.topics),
-            topic_pattern=source.topic_pattern,
-            warehouse=self.config.warehouse,
-        )
+        """What the checkpoint must hold of ``source``."""
+        return Fingerprint.of(self.config, source)
 
-    def checkpoint_for(self, source: SourceConfig) -> Checkpoint:
-        return Checkpoint(os.path.join(self.config.checkpoint, source.name))
+    def checkpoint(self) -> Checkpoint:
+        """The pipeline query's checkpoint (``<checkpoint>/_query``)."""
+        return Checkpoint(os.path.join(self.config.checkpoint, QUERY_FOLDER))
 
-    def _prepare(self, source: SourceConfig, applier: BatchApplier, options: dict) -> Checkpoint:
-        """Before the query starts: the checkpoint is this source's, an interrupted apply
-        is finished, and a new checkpoint starts at the warehouse's offsets.
+    def _prepare(
+        self, appliers: dict[str, BatchApplier], options: dict, routing: TopicRouting
+    ) -> Checkpoint:
+        """Before the query starts: the checkpoint is this pipeline's, interrupted applies
+        are finished, and a new checkpoint starts at the warehouse's offsets.
+
+        A checkpoint whose set of sources is not the configured one (a source added,
+        removed or reset) starts over: each partition at the warehouse's offset, else
+        where the old checkpoint's last finished micro-batch ended (a source kept), else
+        as configured.
 
         Returns:
-            The source's checkpoint, for the query's micro-batches to record reads in.
+            The checkpoint, for the query's micro-batches to record reads in.
 
         Raises:
-            ConfigError: the checkpoint belongs to another stream, or it has read records
-                that a warehouse which has applied nothing of this source never got.
+            ConfigError: a source of the checkpoint is configured otherwise, or it has read
+                records that a warehouse which has applied nothing of the source never got;
+                topics of two sources overlap.
             SourceError: Kafka cannot be reached, or an interrupted apply's records are
                 gone (DATA_LOSS).
         """
-        checkpoint = self.checkpoint_for(source)
-        checkpoint.claim(self.fingerprint(source), self.config_path)
-        checkpoint.track_reads()
-        ledger = applier.ledger
-        committed = checkpoint.committed_batches()
-        # a checkpoint whose micro-batches read nothing (started before the replication
-        # tool created or filled its topic, or at "latest" before a new change) agrees
-        # with a warehouse that applied nothing
-        if committed and ledger.completed_id() < 0 and not checkpoint.read_nothing():
-            raise ConfigError(
-                f"checkpoint {checkpoint.path} has {len(committed)} finished micro-batches, "
-                f"but warehouse {self.config.warehouse} has applied nothing of source "
-                f"{source.name!r}: the warehouse was deleted or is another one, and the "
-                f"checkpoint would skip what it never applied. Fix: `cdcflow reset "
-                f"{self.config_path} --source {source.name}` to apply the topics again from "
-                "kafka.starting_offsets"
+        checkpoint = self.checkpoint()
+        expected = [self.fingerprint(s) for s in self.config.sources]
+        carried: dict[tuple[str, int], int] = {}
+        if not checkpoint.claim(expected, self.config_path):
+            had = sorted(checkpoint.fingerprints() or {})
+            kept = set(had) & set(appliers)
+            carried = {
+                tp: at
+                for tp, at in checkpoint.committed_end_offsets().items()
+                if routing.source_of(tp[0]) in kept
+            }
+            log.warning(
+                "checkpoint %s holds sources %s, the configuration %s: it starts over, each "
+                "source at the warehouse's offsets (nothing is lost or applied twice)",
+                checkpoint.path,
+                had,
+                sorted(appliers),
             )
-        pending = ledger.pending()
-        if pending is not None:
-            self._finish_pending(source, applier, pending, options)
+            checkpoint.restart()
+            checkpoint.claim(expected, self.config_path)
         if checkpoint.is_new():
-            start = self._warehouse_start(ledger, options)
+            carried = {**self._legacy_positions(appliers, routing), **carried}
+        checkpoint.track_reads()
+        committed = checkpoint.committed_batches()
+        for source in self.config.sources:
+            ledger = appliers[source.name].ledger
+            # a checkpoint whose micro-batches read nothing of the source (started before
+            # the replication tool created or filled its topic, or at "latest" before a
+            # new change) agrees with a warehouse that applied nothing of it
+            if committed and ledger.completed_id() < 0 and not checkpoint.read_nothing(source.name):
+                raise self._lost_warehouse(checkpoint, source, len(committed))
+        for source in self.config.sources:
+            applier = appliers[source.name]
+            pending = applier.ledger.pending()
+            if pending is not None:
+                self._finish_pending(source, applier, pending, options)
+        if checkpoint.is_new():
+            start = self._warehouse_start(appliers, options, routing, carried)
             if start is not None:
                 options["startingOffsets"] = start
         return checkpoint
+
+    def _lost_warehouse(self, checkpoint: Checkpoint, source: SourceConfig, n: int) -> ConfigError:
+        return ConfigError(
+            f"checkpoint {checkpoint.path} has {n} finished micro-batches, but warehouse "
+            f"{self.config.warehouse} has applied nothing of source {source.name!r}, which "
+            "they read: the warehouse was deleted or is another one, and the checkpoint "
+            f"would skip what it never applied. Fix: `cdcflow reset {self.config_path} "
+            f"--source {source.name}` to apply the topics again from kafka.starting_offsets"
+        )
+
+    def _legacy_positions(
+        self, appliers: dict[str, BatchApplier], routing: TopicRouting
+    ) -> dict[tuple[str, int], int]:
+        """Where the per-source checkpoints of cdcflow before 0.4
+        (``<checkpoint>/<source>``) ended, for the partitions of their sources.
+
+        Raises:
+            ConfigError: such a checkpoint read records of a source the warehouse has
+                applied nothing of.
+        """
+        out: dict[tuple[str, int], int] = {}
+        for source in self.config.sources:
+            old = Checkpoint(os.path.join(self.config.checkpoint, source.name))
+            if not os.path.isdir(old.path) or old.is_new():
+                continue
+            found = (old.fingerprints() or {}).get(source.name)
+            if found is not None and found != self.fingerprint(source):
+                log.warning(
+                    "source %s: the checkpoint of cdcflow before 0.4 in %s is of another "
+                    "stream (%s); not used",
+                    source.name,
+                    old.path,
+                    "; ".join(self.fingerprint(source).differences(found)),
+                )
+                continue
+            committed = old.committed_batches()
+            applied_none = appliers[source.name].ledger.completed_id() < 0
+            if committed and applied_none and not old.read_nothing():
+                raise self._lost_warehouse(old, source, len(committed))
+            positions = {
+                tp: at
+                for tp, at in old.committed_end_offsets().items()
+                if routing.source_of(tp[0]) == source.name
+            }
+            log.info(
+                "source %s: positions of the checkpoint of cdcflow before 0.4 in %s are "
+                "used where the warehouse has none (the folder can be deleted after this "
+                "run)",
+                source.name,
+                old.path,
+            )
+            out.update(positions)
+        return out
 
     def _finish_pending(
         self, source: SourceConfig, applier: BatchApplier, pending: PendingApply, options: dict
@@ -425,16 +561,29 @@ class Pipeline:
         self.summary.reports.setdefault(source.name, []).append(report)
 
     @staticmethod
-    def _warehouse_start(ledger: OffsetLedger, options: dict) -> str | None:
-        """``startingOffsets`` JSON for a new checkpoint: each partition at the warehouse's
-        next offset; partitions it never applied start as configured. ``None``: the
-        warehouse has applied nothing of these partitions."""
+    def _warehouse_start(
+        appliers: dict[str, BatchApplier],
+        options: dict,
+        routing: TopicRouting,
+        carried: dict[tuple[str, int], int] | None = None,
+    ) -> str | None:
+        """``startingOffsets`` JSON for a new checkpoint: each partition at its source's
+        warehouse offset, else at ``carried`` (an old checkpoint's position), else as
+        configured. ``None``: neither knows any of these partitions."""
         from cdcflow.source.kafka import list_partitions
         from cdcflow.source.starting_offsets import EARLIEST, LATEST
 
+        carried = carried or {}
         tps = list_partitions(options)
-        known = ledger.next_offsets(tps)
-        if not known:
+        by_source: dict[str, list[tuple[str, int]]] = {}
+        for tp in tps:
+            name = routing.source_of(tp[0])
+            if name is not None:
+                by_source.setdefault(name, []).append(tp)
+        known: dict[tuple[str, int], int] = {}
+        for name, own in by_source.items():
+            known.update(appliers[name].ledger.next_offsets(own))
+        if not known and not any(tp in carried for tp in tps):
             return None
         configured = options.get("startingOffsets", "earliest")
         given: dict = {}
@@ -443,7 +592,7 @@ class Pipeline:
         fallback = LATEST if configured.strip().lower() == "latest" else EARLIEST
         start: dict[str, dict[str, int]] = {}
         for topic, partition in tps:
-            at = known.get((topic, partition))
+            at = known.get((topic, partition), carried.get((topic, partition)))
             if at is None:
                 at = int(given.get(topic, {}).get(str(partition), fallback))
             start.setdefault(topic, {})[str(partition)] = at
@@ -459,72 +608,47 @@ class Pipeline:
         _raise_source_error(exc)
 
     def run(self, once: bool = False) -> RunSummary:
-        """Start every source; with ``once``, drain what is there and return.
+        """Start the pipeline's query over every source; with ``once``, drain what is
+        there and return.
 
         Raises:
             CdcflowError: a micro-batch's apply failed with one (e.g. ``StorageError``:
                 the warehouse cannot be written; ``LeaseLost``).
-            SourceError: a query failed on an error of the Kafka source (e.g.
+            SourceError: the query failed on an error of the Kafka source (e.g.
                 ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for
                 ``kafka.outage_budget_s``; ``DATA_LOSS``), chained to Spark's exception.
-            pyspark StreamingQueryException: a query failed otherwise (its cause is
+            pyspark StreamingQueryException: the query failed otherwise (its cause is
                 logged); the checkpoint keeps the last committed batch, so a restart
                 resumes there.
         """
-        if once:
-            return self._drain()
-        queries = [self._start(s, once=False) for s in self.config.sources]
+        query = self._start(once=once)
         try:
-            self.spark.streams.awaitAnyTermination()
+            query.awaitTermination()
         except Exception as exc:
-            for name in list(self._lanes):
-                self._settle(name)
+            _stop_queries([query])
+            self._settle()
             self._raise_failure(exc)
             raise
         finally:
-            _stop_queries(queries)
-        for name in list(self._lanes):
-            self._lanes[name].wait()
+            _stop_queries([query])
+        self._lane.wait()  # the last micro-batch's apply
+        if query.exception() is not None:
+            exc = query.exception()
+            self._raise_failure(exc)
+            raise exc
         return self.summary
 
-    def _drain(self) -> RunSummary:
-        """``run(once=True)``: every source's query drains what is there, all at once
-        (each pays its start-up once, beside the others, not after them); then each
-        query's last apply is waited for. A failure stops the queries still running and
-        is raised once their applies settled."""
-        started: list[tuple[SourceConfig, Any]] = []
-        try:
-            for source in self.config.sources:
-                started.append((source, self._start(source, once=True)))
-            for source, query in started:
-                try:
-                    query.awaitTermination()
-                except Exception as exc:
-                    _stop_queries([q for _, q in started])
-                    for other, _ in started:
-                        self._settle(other.name)
-                    self._raise_failure(exc)
-                    raise
-                self._lanes[source.name].wait()  # the last micro-batch's apply
-                if query.exception() is not None:
-                    exc = query.exception()
-                    self._raise_failure(exc)
-                    raise exc
-        finally:
-            _stop_queries([q for _, q in started])
-        return self.summary
-
-    def _settle(self, name: str) -> None:
+    def _settle(self) -> None:
         """Let a failed query's running apply finish (it was durable already); its own
         error, if any, is kept in ``_failures`` when it is cdcflow's, and raised by
         :meth:`_raise_failure` before the query's."""
-        lane = self._lanes.get(name)
+        lane = self._lane
         if lane is None:
             return
         try:
             lane.wait()
         except Exception as exc:  # noqa: BLE001 - the query's failure is raised instead
-            log.warning("source %s: the running apply failed too: %s", name, exc)
+            log.warning("the running apply failed too: %s", exc)
 
 
 def _stop_queries(queries) -> None:

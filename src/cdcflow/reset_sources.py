@@ -1,7 +1,11 @@
 """Starting sources over: what ``cdcflow reset`` does, as a library call.
 
-The warehouse records the Kafka offsets it applied (``_cdcflow/offsets``), so deleting a
-source's Spark checkpoint loses nothing: the next run starts where the warehouse stopped.
+The warehouse records the Kafka offsets it applied (``_cdcflow/offsets``), so starting a
+source's Spark checkpoint over loses nothing: the next run starts where the warehouse
+stopped. The pipeline's one query keeps every source in one checkpoint
+(``<checkpoint>/_query``): resetting some sources drops them from its fingerprints, and
+the next run starts the checkpoint over with those sources at the warehouse's offsets and
+the others where they were; resetting every source deletes it.
 Deleting the warehouse too makes the next run apply the topics again from
 ``kafka.starting_offsets``. Either is done under the pipeline's lease, so a running
 pipeline is never pulled from under (``LeaseHeld``, exit 75).
@@ -14,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import ConfigError
 
@@ -25,17 +30,27 @@ class ResetPlan:
     """What a reset deletes.
 
     Attributes:
-        checkpoints: the sources' checkpoint folders that exist.
+        checkpoints: the checkpoint folders deleted (the pipeline's, when every source is
+            reset; the per-source folders of cdcflow before 0.4 of the sources reset).
         warehouse: the warehouse folder, when it is deleted too (and exists).
+        forgotten: the sources dropped from the pipeline's checkpoint (when some are
+            reset), with that checkpoint's folder.
     """
 
     checkpoints: tuple[Path, ...]
     warehouse: str | None
+    forgotten: tuple[str, ...] = ()
+    query_checkpoint: Path | None = None
 
     @property
     def steps(self) -> list[str]:
         """One line per deletion."""
         out = [f"delete checkpoint {f}" for f in self.checkpoints]
+        out += [
+            f"start source {name} over in checkpoint {self.query_checkpoint} (the other "
+            "sources keep their positions)"
+            for name in self.forgotten
+        ]
         if self.warehouse:
             out.append(f"delete warehouse {self.warehouse} (every table)")
         return out
@@ -77,9 +92,19 @@ def plan_reset(
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         raise ConfigError(f"--source {unknown[0]!r} is not a source of the pipeline: {names}")
-    folders = tuple(f for f in (Path(config.checkpoint) / name for name in chosen) if f.exists())
+    root = Path(config.checkpoint)
+    query = root / QUERY_FOLDER
+    every = set(chosen) == set(names)
+    candidates = [root / name for name in chosen]  # per-source folders before 0.4
+    forgotten: tuple[str, ...] = ()
+    if every:
+        candidates.insert(0, query)
+    elif query.exists():
+        held = Checkpoint(str(query)).fingerprints() or {}
+        forgotten = tuple(name for name in chosen if name in held)
+    folders = tuple(f for f in candidates if f.exists())
     if not warehouse:
-        return ResetPlan(folders, None)
+        return ResetPlan(folders, None, forgotten, query if forgotten else None)
     if "://" in config.warehouse:
         raise ConfigError(
             f"--warehouse: {config.warehouse} is not a local folder; delete it with the "
@@ -95,8 +120,8 @@ def reset(
     sources: Sequence[str] | None = None,
     warehouse: bool = False,
 ) -> ResetPlan:
-    """Delete the sources' checkpoints (and, with ``warehouse``, the warehouse) under the
-    pipeline's lease.
+    """Start the sources over in the pipeline's checkpoint (and, with ``warehouse``,
+    delete the warehouse) under the pipeline's lease.
 
     Returns:
         What was deleted.
@@ -115,6 +140,8 @@ def reset(
     lease.acquire()
     for folder in plan.checkpoints:
         shutil.rmtree(folder, ignore_errors=True)
+    if plan.forgotten and plan.query_checkpoint is not None:
+        Checkpoint(str(plan.query_checkpoint)).forget(plan.forgotten)
     if plan.warehouse:
         shutil.rmtree(plan.warehouse, ignore_errors=True)  # the lease goes with it
     else:

@@ -39,9 +39,11 @@ KILLS = 2
 PARTITIONS = 2
 
 
-def _faulty_topic(seed: int, n_changes: int) -> FaultyTopic:
+def _faulty_topic(seed: int, n_changes: int, database: str = "shop") -> FaultyTopic:
     rng = random.Random(seed)
-    workload = Workload(tables_for(encoder_for("debezium-json").exact_types), seed=seed)
+    workload = Workload(
+        tables_for(encoder_for("debezium-json").exact_types), database=database, seed=seed
+    )
     stream = workload_stream(workload, n_changes, truncate_every=n_changes * 9 // 20)
     topic = f"faults.{uuid.uuid4().hex[:8]}"
     return inject_faults(
@@ -169,3 +171,54 @@ def test_sigkill_mid_batch_and_restart_lose_nothing_and_repeat_nothing(broker, t
     assert run.committed > second.committed, "more batches committed after the last kill"
     assert counts.batches == run.committed + 1
     assert counts.records == faulty.records
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sigkill_with_two_sources_in_one_query_loses_nothing_and_repeats_nothing(broker, tmp_path):
+    """Two sources read by the pipeline's one query (decision 53), each with its own
+    offsets ledger and tables, applied side by side: a kill can fall between one
+    source's durable intent and the other's. After the kills and a drain, each source's
+    mirrors, changelog, dead letters and accounting are exactly its topic's."""
+    rng = random.Random(20_261_127)
+    first = _faulty_topic(seed=31, n_changes=1_200)
+    second = _faulty_topic(seed=37, n_changes=1_200, database="depot")
+    for faulty in (first, second):
+        broker.create_topic(faulty.topic, partitions=PARTITIONS)
+    config = write_config(
+        tmp_path / "pipeline.yaml",
+        broker.bootstrap_servers,
+        first.topic,
+        warehouse=tmp_path / "wh",
+        checkpoint=tmp_path / "ck",
+        max_offsets_per_trigger=100,
+        processing_time="1 second",
+        more_topics=[second.topic],
+    )
+
+    def produce(i: int) -> None:
+        for faulty in (first, second):
+            faulty.produce(broker, i, KILLS + 1)
+
+    run = run_with_kills(
+        config,
+        kills=KILLS,
+        rng=rng,
+        before_start=produce,
+        early_kill_probability=1.0,
+        apply_kill_probability=1.0,
+        min_commits=1,
+        max_commits=2,
+        log_dir=tmp_path / "logs",
+    )
+
+    assert len(run.kills) == KILLS and run.starts == KILLS + 1
+    assert run.kills[0].in_flight is not None, "the first kill fell inside a micro-batch"
+    for faulty, name in ((first, "debezium-json"), (second, "s1")):
+        wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id=f"faults.{name}")
+        problems, counts = verify(wh, faulty, broker.end_offsets(faulty.topic), shared=True)
+        print(name, counts.summary())
+        assert problems == [], "\n".join(problems[:30])
+        assert counts.records == faulty.records
+        assert counts.dead_letters == faulty.count(MALFORMED) > 0

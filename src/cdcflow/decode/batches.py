@@ -718,7 +718,8 @@ class DecodeFunction:
         self.state_key = state_key
         self.storage_options = storage_options
 
-    def _decoder(self) -> Decoder:
+    def new_decoder(self) -> Decoder:
+        """A decoder of the format with its options and the source's persisted state."""
         from cdcflow.formats import decoder_for
 
         decoder = decoder_for(self.format_name, self.options or None)
@@ -729,13 +730,13 @@ class DecodeFunction:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Event batches of Arrow batches with Spark's Kafka-source columns."""
-        decoder = self._decoder()
+        decoder = self.new_decoder()
         for batch in batches:
             yield decode_kafka_batch(decoder, batch)
 
     def records(self, chunks: Iterable[list[Record]]) -> Iterator[pa.RecordBatch]:
         """Event batches of record lists (the fused source reads Kafka into records
         directly, without an Arrow batch in between)."""
-        decoder = self._decoder()
+        decoder = self.new_decoder()
         for records in chunks:
             yield decode_records(decoder, records)

@@ -304,15 +304,23 @@ class DeltaWarehouse:
         again (the handle moves to the new version, and :meth:`open` refreshes it before
         any later read); a new table is created from ``path``."""
         if table is None:
-            write_deltalake(
-                path,
-                data,
-                mode="append",
-                configuration=self.table_configuration or None,
-                commit_properties=commit,
-                storage_options=self.storage_options or None,
-            )
-            return
+            try:
+                write_deltalake(
+                    path,
+                    data,
+                    mode="append",
+                    configuration=self.table_configuration or None,
+                    commit_properties=commit,
+                    storage_options=self.storage_options or None,
+                )
+                return
+            except CommitFailedError:
+                # another source's apply created the (shared system) table at the same
+                # moment: nothing of this write was committed; append to that table
+                if not DeltaTable.is_deltatable(path, self.storage_options or None):
+                    raise
+                log.info("table %s was created meanwhile; appending to it", path)
+                table = DeltaTable(path, storage_options=self.storage_options or None)
         write_deltalake(table, data, mode="append", commit_properties=commit)
 
     @staticmethod

@@ -8,10 +8,12 @@ rows are decoded events (:data:`~cdcflow.decode.batches.EVENT_SCHEMA`) from the 
 Offsets, admission control, ``Trigger.AvailableNow`` and data-loss checks are the Kafka
 source's own: only ``read`` differs.
 
-Options: those of ``cdcflow_kafka``, plus ``cdcflow.format`` (format identifier, required)
-``cdcflow.formatOptions`` (the format's options as JSON, default ``{}``), and
-``cdcflow.statePath``/``cdcflow.stateKey`` (where decoder state is persisted, see
-:meth:`cdcflow.formats.base.Decoder.state_items`).
+Options: those of ``cdcflow_kafka``, plus either ``cdcflow.sources`` (a JSON list of
+sources, :meth:`~cdcflow.source.routing.SourceRoute.as_json`: each topic is decoded by
+the format of the source it belongs to), or for one format of every topic
+``cdcflow.format`` (format identifier), ``cdcflow.formatOptions`` (the format's options as
+JSON, default ``{}``) and ``cdcflow.statePath``/``cdcflow.stateKey`` (where decoder state
+is persisted, see :meth:`cdcflow.formats.base.Decoder.state_items`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cdcflow.source.kafka import (
     read_records,
     register_once,
 )
+from cdcflow.source.routing import SourceRoute, TopicRouting
 
 __all__ = ["ChangesDataSource", "FORMAT", "STAGED_SCHEMA", "read_staged", "register"]
 
@@ -45,6 +48,7 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-]")
 FORMAT = "cdcflow_changes"
 _FORMAT_OPTION = "cdcflow.format"
 _FORMAT_OPTIONS_OPTION = "cdcflow.formatoptions"  # Spark hands options over lower-cased
+_SOURCES_OPTION = "cdcflow.sources"
 
 
 def _staging(options: dict[str, Any]) -> str | None:
@@ -65,36 +69,56 @@ def read_staged(manifest: pa.Table) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], DecodeFunction]:
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], TopicRouting]:
+    """The Kafka source's options and the sources whose formats decode the topics:
+    ``cdcflow.sources`` (a JSON list, :meth:`SourceRoute.as_json`), or one source of every
+    topic read (``cdcflow.format`` and its companions)."""
     kafka = {k: v for k, v in options.items() if not str(k).lower().startswith("cdcflow.")}
     own = {str(k).lower(): v for k, v in options.items() if str(k).lower().startswith("cdcflow.")}
+    if own.get(_SOURCES_OPTION):
+        try:
+            routes = [SourceRoute.from_json(r) for r in orjson.loads(own[_SOURCES_OPTION])]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"option 'cdcflow.sources' is not a list of sources: {exc}") from exc
+        return kafka, TopicRouting(routes)
     fmt = own.get(_FORMAT_OPTION)
     if not fmt:
-        raise ConfigError(f"{FORMAT} needs option 'cdcflow.format' (a format identifier)")
+        raise ConfigError(
+            f"{FORMAT} needs option 'cdcflow.format' (a format identifier) or 'cdcflow.sources'"
+        )
     try:
         format_options = orjson.loads(own.get(_FORMAT_OPTIONS_OPTION) or "{}")
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"option 'cdcflow.formatOptions' must be a JSON object: {exc}") from exc
-    return kafka, DecodeFunction(
+    decode = DecodeFunction(
         str(fmt),
         format_options,
         state_path=own.get("cdcflow.statepath") or None,
         state_key=own.get("cdcflow.statekey") or "",
     )
+    return kafka, TopicRouting([SourceRoute(str(fmt), (), ".*", decode)])
 
 
 class ChangesStreamReader(KafkaStreamReader):
-    """The Kafka stream reader whose ``read`` yields decoded event batches."""
+    """The Kafka stream reader whose ``read`` yields decoded event batches, each
+    partition decoded by the format of its topic's source."""
 
-    def __init__(self, opts: Any, decode: DecodeFunction, staging: str | None = None) -> None:
+    def __init__(self, opts: Any, routing: TopicRouting, staging: str | None = None) -> None:
         super().__init__(opts)
-        self.decode = decode
+        self.routing = routing
         self.staging = staging
 
     def read(self, partition: Any) -> Iterator[Any]:
         """:data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches of one Kafka partition range,
-        or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them."""
-        batches = self.decode.records(read_records(self.opts, partition))
+        or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them.
+
+        Raises:
+            ConfigError: the partition's topic belongs to no source, or to two.
+        """
+        route = self.routing.route_of(partition.topic)
+        if route is None:
+            raise ConfigError(f"topic {partition.topic!r} was read but belongs to no source")
+        batches = route.decode.records(read_records(self.opts, partition))
         if self.staging is None:
             return batches
         return self._stage(partition, batches)
@@ -133,8 +157,8 @@ class ChangesDataSource(KafkaDataSource):
 
     def streamReader(self, schema: Any) -> ChangesStreamReader:
         options = dict(self.options)
-        kafka, decode = _split(options)
-        return ChangesStreamReader(parse_options(kafka), decode, _staging(options))
+        kafka, routing = _split(options)
+        return ChangesStreamReader(parse_options(kafka), routing, _staging(options))
 
 
 def register(spark: Any) -> None:

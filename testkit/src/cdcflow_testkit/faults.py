@@ -429,8 +429,11 @@ def write_config(
     max_offsets_per_trigger: int,
     processing_time: str = "1 second",
     pipeline_id: str = "faults",
+    more_topics: Sequence[str] = (),
 ) -> Path:
-    """Write the YAML configuration of a one-topic ``debezium-json`` pipeline; returns ``path``."""
+    """Write the YAML configuration of a one-topic ``debezium-json`` pipeline (with
+    ``more_topics``, one more ``debezium-json`` source per topic, named ``s1``, ``s2``,
+    ...); returns ``path``."""
     import yaml
 
     config = {
@@ -442,7 +445,11 @@ def write_config(
             "bootstrap_servers": bootstrap_servers,
             "max_offsets_per_trigger": max_offsets_per_trigger,
         },
-        "sources": [{"format": "debezium-json", "topics": [topic]}],
+        "sources": [{"format": "debezium-json", "topics": [topic]}]
+        + [
+            {"name": f"s{i}", "format": "debezium-json", "topics": [t]}
+            for i, t in enumerate(more_topics, start=1)
+        ],
     }
     path = Path(path)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -668,6 +675,7 @@ def run_with_kills(
         FaultHarnessError: a killed-to-be process exited on its own, made no progress
             within ``timeout_s``, or the drain timed out; the message has its log's tail.
     """
+    from cdcflow.checkpoint import QUERY_FOLDER
     from cdcflow.config import load_config
     from cdcflow.sinks.delta import DeltaWarehouse
 
@@ -676,7 +684,7 @@ def run_with_kills(
     # the application-transaction id of the source, as Pipeline.warehouse_for names it
     warehouse = DeltaWarehouse(config.warehouse, pipeline_id=f"{config.pipeline_id}.{source.name}")
     killer = _Killer(
-        _Checkpoint(os.path.join(config.checkpoint, source.name)),
+        _Checkpoint(os.path.join(config.checkpoint, QUERY_FOLDER)),
         warehouse,
         rng,
         idle_timeout_s,
@@ -885,15 +893,24 @@ class _Killer:
 # --------------------------------------------------------------------------- checks
 
 
-def _read(path: str, columns: list[str] | None = None) -> Any:
-    """A Delta table as Arrow (``None`` when it does not exist)."""
+def _read(path: str, columns: list[str] | None = None, topics: Any = None) -> Any:
+    """A Delta table as Arrow (``None`` when it does not exist); with ``topics``, only
+    the rows of those topics (a warehouse shared with other sources)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(path).to_pyarrow_table(columns=columns)
+        wanted = columns if topics is None or columns is None else [*columns, "topic"]
+        table = DeltaTable(path).to_pyarrow_table(columns=list(dict.fromkeys(wanted or [])) or None)
     except TableNotFoundError:
         return None
+    if topics is not None:
+        table = table.filter(pc.is_in(table["topic"], value_set=pa.array(list(topics))))
+        if columns is not None:
+            table = table.select(columns)
+    return table
 
 
 def check_mirrors(
@@ -921,7 +938,7 @@ def check_mirrors(
     return problems
 
 
-def check_changelog(warehouse: Any, faulty: FaultyTopic) -> list[str]:
+def check_changelog(warehouse: Any, faulty: FaultyTopic, shared: bool = False) -> list[str]:
     """The changelog holds the event of every change record exactly once.
 
     Every changelog row's Kafka coordinates (topic, partition, offset, event index) are
@@ -933,6 +950,7 @@ def check_changelog(warehouse: Any, faulty: FaultyTopic) -> list[str]:
     cl = _read(
         warehouse.system_path("changelog"),
         ["table", "seq", "topic", "partition", "offset", "event_index"],
+        topics=[faulty.topic] if shared else None,
     )
     if cl is None:
         return ["no changelog table"]
@@ -989,9 +1007,9 @@ def check_changelog(warehouse: Any, faulty: FaultyTopic) -> list[str]:
     return problems
 
 
-def check_dead_letters(warehouse: Any, faulty: FaultyTopic) -> list[str]:
+def check_dead_letters(warehouse: Any, faulty: FaultyTopic, shared: bool = False) -> list[str]:
     """The dead letters are exactly the malformed records, once each, with their bytes."""
-    dl = _read(warehouse.system_path("dead_letters"))
+    dl = _read(warehouse.system_path("dead_letters"), topics=[faulty.topic] if shared else None)
     rows = [] if dl is None else dl.to_pylist()
     want = {
         (faulty.topic, p, o): faulty.messages[p][o]
@@ -1036,6 +1054,7 @@ def check_accounting(
     warehouse: Any,
     end_offsets: Mapping[str, Mapping[int, int]],
     start_offsets: Mapping[str, Mapping[int, int]] | None = None,
+    shared: bool = False,
 ) -> Accounting:
     """Every offset of every partition is accounted for exactly once in ``batches``.
 
@@ -1047,9 +1066,11 @@ def check_accounting(
         warehouse: the :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
         end_offsets: ``{topic: {partition: high watermark}}`` when the stream was drained.
         start_offsets: first offsets read, default 0 everywhere.
+        shared: the warehouse holds other sources' topics too: only the rows of the
+            topics of ``end_offsets`` are checked.
     """
     out = Accounting()
-    table = _read(warehouse.system_path("batches"))
+    table = _read(warehouse.system_path("batches"), topics=list(end_offsets) if shared else None)
     rows = [] if table is None else table.to_pylist()
     by_partition: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -1154,7 +1175,11 @@ class FaultCounts:
 
 
 def verify(
-    warehouse: Any, faulty: FaultyTopic, end_offsets: Mapping[int, int], run: KillRun | None = None
+    warehouse: Any,
+    faulty: FaultyTopic,
+    end_offsets: Mapping[int, int],
+    run: KillRun | None = None,
+    shared: bool = False,
 ) -> tuple[list[str], FaultCounts]:
     """Run every check on a drained warehouse.
 
@@ -1163,6 +1188,8 @@ def verify(
         faulty: what was produced.
         end_offsets: ``{partition: high watermark}`` of the topic now.
         run: the kill run, for its counts.
+        shared: the warehouse holds other sources too (other topics, other targets):
+            only this topic's bookkeeping rows are checked.
 
     Returns:
         ``(problems, counts)``; ``problems`` is empty when every check passed.
@@ -1174,7 +1201,7 @@ def verify(
                 f"partition {p} ends at {end_offsets.get(p, 0)} but {len(msgs)} records were "
                 "produced (was the topic new?)"
             )
-    accounting = check_accounting(warehouse, {faulty.topic: dict(end_offsets)})
+    accounting = check_accounting(warehouse, {faulty.topic: dict(end_offsets)}, shared=shared)
     problems += accounting.problems
     for p, labels in enumerate(faulty.labels):
         sums = accounting.per_partition.get((faulty.topic, p), {})
@@ -1184,10 +1211,14 @@ def verify(
                     f"{faulty.topic}[{p}]: {sums.get(what, 0)} {what} accounted, "
                     f"{labels.count(label)} expected"
                 )
-    problems += check_changelog(warehouse, faulty)
-    problems += check_dead_letters(warehouse, faulty)
+    problems += check_changelog(warehouse, faulty, shared)
+    problems += check_dead_letters(warehouse, faulty, shared)
     problems += check_mirrors(warehouse, faulty.expected)
-    progress = _read(warehouse.system_path("progress"), ["batch_id", "rows_changed"])
+    progress = _read(warehouse.system_path("progress"), ["source", "batch_id", "rows_changed"])
+    if progress is not None and shared:
+        import pyarrow.compute as pc
+
+        progress = progress.filter(pc.equal(progress["source"], warehouse.pipeline_id))
     counts = FaultCounts(
         produced=faulty.records,
         source_changes=len(faulty.changes),

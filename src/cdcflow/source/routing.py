@@ -1,0 +1,204 @@
+"""Which source a topic belongs to: one streaming query reads every source's topics.
+
+A pipeline runs one Structured Streaming query over the union of its sources' topics
+(decision 53): one Python source process and one plan per run instead of one per
+source. Each Kafka topic belongs to exactly one source, which gives the format that
+decodes it and the offsets ledger that records it. :class:`TopicRouting` answers that
+question on the driver (to split a micro-batch's events by source) and in the decode
+tasks (to pick the format); :class:`RoutedDecode` is the decode step of Spark's JVM
+Kafka source (``mapInArrow``), which reads raw records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdcflow.decode.batches import DecodeFunction, decode_kafka_batch
+from cdcflow.errors import ConfigError
+
+__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting"]
+
+
+@dataclass(frozen=True)
+class SourceRoute:
+    """One source's topics and how they are decoded.
+
+    Attributes:
+        name: the source's name (``sources[].name``).
+        topics: the topics named, or empty when ``topic_pattern`` is set.
+        topic_pattern: a regular expression matched against whole topic names.
+        decode: the format's decode function (format, options, decoder state).
+    """
+
+    name: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    decode: DecodeFunction
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this source's."""
+        if self.topic_pattern is None:
+            return topic in self.topics
+        if topic.startswith("__"):
+            return False  # internal topics (__consumer_offsets), as Kafka's own subscription
+        return re.fullmatch(self.topic_pattern, topic) is not None
+
+    def as_json(self) -> dict[str, Any]:
+        """The route as JSON (the fused source's ``cdcflow.sources`` option; without the
+        warehouse's storage options, which are secrets)."""
+        d = self.decode
+        return {
+            "name": self.name,
+            "topics": list(self.topics),
+            "topic_pattern": self.topic_pattern,
+            "format": d.format_name,
+            "format_options": d.options,
+            "state_path": d.state_path,
+            "state_key": d.state_key,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SourceRoute:
+        """The inverse of :meth:`as_json`."""
+        return cls(
+            name=str(data["name"]),
+            topics=tuple(data.get("topics") or ()),
+            topic_pattern=data.get("topic_pattern"),
+            decode=DecodeFunction(
+                str(data["format"]),
+                dict(data.get("format_options") or {}),
+                state_path=data.get("state_path"),
+                state_key=str(data.get("state_key") or ""),
+            ),
+        )
+
+
+@dataclass
+class TopicRouting:
+    """The sources of one query, and which one each topic belongs to.
+
+    Args:
+        routes: the sources, in configuration order.
+
+    Raises:
+        ConfigError: two sources name the same topic.
+    """
+
+    routes: Sequence[SourceRoute]
+    _owner: dict[str, SourceRoute | None] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for route in self.routes:
+            for topic in route.topics:
+                if topic in seen:
+                    raise ConfigError(
+                        f"sources {seen[topic]!r} and {route.name!r} both name topic "
+                        f"{topic!r}: a topic belongs to one source (one format, one offsets "
+                        "ledger); remove it from one of them"
+                    )
+                seen[topic] = route.name
+
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in configuration order."""
+        return [r.name for r in self.routes]
+
+    def route_of(self, topic: str) -> SourceRoute | None:
+        """The source ``topic`` belongs to (``None``: none reads it).
+
+        Raises:
+            ConfigError: ``topic`` is one of two sources (their patterns overlap).
+        """
+        if topic in self._owner:
+            return self._owner[topic]
+        found = [r for r in self.routes if r.matches(topic)]
+        if len(found) > 1:
+            names = " and ".join(repr(r.name) for r in found)
+            raise ConfigError(
+                f"topic {topic!r} is one of sources {names} (their topics or topic_pattern "
+                "overlap): a topic belongs to one source; narrow a topic_pattern"
+            )
+        owner = found[0] if found else None
+        self._owner[topic] = owner
+        return owner
+
+    def source_of(self, topic: str) -> str | None:
+        """The name of the source ``topic`` belongs to (see :meth:`route_of`)."""
+        route = self.route_of(topic)
+        return None if route is None else route.name
+
+    def subscription(self) -> dict[str, str]:
+        """The Kafka source option that reads every source's topics: ``subscribe`` when
+        every source names its topics, else ``subscribePattern`` (the sources' patterns
+        and escaped topic names as one alternation, matched against whole names)."""
+        if all(r.topic_pattern is None for r in self.routes):
+            return {"subscribe": ",".join(t for r in self.routes for t in r.topics)}
+        parts = [
+            f"(?:{r.topic_pattern})"
+            if r.topic_pattern is not None
+            else "|".join(re.escape(t) for t in r.topics)
+            for r in self.routes
+        ]
+        return {"subscribePattern": "|".join(parts)}
+
+    def split(self, events: pa.Table) -> dict[str, pa.Table]:
+        """A micro-batch's event rows by source (by their ``topic`` column); sources
+        without rows are left out.
+
+        Raises:
+            ConfigError: a row's topic belongs to no source or to two.
+        """
+        if events.num_rows == 0:
+            return {}
+        topics = events.column("topic")
+        distinct = pc.unique(topics).to_pylist()
+        owners: dict[str, list[str]] = {}
+        for topic in distinct:
+            name = self.source_of(topic)
+            if name is None:
+                raise ConfigError(f"topic {topic!r} was read but belongs to no source")
+            owners.setdefault(name, []).append(topic)
+        if len(owners) == 1:
+            return {next(iter(owners)): events}
+        out: dict[str, pa.Table] = {}
+        for name in self.names:
+            if name in owners:
+                mask = pc.is_in(topics, value_set=pa.array(owners[name], pa.string()))
+                out[name] = events.filter(mask)
+        return out
+
+
+class RoutedDecode:
+    """The picklable ``mapInArrow`` function decoding raw Kafka batches of several
+    sources: each batch's rows are decoded by the format of their topic's source.
+
+    Args:
+        routing: the query's sources.
+    """
+
+    def __init__(self, routing: TopicRouting) -> None:
+        self.routing = routing
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        decoders: dict[str, Any] = {}
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            topics = batch.column(batch.schema.get_field_index("topic"))
+            distinct = pc.unique(topics).to_pylist()
+            for topic in distinct:
+                route = self.routing.route_of(topic)
+                if route is None:
+                    raise ConfigError(f"topic {topic!r} was read but belongs to no source")
+                decoder = decoders.get(route.name)
+                if decoder is None:
+                    decoder = decoders[route.name] = route.decode.new_decoder()
+                part = batch if len(distinct) == 1 else batch.filter(pc.equal(topics, topic))
+                yield decode_kafka_batch(decoder, part)
