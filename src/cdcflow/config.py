@@ -4,7 +4,7 @@ Example (every key with its default where it has one)::
 
     pipeline_id: orders            # names the Delta application transactions
     warehouse: ./warehouse         # Delta tables (local folder or delta-rs URI)
-    checkpoint: ./checkpoint       # Spark streaming checkpoints, one folder per source
+    checkpoint: ./checkpoint       # the Spark checkpoint of the pipeline's one query
     target_template: "{database}.{schema}.{table}"
     trigger: {processing_time: "1 second"}    # or: available_now   (cdcflow run --once forces it)
     sink: delta-rs                 # delta-rs (merges on the driver) | delta-spark (on the executors)

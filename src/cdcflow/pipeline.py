@@ -74,19 +74,28 @@ def source_error_of(exc: BaseException) -> SourceError | None:
 
 @dataclass
 class RunSummary:
-    """Totals over the batches a run applied, per source."""
+    """The reports of the applies a run made, per source."""
 
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
 
     def totals(self) -> dict[str, int]:
+        """Sums over every source: ``batches`` counts the micro-batches applied (one
+        micro-batch carries several sources' records; an interrupted apply finished at
+        start-up counts as one of its own), then records, events, skipped records and
+        dead letters."""
         out = {"batches": 0, "records": 0, "events": 0, "skipped": 0, "dead_letters": 0}
+        micro_batches: set[int] = set()
         for reports in self.reports.values():
             for r in reports:
-                out["batches"] += 1
+                if r.delivery_id is None:
+                    out["batches"] += 1
+                else:
+                    micro_batches.add(r.delivery_id)
                 out["records"] += r.records
                 out["events"] += r.events
                 out["skipped"] += sum(r.skipped.values())
                 out["dead_letters"] += sum(r.dead_letters.values())
+        out["batches"] += len(micro_batches)
         return out
 
 
