@@ -42,6 +42,7 @@ from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
 
 __all__ = ["ApplyLane", "Pipeline", "RunSummary", "source_error_of"]
@@ -221,6 +222,8 @@ class Pipeline:
         self._failures: dict[str, CdcflowError] = {}
         #: the query's applies (one micro-batch at a time, beside Spark's next one)
         self._lane: ApplyLane | None = None
+        #: the sources' appliers expire the warehouse's bookkeeping rows one at a time
+        self._expiry_clock = ExpiryClock()
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -310,6 +313,7 @@ class Pipeline:
             fence=self.fence,
             parallel_tables=self.config.apply.parallel_tables,
             maintenance=self.config.maintenance.policy(),
+            expiry_clock=self._expiry_clock,
         )
 
     def _start(self, once: bool):

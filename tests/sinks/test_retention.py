@@ -20,7 +20,7 @@ from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult
 from cdcflow.model import DeadLetter, Origin
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.sinks.maintenance import Maintainer, MaintenancePolicy
+from cdcflow.sinks.maintenance import ExpiryClock, Maintainer, MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy, expire
 
 TARGET = "db.items"
@@ -190,6 +190,20 @@ def test_a_running_pipeline_expires_rows_at_most_every_retention_interval(tmp_pa
     BatchApplier(wh, maintenance=KEEP_NONE).apply(_batch(1), 1)
     assert maintainer.expire_due(now_ms=LATER_MS) == []  # not an hour since the last
     assert Maintainer(wh, KEEP_NONE).expire_due(now_ms=LATER_MS) == []  # maintenance off
+
+
+def test_the_sources_of_a_pipeline_expire_the_shared_rows_once(tmp_path):
+    """The bookkeeping tables are the warehouse's: with one clock, the first of a
+    pipeline's sources to finish a batch expires every source's rows, and the others
+    neither scan the tables again nor race its deletes."""
+    policy = MaintenancePolicy(retention_every_hours=1)
+    views = [DeltaWarehouse(str(tmp_path / "wh"), pipeline_id=f"p.{s}") for s in ("a", "b")]
+    BatchApplier(views[0], maintenance=KEEP_NONE).apply(_batch(0), 0)
+    clock = ExpiryClock()
+    first, second = (Maintainer(wh, policy, clock) for wh in views)
+    assert {e.table for e in second.expire_due(now_ms=LATER_MS)} == {"changelog", "dead_letters"}
+    assert first.expire_due(now_ms=LATER_MS) == []
+    assert Maintainer(views[0], policy).expire_due(now_ms=LATER_MS) == []  # nothing left
 
 
 def test_cdcflow_maintain_expires_bookkeeping_rows(tmp_path, capsys):

@@ -66,7 +66,12 @@ from cdcflow.apply.transactions import (
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
 from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult
-from cdcflow.sinks.maintenance import Maintainer, MaintenancePolicy, log_retention_properties
+from cdcflow.sinks.maintenance import (
+    ExpiryClock,
+    Maintainer,
+    MaintenancePolicy,
+    log_retention_properties,
+)
 from cdcflow.sinks.system_tables import (
     BATCHES,
     CHANGELOG,
@@ -128,6 +133,8 @@ class BatchApplier:
             applies them one after another.
         maintenance: when the tables an apply touched are compacted and vacuumed
             (default :class:`~cdcflow.sinks.maintenance.MaintenancePolicy`).
+        expiry_clock: shared by the appliers of a pipeline's sources, so the warehouse's
+            bookkeeping rows are expired by one of them at a time (default: its own).
     """
 
     def __init__(
@@ -142,6 +149,7 @@ class BatchApplier:
         fence: Callable[[], None] | None = None,
         parallel_tables: int = 4,
         maintenance: MaintenancePolicy | None = None,
+        expiry_clock: ExpiryClock | None = None,
     ):
         self.warehouse = warehouse
         self.router = router or Router()
@@ -155,7 +163,7 @@ class BatchApplier:
         self.table_applier = TableApplier(warehouse, self.schema_log, table_budget_s)
         self._last_purge: float | None = None
         self.parallel_tables = max(1, parallel_tables)
-        self.maintainer = Maintainer(warehouse, maintenance)
+        self.maintainer = Maintainer(warehouse, maintenance, expiry_clock)
         hours = self.maintainer.policy.log_retention_hours
         if hours is not None:  # the tables this applier creates keep that much log
             warehouse.table_configuration.update(log_retention_properties(hours))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,23 +161,49 @@ def small_files(table: DeltaTable, small_file_bytes: int) -> tuple[int, int]:
     return sum(1 for s in sizes if s < small_file_bytes), len(sizes)
 
 
+class ExpiryClock:
+    """When the ``_cdcflow`` bookkeeping rows were last expired, shared by the warehouse
+    views of one process: the rows of every source are expired by one of them, once per
+    ``retention_every_hours``, not by each (the tables are the whole warehouse's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._expired_at: float | None = None
+
+    def due(self, every_s: float) -> bool:
+        """Whether an expiry is due now (the first call: yes); if so, it is counted as
+        done now, so concurrent callers get ``False``."""
+        with self._lock:
+            now = time.monotonic()
+            if self._expired_at is not None and now - self._expired_at < every_s:
+                return False
+            self._expired_at = now
+            return True
+
+
 class Maintainer:
     """Compacts and vacuums the tables of one warehouse view (module docstring).
 
     Args:
         warehouse: whose tables (and storage options) are maintained.
         policy: when and how.
+        expiry_clock: shared with the maintainers of the other sources of a pipeline
+            (default: this maintainer's own).
     """
 
-    def __init__(self, warehouse: DeltaWarehouse, policy: MaintenancePolicy | None = None):
+    def __init__(
+        self,
+        warehouse: DeltaWarehouse,
+        policy: MaintenancePolicy | None = None,
+        expiry_clock: ExpiryClock | None = None,
+    ):
         self.warehouse = warehouse
         self.policy = policy or MaintenancePolicy()
+        self.expiry_clock = expiry_clock or ExpiryClock()
         #: table path -> monotonic time of its last vacuum by this process (or first sight)
         self._vacuumed_at: dict[str, float] = {}
         #: table path -> batches that touched it since it was last looked at
         self._touches: dict[str, int] = {}
-        #: monotonic time of the last expiry of the bookkeeping rows (None: not yet)
-        self._expired_at: float | None = None
         #: how fast compaction jobs read, bytes/s (a running estimate: a job that would not
         #: fit in what is left of a batch's budget waits for the next batch)
         self.compact_bytes_per_s: float = 32 * 1024 * 1024
@@ -184,14 +211,12 @@ class Maintainer:
     def expire_due(self, now_ms: int | None = None) -> list[Expired]:
         """Expire the ``_cdcflow`` bookkeeping rows past their retention
         (:func:`cdcflow.sinks.retention.expire`) if ``retention_every_hours`` have passed
-        since the last time (the first call expires at once); what it did, per table."""
+        since the last time, by this maintainer or another one sharing its
+        :class:`ExpiryClock` (the first call expires at once); what it did, per table."""
         if not self.policy.enabled:
             return []
-        now = time.monotonic()
-        every_s = self.policy.retention_every_hours * 3600
-        if self._expired_at is not None and now - self._expired_at < every_s:
+        if not self.expiry_clock.due(self.policy.retention_every_hours * 3600):
             return []
-        self._expired_at = now
         done = expire(self.warehouse, self.policy.retention, now_ms)
         for result in done:
             log.info("retention: %s", result.describe())
