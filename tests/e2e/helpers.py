@@ -118,10 +118,11 @@ def check_accounting(wh, produced):
 
 
 def check_changelog_once(wh):
-    """No event (partition, offset, index) is in the changelog twice."""
+    """No event (topic, partition, offset, index) is in the changelog twice."""
     changelog = wh.read("changelog", system=True)
     coords = list(
         zip(
+            changelog["topic"].to_pylist(),
             changelog["partition"].to_pylist(),
             changelog["offset"].to_pylist(),
             changelog["event_index"].to_pylist(),

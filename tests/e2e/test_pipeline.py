@@ -272,3 +272,58 @@ def test_the_delta_spark_sink_mirrors_the_source_through_restarts(spark, broker,
     check_changelog_once(wh)
     engines = set().union(*(merge_engines(Path(wh.table_path(t))) for t in wh.mirrors()))
     assert engines and all("Delta-Lake/4.4.0" in e for e in engines), engines
+
+
+def test_a_source_added_or_removed_starts_the_checkpoint_over_where_each_source_was(
+    spark, broker, tmp_path
+):
+    """The pipeline's one query keeps every source in one checkpoint (decision 53). A
+    checkpoint of cdcflow before 0.4 (a folder per source) is taken over; a source added,
+    then one removed, starts the checkpoint over: each kept source at the warehouse's
+    offsets (nothing applied twice), a new one from the start. Every mirror ends equal to
+    its source and every changelog event is there once."""
+    import json
+
+    from tests.e2e.helpers import config_dict
+
+    from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint
+    from cdcflow.config import parse_config
+
+    a = Scenario(broker, "debezium-json", seed=3)
+    a.produce(200)
+    one = config_dict(tmp_path, broker, "debezium-json", a.topic, a.options)
+    Pipeline(parse_config(one), spark=spark).run(once=True)
+    ck = tmp_path / "ck"
+    # as cdcflow before 0.4 left it: the source's own folder, its own fingerprint
+    (ck / QUERY_FOLDER).rename(ck / "debezium-json")
+    fingerprint = ck / "debezium-json" / "cdcflow.json"
+    fingerprint.write_text(json.dumps(json.loads(fingerprint.read_text())["sources"][0]))
+
+    def run(config, *more, new=()):
+        before = {s: 0 if s in new else s.produced for s in more}
+        for s in more:
+            s.produce(60)
+        summary = Pipeline(parse_config(config), spark=spark).run(once=True)
+        for s in more:
+            applied = sum(r.records for r in summary.reports[s.fmt])
+            assert applied == s.produced - before[s], f"{s.fmt}: each new record once"
+
+    run(one, a)  # taken over from the old folder
+    b = Scenario(broker, "canal-json", seed=4)
+    b.produce(150)
+    two = {
+        **one,
+        "sources": [
+            *one["sources"],
+            {"format": "canal-json", "topics": [b.topic], "options": b.options},
+        ],
+    }
+    run(two, a, b, new=[b])  # all of b's records are new to the pipeline
+    assert set(Checkpoint(str(ck / QUERY_FOLDER)).fingerprints()) == {"debezium-json", "canal-json"}
+    only_b = {**one, "sources": two["sources"][1:]}
+    run(only_b, b)
+    assert set(Checkpoint(str(ck / QUERY_FOLDER)).fingerprints()) == {"canal-json"}
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    a.check_mirrors(wh)
+    b.check_mirrors(wh)
+    check_changelog_once(wh)
