@@ -84,6 +84,10 @@ _MERGE_ATTEMPTS = 3
 
 log = logging.getLogger(__name__)
 
+#: how often an append is made again after a concurrent commit changed the table's
+#: metadata or protocol (a shared system table created by two sources at once)
+_CREATE_RACE_ATTEMPTS = 3
+
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 
 
@@ -303,25 +307,32 @@ class DeltaWarehouse:
         one: delta-rs then commits on the snapshot it holds instead of replaying the log
         again (the handle moves to the new version, and :meth:`open` refreshes it before
         any later read); a new table is created from ``path``."""
-        if table is None:
+        for attempt in range(_CREATE_RACE_ATTEMPTS):
             try:
-                write_deltalake(
-                    path,
-                    data,
-                    mode="append",
-                    configuration=self.table_configuration or None,
-                    commit_properties=commit,
-                    storage_options=self.storage_options or None,
-                )
+                if table is None:
+                    write_deltalake(
+                        path,
+                        data,
+                        mode="append",
+                        configuration=self.table_configuration or None,
+                        commit_properties=commit,
+                        storage_options=self.storage_options or None,
+                    )
+                else:
+                    write_deltalake(table, data, mode="append", commit_properties=commit)
                 return
-            except CommitFailedError:
-                # another source's apply created the (shared system) table at the same
-                # moment: nothing of this write was committed; append to that table
-                if not DeltaTable.is_deltatable(path, self.storage_options or None):
+            except CommitFailedError as exc:
+                # several sources' first applies create a shared system table at the same
+                # moment: the losers' commits (creations, or appends read before another
+                # creation landed) fail on its protocol or metadata; nothing of them was
+                # committed, so the append is made again on the table as it now is
+                last = attempt == _CREATE_RACE_ATTEMPTS - 1
+                if last or not DeltaTable.is_deltatable(path, self.storage_options or None):
                     raise
-                log.info("table %s was created meanwhile; appending to it", path)
+                log.info(
+                    "table %s changed under a concurrent commit (%s); appending again", path, exc
+                )
                 table = DeltaTable(path, storage_options=self.storage_options or None)
-        write_deltalake(table, data, mode="append", commit_properties=commit)
 
     @staticmethod
     def _add_missing_columns(table: DeltaTable | None, schema: pa.Schema) -> None:
