@@ -34,7 +34,7 @@ def test_sources_creating_a_system_table_at_once_all_land(tmp_path):
         start = threading.Barrier(SOURCES)
         errors: list[BaseException] = []
 
-        def append(wh: DeltaWarehouse) -> None:
+        def append(wh: DeltaWarehouse, start=start, errors=errors) -> None:
             start.wait()
             try:
                 wh.append(wh.system_path(OFFSETS), _intent(wh.pipeline_id), 0)
