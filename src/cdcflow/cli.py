@@ -319,11 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "reset",
         parents=[common],
-        help="start sources over: delete their Spark checkpoints (the warehouse keeps its offsets)",
+        help="start sources over in the Spark checkpoint (the warehouse keeps its offsets)",
         description=(
-            "Deletes the checkpoint of each source (or of --source ones). The warehouse "
-            "records the Kafka offsets it applied, so the next run starts there: nothing is "
-            "lost or applied twice. With --warehouse, also deletes the warehouse so the next "
+            "Deletes the pipeline's Spark checkpoint, or with --source drops those sources "
+            "from it (the next run starts it over, the other sources where they were). The "
+            "warehouse records the Kafka offsets it applied, so the next run starts there: "
+            "nothing is lost or applied twice. With --warehouse, also deletes the warehouse so the next "
             "run applies the topics again from kafka.starting_offsets. Prints what it would "
             "do unless --yes is given."
         ),
