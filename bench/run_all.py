@@ -16,6 +16,9 @@ carry over from one to the next):
 * ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;
+* ``many_sources``: :mod:`many_sources` -- ``cdcflow run --once`` of every embedded
+  format as a source of its own, ``--many-sources-changes`` changes each, beside one
+  source with as many changes (issue 18: the demo's pipeline well under 15 s);
 * ``merge_scale``: :mod:`merge_scale` -- 1k and 20k new, recent and uniform keys merged
   into mirrors of ``--merge-scale-rows`` rows (10M and 100M; uniform keys only into the
   smallest), the Arrow merge beside delta-rs's MERGE;
@@ -56,6 +59,7 @@ BENCHMARKS = (
     "debezium",
     "multitable",
     "many_tables",
+    "many_sources",
     "merge_scale",
     "freshness",
     "freshness_new_keys",
@@ -100,6 +104,11 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "--changes",
             str(args.many_tables_changes),
         ],
+        "many_sources": [
+            "many_sources.py",
+            "--changes",
+            n(args.many_sources_changes),
+        ],
         "merge_scale": [
             "merge_scale.py",
             "--rows",
@@ -138,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--decode-events", type=int, default=20_000, help="per format")
     parser.add_argument("--repeats", type=int, default=3, help="decode: best of this many")
+    parser.add_argument(
+        "--many-sources-changes", type=int, default=2000, help="many_sources: per source"
+    )
     parser.add_argument("--e2e-events", type=int, default=1_000_000)
     parser.add_argument("--multitable-events", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
