@@ -99,21 +99,16 @@ def run(changes: int = 2000, keep: Path | None = None) -> list[dict[str, Any]]:
             reference_name=f"1 source x {n * changes} changes",
             target="pipeline part well under 15 s warm (make demo; issue 18)",
         ),
-        row(
-            bench,
-            f"peak RSS, {n} sources",
-            many["peak_rss_bytes"] / 2**30,
-            "GiB",
-            reference=one["peak_rss_bytes"] / 2**30,
-            reference_name="1 source",
-        ),
-        row(
-            bench,
-            f"peak PSS, {n} sources",
-            many["peak_pss_bytes"] / 2**30,
-            "GiB",
-            reference=one["peak_pss_bytes"] / 2**30,
-            reference_name="1 source",
+        *(
+            row(
+                bench,
+                f"peak {kind}, {n} sources",
+                many[key] / 2**30,
+                "GiB",
+                reference=one[key] / 2**30,
+                reference_name="1 source",
+            )
+            for kind, key in (("RSS", "peak_rss_bytes"), ("PSS", "peak_pss_bytes"))
         ),
     ]
 

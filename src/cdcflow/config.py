@@ -414,16 +414,11 @@ class PipelineConfig(_Strict):
                 raise ValueError(
                     f"sources: two sources are called {name!r}; give each a distinct 'name'"
                 )
-        owner: dict[str, str] = {}
-        for source in self.sources:
-            for topic in source.topics:
-                if topic in owner:
-                    raise ValueError(
-                        f"sources {owner[topic]!r} and {source.name!r} both name topic "
-                        f"{topic!r}: a topic belongs to one source (one format, one offsets "
-                        "ledger); remove it from one of them"
-                    )
-                owner[topic] = source.name
+        from cdcflow.source.routing import topic_named_twice
+
+        twice = topic_named_twice((s.name, s.topics) for s in self.sources)
+        if twice is not None:
+            raise ValueError(twice)
         return self
 
 

@@ -12,7 +12,7 @@ Kafka source (``mapInArrow``), which reads raw records.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,23 @@ import pyarrow.compute as pc
 from cdcflow.decode.batches import DecodeFunction, decode_kafka_batch
 from cdcflow.errors import ConfigError
 
-__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting"]
+__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting", "topic_named_twice"]
+
+
+def topic_named_twice(sources: Iterable[tuple[str, Iterable[str]]]) -> str | None:
+    """Why ``(name, topics)`` pairs are not a valid set of sources: the first topic two of
+    them name, as an error message (``None``: each topic is named once)."""
+    owner: dict[str, str] = {}
+    for name, topics in sources:
+        for topic in topics:
+            if topic in owner:
+                return (
+                    f"sources {owner[topic]!r} and {name!r} both name topic {topic!r}: a "
+                    "topic belongs to one source (one format, one offsets ledger); remove it "
+                    "from one of them"
+                )
+            owner[topic] = name
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,16 +110,9 @@ class TopicRouting:
     _owner: dict[str, SourceRoute | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        seen: dict[str, str] = {}
-        for route in self.routes:
-            for topic in route.topics:
-                if topic in seen:
-                    raise ConfigError(
-                        f"sources {seen[topic]!r} and {route.name!r} both name topic "
-                        f"{topic!r}: a topic belongs to one source (one format, one offsets "
-                        "ledger); remove it from one of them"
-                    )
-                seen[topic] = route.name
+        twice = topic_named_twice((r.name, r.topics) for r in self.routes)
+        if twice is not None:
+            raise ConfigError(twice)
 
     @property
     def names(self) -> list[str]:
