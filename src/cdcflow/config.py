@@ -133,6 +133,9 @@ class KafkaConfig(_Strict):
         fail_on_data_loss: stop (``DATA_LOSS``) when records were deleted before read.
         outage_budget_s: seconds transient broker errors are retried before the run
             stops (exit 69); 0 stops at the first error.
+        read_tasks: the most Spark tasks a micro-batch is read and decoded with on the
+            Python Kafka source; topic-partitions are packed into them (decision 54).
+            ``None``: twice Spark's default parallelism (the cores of local Spark).
         options: librdkafka settings (``security.protocol``, ``sasl.*``, ...), as text.
     """
 
@@ -141,6 +144,7 @@ class KafkaConfig(_Strict):
     max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
     fail_on_data_loss: bool = True
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    read_tasks: int | None = Field(default=None, gt=0)
     options: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("starting_offsets")

@@ -283,11 +283,19 @@ class Pipeline:
         fused = {
             **options,
             "cdcflow.sources": dumps([r.as_json() for r in routing.routes]).decode(),
+            "maxPartitions": str(self._read_tasks()),
         }
         if staging is not None:
             fused["cdcflow.stagingPath"] = staging
         register(self.spark)
         return self.spark.readStream.format(FORMAT).options(**fused).load()
+
+    def _read_tasks(self) -> int:
+        """``kafka.read_tasks``, by default twice Spark's default parallelism: enough tasks
+        to keep every core busy while the ranges' sizes differ (decision 54)."""
+        if self.config.kafka.read_tasks is not None:
+            return self.config.kafka.read_tasks
+        return 2 * max(1, self.spark.sparkContext.defaultParallelism)
 
     def _staging_path(self) -> str | None:
         """Where decode tasks stage event files: only for local Spark on the Python source.

@@ -14,6 +14,7 @@ column, from which :mod:`cdcflow.images` rebuilds typed Arrow columns.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import decimal
 import gc
@@ -718,14 +719,22 @@ class DecodeFunction:
         self.state_key = state_key
         self.storage_options = storage_options
 
-    def new_decoder(self) -> Decoder:
-        """A decoder of the format with its options and the source's persisted state."""
+    def load_state(self) -> list[Any]:
+        """The source's persisted decoder-state items (:func:`load_decoder_state`)."""
+        return load_decoder_state(self.state_path, self.state_key, self.storage_options)
+
+    def new_decoder(self, state: list[Any] | None = None) -> Decoder:
+        """A decoder of the format with its options and the source's persisted state.
+
+        Args:
+            state: the items :meth:`load_state` returned, when already read (a task
+                reading several partitions of one source reads them once); they are
+                copied, so one list serves several decoders. ``None``: read them now.
+        """
         from cdcflow.formats import decoder_for
 
         decoder = decoder_for(self.format_name, self.options or None)
-        decoder.load_state(
-            load_decoder_state(self.state_path, self.state_key, self.storage_options)
-        )
+        decoder.load_state(self.load_state() if state is None else copy.deepcopy(state))
         return decoder
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -734,9 +743,11 @@ class DecodeFunction:
         for batch in batches:
             yield decode_kafka_batch(decoder, batch)
 
-    def records(self, chunks: Iterable[list[Record]]) -> Iterator[pa.RecordBatch]:
+    def records(
+        self, chunks: Iterable[list[Record]], state: list[Any] | None = None
+    ) -> Iterator[pa.RecordBatch]:
         """Event batches of record lists (the fused source reads Kafka into records
-        directly, without an Arrow batch in between)."""
-        decoder = self.new_decoder()
+        directly, without an Arrow batch in between); ``state`` as :meth:`new_decoder`."""
+        decoder = self.new_decoder(state)
         for records in chunks:
             yield decode_records(decoder, records)

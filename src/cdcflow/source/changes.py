@@ -18,10 +18,11 @@ is persisted, see :meth:`cdcflow.formats.base.Decoder.state_items`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from cdcflow.source.kafka import (
     KafkaDataSource,
     KafkaStreamReader,
     parse_options,
+    ranges_of,
     read_records,
     register_once,
 )
@@ -109,31 +111,48 @@ class ChangesStreamReader(KafkaStreamReader):
         self.staging = staging
 
     def read(self, partition: Any) -> Iterator[Any]:
-        """:data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches of one Kafka partition range,
-        or with staging one :data:`STAGED_SCHEMA` row naming the file that holds them.
+        """:data:`~cdcflow.decode.batches.EVENT_SCHEMA` batches of an input partition's
+        Kafka ranges, each range decoded by a new decoder of its topic's source (the
+        source's decoder state is read once per task), or with staging one
+        :data:`STAGED_SCHEMA` row naming the file that holds them all.
 
         Raises:
-            ConfigError: the partition's topic belongs to no source, or to two.
+            ConfigError: a range's topic belongs to no source, or to two.
         """
-        route = self.routing.route_of(partition.topic)
-        if route is None:
-            raise ConfigError(f"topic {partition.topic!r} was read but belongs to no source")
-        batches = route.decode.records(read_records(self.opts, partition))
+        ranges = ranges_of(partition)
+        routes = []
+        for part in ranges:
+            route = self.routing.route_of(part.topic)
+            if route is None:
+                raise ConfigError(f"topic {part.topic!r} was read but belongs to no source")
+            routes.append(route)
+        batches = self._decode(ranges, routes)
         if self.staging is None:
             return batches
-        return self._stage(partition, batches)
+        return self._stage(ranges, batches)
 
-    def _stage(self, part: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def _decode(self, ranges: Sequence[Any], routes: Sequence[SourceRoute]) -> Iterator[Any]:
+        states: dict[str, list[Any]] = {}
+        for part, route in zip(ranges, routes, strict=True):
+            if route.name not in states:
+                states[route.name] = route.decode.load_state()
+            yield from route.decode.records(read_records(self.opts, part), states[route.name])
+
+    def _stage(self, ranges: Sequence[Any], batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
         os.makedirs(self.staging, exist_ok=True)
-        name = f"{_UNSAFE.sub('_', part.topic)}-{part.partition}-{part.start}-{part.end}.arrow"
-        path = os.path.join(self.staging, name)
+        first = ranges[0]
+        name = f"{_UNSAFE.sub('_', first.topic)}-{first.partition}-{first.start}-{first.end}"
+        if len(ranges) > 1:  # the task's ranges, named so that a re-run writes the same file
+            digest = hashlib.sha1(repr(ranges).encode(), usedforsecurity=False).hexdigest()
+            name = f"{name}-and-{len(ranges) - 1}-{digest[:16]}"
+        path = os.path.join(self.staging, f"{name}.arrow")
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         rows = 0
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, EVENT_SCHEMA) as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
-        os.replace(tmp, path)  # atomic: a re-run of the same range replaces the file whole
+        os.replace(tmp, path)  # atomic: a re-run of the same ranges replaces the file whole
         yield pa.RecordBatch.from_pydict(
             {"staged_path": [path], "rows": [rows]}, schema=STAGED_SCHEMA
         )
