@@ -16,6 +16,9 @@ carry over from one to the next):
 * ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;
+* ``many_topics``: :mod:`many_topics` -- the same tables end to end, a Debezium topic per
+  table, through ``cdcflow run --once``: read tasks packed (default), a task per
+  topic-partition, and every table in one topic (the reference), seconds per micro-batch;
 * ``many_sources``: :mod:`many_sources` -- ``cdcflow run --once`` of every embedded
   format as a source of its own, ``--many-sources-changes`` changes each, beside one
   source with as many changes (issue 18: the demo's pipeline well under 15 s);
@@ -59,6 +62,7 @@ BENCHMARKS = (
     "debezium",
     "multitable",
     "many_tables",
+    "many_topics",
     "many_sources",
     "merge_scale",
     "freshness",
@@ -99,6 +103,13 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
         ],
         "many_tables": [
             "many_tables.py",
+            "--tables",
+            n(args.many_tables),
+            "--changes",
+            str(args.many_tables_changes),
+        ],
+        "many_topics": [
+            "many_topics.py",
             "--tables",
             n(args.many_tables),
             "--changes",
