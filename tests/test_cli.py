@@ -270,3 +270,57 @@ def test_log_level_and_verbose_before_or_after_the_command(argv, level):
     command = ["resume", "--warehouse", "w", "t"]
     assert log_level(parser.parse_args(argv + command)) == level
     assert log_level(parser.parse_args(command[:1] + argv + command[1:])) == level
+
+
+def test_decode_reads_kcat_key_value_lines(tmp_path, capsys):
+    """``kcat -K'\\t'`` prints ``key<TAB>value``: the key reaches the decoder (the Debezium
+    case whose key names the row's key column, tests/formats/cases/debezium-json/SOURCES.md),
+    and ``key<TAB>`` with no value is a tombstone."""
+    case = CASES / "debezium-json" / "seed-2-key-corrected"
+    keys = Path(f"{case}.keys.jsonl").read_text().splitlines()
+    values = Path(f"{case}.input.jsonl").read_text().splitlines()
+    lines = [f"{'' if k == 'null' else k}\t{v}" for k, v in zip(keys, values, strict=True)]
+    lines.append(keys[0] + "\t")  # the tombstone that follows a delete
+    f = tmp_path / "kcat.txt"
+    f.write_text("\n".join(lines) + "\n")
+    expected = [
+        x
+        for x in _events(Path(f"{case}.expected.jsonl").read_text())
+        if "dead_letter" not in x and "skipped" not in x
+    ]
+    assert main(["decode", "--format", "debezium-json", "-K", "\\t", str(f)]) == 0
+    out, err = capsys.readouterr()
+    assert _events(out) == expected
+    assert f"{len(lines)} records" in err and "1 skipped, 0 dead letters" in err
+    # without -K the same lines are not JSON: every one a dead letter
+    assert main(["decode", "--format", "debezium-json", str(f)]) == 1
+    assert "0 events" in capsys.readouterr().err
+
+
+def test_decode_ends_quietly_when_the_reader_closes_the_pipe(tmp_path):
+    """``cdcflow decode ... | head -1``: no BrokenPipe traceback, exit 0."""
+    import subprocess
+    import sys
+
+    case = CASES / "canal-json" / "seatunnel-canal-data.input.jsonl"
+    f = tmp_path / "many.jsonl"
+    f.write_text(case.read_text() * 400)  # far more output than a pipe buffers
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from cdcflow.cli import entry; entry()",
+            "decode",
+            "--format",
+            "canal-json",
+            str(f),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as head -1 does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err.decode()
+    assert json.loads(first)["op"]
+    assert b"Traceback" not in err and b"BrokenPipe" not in err

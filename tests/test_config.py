@@ -124,14 +124,14 @@ def test_table_rules_and_apply_settings():
 @pytest.mark.parametrize(
     ("bad", "named"),
     [
-        ({"tables": [{"match": "*", "soft_delet": True}]}, "tables.0.soft_delet: unknown key"),
+        ({"tables": [{"match": "*", "soft_delet": True}]}, "tables[0].soft_delet: unknown key"),
         ({"tables": [{"match": "*", "schema_changes": "evolv"}]}, "'evolve', 'ignore', 'fail'"),
         ({"tables": [{"match": "*", "mode": "mirror", "track_history": ["a"]}]}, "history only"),
         (
             {"tables": [{"match": "*", "mode": "history", "soft_delete": True}]},
             "remove soft_delete",
         ),
-        ({"tables": [{"mode": "history"}]}, "tables.0.match: required"),
+        ({"tables": [{"mode": "history"}]}, "tables[0].match: required"),
         ({"apply": {"transactions": {"consisten": True}}}, "valid keys here: ['consistent'"),
         ({"apply": {"tombstone_retention_hours": -1}}, "apply.tombstone_retention_hours"),
     ],
@@ -184,12 +184,12 @@ def _source(**over) -> dict:
         ),
         (
             _source(options={"timestamp_zon": "UTC"}),
-            "sources.0.options: unknown option(s) ['timestamp_zon']",
+            "sources[0].options: unknown option(s) ['timestamp_zon']",
         ),
-        (_source(options={"keyless": "maybe"}), "sources.0.options: "),
+        (_source(options={"keyless": "maybe"}), "sources[0].options: "),
         (
             _source(topics=[], topic_pattern="("),
-            "sources.0.topic_pattern: '(' is not a valid regular",
+            "sources[0].topic_pattern: '(' is not a valid regular",
         ),
         ({"sources": []}, "sources: name at least one source"),
     ],

@@ -59,7 +59,7 @@ def test_the_product_imports_no_test_code(tmp_path):
 #: the product's layers, lowest first: a module imports its own layer and those below,
 #: never one above (decode -> apply -> store -> core, and the composition on top)
 LAYERS = {
-    "core": {"errors", "model", "types", "event_schema", "images"},
+    "core": {"errors", "model", "types", "event_schema", "images", "secrets"},
     "store": {"sinks"},
     "apply": {"apply"},
     "decode": {"formats", "decode", "source"},

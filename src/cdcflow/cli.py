@@ -18,7 +18,9 @@ and how long to wait if it died without releasing its lease. 69 (``run`` only; s
 from __future__ import annotations
 
 import argparse
+import codecs
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,15 +76,34 @@ def _format_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def _key_delimiter(args: argparse.Namespace) -> bytes | None:
+    """``-K DELIM`` as kcat takes it: ``\\t`` is a tab, ``\\xNN`` a byte."""
+    if args.key_delimiter is None:
+        return None
+    try:
+        delimiter = codecs.decode(args.key_delimiter, "unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError) as exc:
+        raise ConfigError(f"-K {args.key_delimiter!r} is not a delimiter: {exc}") from exc
+    if not delimiter:
+        raise ConfigError("-K needs a delimiter, e.g. -K '\\t' for kcat -K'\\t' output")
+    return delimiter
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     from cdcflow.files import decode_files
     from cdcflow.model import dumps, event_to_json_dict
 
-    result = decode_files(args.format, args.files, _format_options(args))
+    result = decode_files(args.format, args.files, _format_options(args), _key_delimiter(args))
     out = sys.stdout.buffer
-    for event in result.events:
-        out.write(dumps(event_to_json_dict(event)) + b"\n")
-    out.flush()
+    try:
+        for event in result.events:
+            out.write(dumps(event_to_json_dict(event)) + b"\n")
+        out.flush()
+    except BrokenPipeError:
+        # the reader stopped reading (``| head``): end quietly, as Unix tools do; stdout
+        # goes to /dev/null so that the interpreter's last flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     for d in result.dead_letters:
         where = {"file": d.origin.topic, "line": d.origin.offset + 1}
         letter = {"dead_letter": {"code": d.code, "message": d.message, **where}}
@@ -108,6 +129,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         _format_options(args),
         pipeline_id=args.pipeline_id,
         target_template=args.target_template,
+        key_delimiter=_key_delimiter(args),
     )
     print(
         f"batch {report.batch_id}: {report.records} records, {report.events} events, "
@@ -268,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
             "whole row as its identity",
         )
         p.add_argument(
+            "-K",
+            "--key-delimiter",
+            metavar="DELIM",
+            help="lines are KEY<DELIM>VALUE, as kcat -K<DELIM> prints them ('\\t' is a "
+            "tab); keys identify the rows of tombstones",
+        )
+        p.add_argument(
             "files",
             nargs="+",
             metavar="FILE",
@@ -405,7 +434,6 @@ def exit_after(main_function: Callable[[], int]) -> NoReturn:
     flushed and the Spark session stopped first, so skipping finalization loses nothing.
     """
     import gc
-    import os
 
     try:
         code = main_function()

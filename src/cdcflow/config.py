@@ -78,6 +78,7 @@ from pydantic import (
 from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
 
@@ -120,6 +121,12 @@ _OWNED_KAFKA_OPTIONS = {
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __repr_args__(self) -> Any:
+        # secret-looking keys' values (kafka.options' sasl.password, a schema registry's
+        # basic.auth.user.info...) never reach a repr, a log line or an error message
+        for name, value in super().__repr_args__():
+            yield name, redact(value, name)
 
 
 class KafkaConfig(_Strict):
@@ -183,14 +190,17 @@ class KafkaConfig(_Strict):
         return out
 
     def reader_options(self) -> dict[str, str]:
-        """Options for the Kafka source, in the names Spark's own Kafka source uses."""
-        out = {
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            "startingOffsets": self.starting_offsets,
-            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
-            "includeHeaders": "true",
-            "outageBudgetMs": str(round(self.outage_budget_s * 1000)),
-        }
+        """Options for the Kafka source, in the names Spark's own Kafka source uses (a
+        :class:`~cdcflow.secrets.RedactedDict`: secrets are masked when it is shown)."""
+        out = RedactedDict(
+            {
+                "kafka.bootstrap.servers": self.bootstrap_servers,
+                "startingOffsets": self.starting_offsets,
+                "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+                "includeHeaders": "true",
+                "outageBudgetMs": str(round(self.outage_budget_s * 1000)),
+            }
+        )
         if self.max_offsets_per_trigger:
             out["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         out.update({f"kafka.{k}": v for k, v in self.options.items()})
@@ -444,11 +454,19 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
     return model
 
 
+def _location(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the YAML reads: ``sources[0].options``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
 def _explain(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
-        where = ".".join(str(p) for p in loc) or "(top level)"
+        where = _location(loc)
         if err["type"] == "extra_forbidden":
             valid = sorted(_model_at(loc[:-1]).model_fields)
             lines.append(f"{where}: unknown key; valid keys here: {valid}")
@@ -464,23 +482,27 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
     """Validate a configuration mapping.
 
     Args:
-        data: the parsed YAML.
-        base_dir: relative ``warehouse``/``checkpoint`` paths are taken from here.
+        data: the parsed YAML; ``${env:NAME}``, ``${NAME}`` and ``${file:PATH}`` in its
+            strings are resolved first (:func:`cdcflow.secrets.resolve_references`).
+        base_dir: relative ``warehouse``/``checkpoint`` paths and ``${file:PATH}`` are
+            taken from here.
 
     Raises:
-        ConfigError: listing each bad key (one line each), with the valid keys or the fix.
+        ConfigError: listing each bad key (one line each), with the valid keys or the
+            fix; or one line for a reference that cannot be resolved.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
             "the configuration must be a YAML mapping (key: value), see docs/configuration.md"
         )
-    data = dict(data)
+    data = resolve_references(dict(data), base_dir)
     if isinstance(data.get("tables"), list):
         data["tables"] = tuple(data["tables"])
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc)) from exc
+        # not chained: pydantic's own text repeats the input values, secrets included
+        raise ConfigError(_explain(exc)) from None
 
     def _path(p: str) -> str:
         if "://" in p or base_dir is None or Path(p).is_absolute():

@@ -23,12 +23,18 @@ if TYPE_CHECKING:
 __all__ = ["apply_files", "decode_files", "read_records"]
 
 
-def read_records(fmt: str, files: Sequence[str]) -> Iterator[Record]:
+def read_records(
+    fmt: str, files: Sequence[str], key_delimiter: bytes | None = None
+) -> Iterator[Record]:
     """The records of message files, in file and line order.
 
     Args:
         fmt: the format identifier (its decoder says whether values are binary).
         files: paths; ``-`` reads standard input.
+        key_delimiter: with it, each line is ``key<delimiter>value`` as ``kcat -K``
+            prints messages (an empty key is none; an empty value, ``null`` or ``NULL`` is
+            a tombstone); binary formats' keys are base64 as their values. ``None``: a
+            line is a value.
 
     Raises:
         ConfigError: unknown format.
@@ -43,20 +49,30 @@ def read_records(fmt: str, files: Sequence[str]) -> Iterator[Record]:
     for name in files:
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
         for i, line in enumerate(data.splitlines()):
+            key = None
+            if key_delimiter is not None:
+                raw_key, found, line = line.partition(key_delimiter)
+                if not found:  # no delimiter: the line is a value without key
+                    raw_key, line = b"", raw_key
+                if raw_key.strip():
+                    key = base64.b64decode(raw_key) if binary else raw_key
             text = line.strip()
-            if not text:
+            if not text and key is None:
                 continue
-            if text == b"null":
-                value = None
+            if text in (b"null", b"") or (key_delimiter is not None and text == b"NULL"):
+                value = None  # kcat prints a null value as nothing, or NULL with -Z
             elif binary:
                 value = base64.b64decode(text)
             else:
                 value = line
-            yield Record(value=value, origin=Origin(topic=name, partition=0, offset=i))
+            yield Record(value=value, key=key, origin=Origin(topic=name, partition=0, offset=i))
 
 
 def decode_files(
-    fmt: str, files: Sequence[str], options: Mapping[str, Any] | None = None
+    fmt: str,
+    files: Sequence[str],
+    options: Mapping[str, Any] | None = None,
+    key_delimiter: bytes | None = None,
 ) -> DecodeResult:
     """Decode message files into change events, skips and dead letters.
 
@@ -64,6 +80,7 @@ def decode_files(
         fmt: the format identifier.
         files: paths (``-``: standard input).
         options: the format's options (``sources[].options`` of a configuration).
+        key_delimiter: lines are ``key<delimiter>value`` (:func:`read_records`).
 
     Raises:
         ConfigError: unknown format or option.
@@ -71,7 +88,7 @@ def decode_files(
     from cdcflow.formats import decoder_for
 
     decoder = decoder_for(fmt, dict(options or {}) or None)
-    return decoder.decode_batch(read_records(fmt, files))
+    return decoder.decode_batch(read_records(fmt, files, key_delimiter))
 
 
 def apply_files(
@@ -82,6 +99,7 @@ def apply_files(
     *,
     pipeline_id: str = "cli",
     target_template: str = "{database}.{schema}.{table}",
+    key_delimiter: bytes | None = None,
 ) -> BatchReport:
     """Decode message files and apply them to the warehouse's tables as one micro-batch,
     with the decoder state (e.g. Qlik's table metadata) the warehouse kept.
@@ -93,6 +111,7 @@ def apply_files(
         options: the format's options.
         pipeline_id: the application-transaction id the offsets are recorded under.
         target_template: the target-name template.
+        key_delimiter: lines are ``key<delimiter>value`` (:func:`read_records`).
 
     Returns:
         The batch's report; ``replayed`` counts lines applied before.
@@ -112,5 +131,7 @@ def apply_files(
     decoder = decoder_for(fmt, dict(options or {}) or None)
     store = DeltaWarehouse(warehouse, pipeline_id=pipeline_id)
     decoder.load_state(load_decoder_state(store.system_path("decoder_state"), store.pipeline_id))
-    events = pa.Table.from_batches([decode_records(decoder, list(read_records(fmt, files)))])
+    events = pa.Table.from_batches(
+        [decode_records(decoder, list(read_records(fmt, files, key_delimiter)))]
+    )
     return BatchApplier(store, Router(target_template)).apply(events)
