@@ -65,7 +65,7 @@ LAYERS = {
     "decode": {"formats", "decode", "source"},
     "top": {
         "config", "pipeline", "runner", "cli", "files", "reset_sources", "checkpoint",
-        "warehouse_maintenance",
+        "warehouse_maintenance", "preflight",
         "spark", "submit", "__init__",
     },
 }  # fmt: skip

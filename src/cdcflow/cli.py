@@ -22,6 +22,7 @@ import codecs
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -207,6 +208,31 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    """The configuration, the brokers, the topics and the folders, without running."""
+    import json
+
+    from cdcflow.config import load_config
+    from cdcflow.preflight import preflight, raise_first_failure
+
+    started = time.monotonic()
+    config = load_config(args.config)  # a bad configuration: one line, exit 2
+    checks = preflight(config, brokers=not args.no_brokers)
+    if args.json:
+        rows = [
+            {"item": c.item, "ok": c.ok, "detail": c.detail, "seconds": round(c.seconds, 3)}
+            for c in checks
+        ]
+        print(json.dumps({"config": args.config, "ok": all(c.ok for c in checks), "checks": rows}))
+    else:
+        print(f"ok    configuration   {args.config}: {len(config.sources)} source(s)")
+        for c in checks:
+            print(f"{'ok' if c.ok else 'FAIL':5} {c.item:15} {c.detail} ({c.seconds:.1f} s)")
+        print(f"checked in {time.monotonic() - started:.1f} s")
+    raise_first_failure(checks)  # the exit code of the first failure (2, 69 or 74)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cdcflow.runner import run
 
@@ -344,6 +370,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder of the Delta tables")
     p.add_argument("tables", nargs="+", metavar="TABLE", help="target table name")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser(
+        "validate",
+        parents=[common],
+        help="check a configuration, its brokers, topics and folders without running",
+        description=(
+            "Loads CONFIG (every key checked), asks the brokers for the sources' topics "
+            "within kafka.startup_timeout_s (librdkafka settings included), and writes once "
+            "in the warehouse and checkpoint folders; prints one line per check. Exit 0 when "
+            "all pass, else the exit code a run would have: 2 configuration, 69 brokers "
+            "unreachable, 74 a folder not writable. 'cdcflow run' makes the same checks "
+            "before Spark starts."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG.yaml")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    p.add_argument(
+        "--no-brokers", action="store_true", help="check the configuration and folders only"
+    )
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser(
         "reset",

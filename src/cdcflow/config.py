@@ -14,6 +14,7 @@ Example (every key with its default where it has one)::
       max_offsets_per_trigger: 200000
       fail_on_data_loss: true
       outage_budget_s: 300         # retry an unreachable broker this long, then exit 69
+      startup_timeout_s: 30        # ... at start-up, before Spark starts
       options: {}                  # librdkafka settings, e.g. security.protocol, sasl.*
     sources:
       - name: pg                   # default: the format identifier
@@ -140,6 +141,8 @@ class KafkaConfig(_Strict):
         fail_on_data_loss: stop (``DATA_LOSS``) when records were deleted before read.
         outage_budget_s: seconds transient broker errors are retried before the run
             stops (exit 69); 0 stops at the first error.
+        startup_timeout_s: seconds the brokers are waited for before Spark starts
+            (:mod:`cdcflow.preflight`); past it the run stops (exit 69).
         read_tasks: the most Spark tasks a micro-batch is read and decoded with on the
             Python Kafka source; topic-partitions are packed into them (decision 54).
             ``None``: twice Spark's default parallelism (the cores of local Spark).
@@ -151,6 +154,7 @@ class KafkaConfig(_Strict):
     max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
     fail_on_data_loss: bool = True
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    startup_timeout_s: float = 30.0
     read_tasks: int | None = Field(default=None, gt=0)
     options: dict[str, str] = Field(default_factory=dict)
 
@@ -169,6 +173,16 @@ class KafkaConfig(_Strict):
             raise ValueError(
                 f"must be a number of seconds >= 0, got {v!r}; e.g. 300 to retry an "
                 "unreachable broker for 5 minutes, 0 to stop at the first broker error"
+            )
+        return float(v)
+
+    @field_validator("startup_timeout_s", mode="before")
+    @classmethod
+    def _startup(cls, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
+            raise ValueError(
+                f"must be a number of seconds >= 0, got {v!r}; e.g. 30 to wait for brokers "
+                "that are starting, 0 to stop at once when they do not answer"
             )
         return float(v)
 

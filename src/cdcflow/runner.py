@@ -15,6 +15,7 @@ from pathlib import Path
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import LeaseLost
 from cdcflow.pipeline import Pipeline, RunSummary
+from cdcflow.preflight import preflight, raise_first_failure
 from cdcflow.sinks.lease import PipelineLease
 
 __all__ = ["run"]
@@ -39,8 +40,12 @@ def run(config: PipelineConfig | str | Path, *, once: bool = False) -> RunSummar
         The run's totals per source.
 
     Raises:
-        ConfigError: the configuration is invalid (a path is loaded first).
+        ConfigError: the configuration is invalid (a path is loaded first), or librdkafka
+            refuses a ``kafka.options`` setting (before Spark starts).
         LeaseHeld: another run holds the pipeline's lease (before Spark starts).
+        SourceError: ``SOURCE_UNAVAILABLE``: the brokers did not answer within
+            ``kafka.startup_timeout_s`` (before Spark starts).
+        StorageError: the warehouse or the checkpoint cannot be written.
         LeaseLost: this run's lease was taken over; its queries were stopped.
         CdcflowError, SourceError: as :meth:`cdcflow.pipeline.Pipeline.run`.
     """
@@ -49,6 +54,8 @@ def run(config: PipelineConfig | str | Path, *, once: bool = False) -> RunSummar
         config_path = str(config)
         config = load_config(config)
     with PipelineLease(config.warehouse, config.pipeline_id) as lease:
+        # the brokers, the topics and the folders, in seconds, before Spark's start
+        raise_first_failure(preflight(config))
 
         def fence() -> None:
             if lease.lost:  # before an apply's first commit and its completion

@@ -74,7 +74,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from cdcflow.errors import ConfigError, SourceError
 from cdcflow.formats.base import Record, new_record
 from cdcflow.model import new_origin
-from cdcflow.source.outage import OutageBudget
+from cdcflow.source.outage import BUDGET_KEY, OutageBudget
 from cdcflow.source.starting_offsets import EARLIEST, LATEST, parse_starting_offsets
 
 __all__ = [
@@ -247,6 +247,8 @@ class KafkaSourceOptions:
         outage_budget_s: how long transient broker errors are retried, seconds (0: none).
         max_partitions: the most Spark input partitions (tasks) a micro-batch is read
             with, or ``None``: one per topic-partition with records (:func:`pack_ranges`).
+        outage_budget_key: the configuration key of ``outage_budget_s`` that warnings
+            and errors name (the start-up check's is ``kafka.startup_timeout_s``).
     """
 
     client_config: Mapping[str, str]
@@ -260,6 +262,8 @@ class KafkaSourceOptions:
     max_records_per_batch: int = _DEFAULT_RECORDS_PER_BATCH
     outage_budget_s: float = _DEFAULT_OUTAGE_BUDGET_MS / 1000.0
     max_partitions: int | None = None
+    #: the configuration key named in outage warnings and errors
+    outage_budget_key: str = BUDGET_KEY
 
     @property
     def bootstrap_servers(self) -> str:
@@ -685,11 +689,18 @@ def _make_consumer(opts: KafkaSourceOptions, role: str, errors: _ErrorSink | Non
     try:
         return Consumer(_client_config(opts, role, errors))
     except (KafkaException, ValueError, TypeError) as exc:
+        text = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+        unknown = re.match(r'No such configuration property: "([^"]+)"', text)
+        what = (
+            f"kafka.options: librdkafka has no setting {unknown.group(1)!r}"
+            if unknown
+            else f"librdkafka rejected the kafka.* options: {text}"
+        )
         raise ConfigError(
-            f"librdkafka rejected the kafka.* options: {exc}; kafka.* options are passed "
-            "to librdkafka, whose setting names can differ from the Java client's (see "
+            f"{what}; kafka.options are passed to librdkafka, whose setting names can "
+            "differ from the Java client's (see "
             "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md)"
-        ) from exc
+        ) from None
 
 
 def _kafka_error(exc: BaseException, what: str) -> SourceError:
@@ -850,7 +861,7 @@ def _read_columns(opts: KafkaSourceOptions, part: KafkaInputPartition) -> Iterat
         return
     _worker_logging()
     errors = _ErrorSink()
-    outage = OutageBudget(opts.outage_budget_s, opts.bootstrap_servers)
+    outage = OutageBudget(opts.outage_budget_s, opts.bootstrap_servers, key=opts.outage_budget_key)
     topic, partition, end = part.topic, part.partition, part.end
     next_offset = part.start
     consumer = _make_consumer(opts, "executor", errors)
@@ -1252,7 +1263,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from confluent_kafka import KafkaException
 
         if self._outage is None:
-            self._outage = OutageBudget(self.opts.outage_budget_s, self.opts.bootstrap_servers)
+            self._outage = OutageBudget(
+                self.opts.outage_budget_s,
+                self.opts.bootstrap_servers,
+                key=self.opts.outage_budget_key,
+            )
 
         def timed(timeout_s: float) -> Any:
             self._timeout_s = timeout_s
@@ -1510,18 +1525,25 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(parse_options(self.options))
 
 
-def list_partitions(options: Mapping[str, Any]) -> list[TopicPartitionKey]:
+def list_partitions(
+    options: Mapping[str, Any], budget_s: float | None = None, budget_key: str = BUDGET_KEY
+) -> list[TopicPartitionKey]:
     """The topic-partitions the source options select, as the brokers' metadata says now.
 
     Args:
         options: Kafka source options (Spark's names, as :func:`parse_options` takes).
+        budget_s: how long unreachable brokers are waited for, seconds (``None``: the
+            options' ``outageBudgetMs``); ``budget_key`` is the key errors name for it.
 
     Raises:
-        ConfigError: the options are not valid.
-        SourceError: ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for
-            ``outageBudgetMs``; ``SOURCE_ERROR``: another Kafka error.
+        ConfigError: the options are not valid (librdkafka refuses a setting).
+        SourceError: ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for the
+            budget; ``SOURCE_ERROR``: another Kafka error (e.g. authentication failed).
     """
-    reader = KafkaStreamReader(parse_options(options))
+    opts = parse_options(options)
+    if budget_s is not None:
+        opts = dataclasses.replace(opts, outage_budget_s=budget_s, outage_budget_key=budget_key)
+    reader = KafkaStreamReader(opts)
     try:
         return reader._discover()
     finally:

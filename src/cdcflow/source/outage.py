@@ -100,8 +100,10 @@ class OutageBudget:
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
         rand: Callable[[], float] | None = None,
+        key: str = BUDGET_KEY,
     ) -> None:
         self.budget_s = max(0.0, float(budget_s))
+        self.key = key
         self.servers = servers
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -161,10 +163,10 @@ class OutageBudget:
             raise SourceError(
                 f"Kafka brokers {self.servers} unavailable for {elapsed:.0f} s "
                 f"({self.attempts} attempt{'s' if self.attempts != 1 else ''}, "
-                f"{BUDGET_KEY}={self.budget_s:g}) while {what}; last error: "
+                f"{self.key}={self.budget_s:g}) while {what}; last error: "
                 f"{self.last_error}. Fix: bring the brokers back or check "
                 "kafka.bootstrap_servers and the network, then run again (it resumes from "
-                f"its checkpoint); raise {BUDGET_KEY} to wait longer",
+                f"its checkpoint); raise {self.key} to wait longer",
                 Code.SOURCE_UNAVAILABLE,
             )
         delay = min(
@@ -181,7 +183,7 @@ class OutageBudget:
             self.attempts,
             self.last_error,
             left,
-            BUDGET_KEY,
+            self.key,
             delay,
         )
         return delay

@@ -1,0 +1,151 @@
+"""What can be checked before Spark starts, in seconds: the brokers, the topics and the
+folders a run writes (issue 19, "Everything checked before Spark starts").
+
+The configuration itself is checked when it is loaded (:mod:`cdcflow.config`). What needs
+the outside world is checked here, by :func:`preflight`, which ``cdcflow run`` calls
+under the pipeline's lease before it starts Spark and ``cdcflow validate`` calls alone:
+
+* **librdkafka settings**: the client is built from ``kafka.options``; a setting it
+  refuses is a :class:`~cdcflow.errors.ConfigError` naming it (exit 2);
+* **the brokers**: their metadata is asked for within ``kafka.startup_timeout_s``
+  (default 30 s), not the mid-run outage budget (``kafka.outage_budget_s``, 300 s): a
+  mistyped address fails in that time with ``SOURCE_UNAVAILABLE`` (exit 69), brokers
+  still starting (a compose file) are waited for;
+* **the topics**: each source's topics (or pattern) and the partitions found; a topic
+  that does not exist yet is reported, not an error (a pipeline may start before its
+  topics: they are read once created); a topic two sources' patterns match is a
+  ``ConfigError`` naming both;
+* **the folders**: the warehouse and the checkpoint, when local, are created if needed and
+  written once (a probe file, removed at once); one that cannot be written is a
+  :class:`~cdcflow.errors.StorageError` (exit 74).
+
+Kafka Connect's ``PUT /connector-plugins/{name}/config/validate`` and Flink's job
+submission checks are the models: one answer per item, before any work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from cdcflow.config import PipelineConfig
+from cdcflow.errors import CdcflowError
+from cdcflow.source.routing import SourceRoute, TopicRouting
+
+__all__ = ["Check", "STARTUP_KEY", "preflight"]
+
+STARTUP_KEY = "kafka.startup_timeout_s"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One item checked.
+
+    Attributes:
+        item: what was checked, as the configuration names it (``kafka``,
+            ``sources[0] (pg)``, ``warehouse``, ``checkpoint``).
+        ok: whether it passed.
+        detail: one line: what was found, or the error and its fix.
+        seconds: how long the check took.
+        error: the error raised, when ``ok`` is false (to re-raise with its exit code).
+    """
+
+    item: str
+    ok: bool
+    detail: str
+    seconds: float
+    error: CdcflowError | None = None
+
+
+def preflight(config: PipelineConfig, *, brokers: bool = True) -> list[Check]:
+    """Check what a run of ``config`` needs outside itself; every check runs, in order.
+
+    Args:
+        config: the loaded configuration.
+        brokers: ask the brokers (``False``: folders only).
+
+    Returns:
+        The checks: the folders, then ``kafka`` (settings and brokers), then one per
+        source (its topics and partitions). After a failed ``kafka`` check the sources
+        are not checked.
+    """
+    checks = [_writable("warehouse", config.warehouse), _writable("checkpoint", config.checkpoint)]
+    if brokers:
+        checks.extend(_kafka(config))
+    return checks
+
+
+def raise_first_failure(checks: list[Check]) -> None:
+    """Raise the first failed check's error (its exit code is the run's)."""
+    for check in checks:
+        if not check.ok and check.error is not None:
+            raise check.error
+
+
+def _writable(item: str, path: str) -> Check:
+    from cdcflow.sinks.faults import storage_error
+
+    start = time.monotonic()
+    if "://" in path:  # an object store: delta-rs finds out at the first write
+        return Check(item, True, f"{path} (not checked: not a local folder)", 0.0)
+    probe = os.path.join(path, f".cdcflow-probe-{uuid.uuid4().hex}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"cdcflow")
+        os.remove(probe)
+    except OSError as exc:
+        error = storage_error(exc, path)
+        return Check(item, False, str(error.message), time.monotonic() - start, error)
+    return Check(item, True, f"{path} is writable", time.monotonic() - start)
+
+
+def _kafka(config: PipelineConfig) -> list[Check]:
+    from cdcflow.decode.batches import DecodeFunction
+    from cdcflow.errors import ConfigError, SourceError
+    from cdcflow.source.kafka import list_partitions
+
+    start = time.monotonic()
+    routes = [
+        SourceRoute(s.name, tuple(s.topics), s.topic_pattern, DecodeFunction(s.format))
+        for s in config.sources
+    ]
+    routing = TopicRouting(routes)
+    options = {**config.kafka.reader_options(), **routing.subscription()}
+    budget = config.kafka.startup_timeout_s
+    try:
+        partitions = list_partitions(options, budget_s=budget, budget_key=STARTUP_KEY)
+    except (ConfigError, SourceError) as exc:
+        return [Check("kafka", False, exc.message, time.monotonic() - start, exc)]
+    servers = config.kafka.bootstrap_servers
+    checks = [
+        Check(
+            "kafka",
+            True,
+            f"brokers {servers} answered; settings accepted",
+            time.monotonic() - start,
+        )
+    ]
+    found: Counter[str] = Counter()
+    topics: dict[str, set[str]] = {}
+    for topic, _ in partitions:
+        try:
+            source = routing.source_of(topic)
+        except ConfigError as exc:
+            return [*checks, Check("sources", False, exc.message, 0.0, exc)]
+        if source is not None:
+            found[source] += 1
+            topics.setdefault(source, set()).add(topic)
+    for i, source in enumerate(config.sources):
+        mine = topics.get(source.name, set())
+        missing = sorted(set(source.topics) - mine)
+        detail = f"{len(mine)} topic(s), {found[source.name]} partition(s)"
+        if missing:
+            detail += f"; not created yet (read once they are): {', '.join(missing)}"
+        elif not mine:
+            detail += f"; no topic matches {source.topic_pattern!r} yet (read once one does)"
+        checks.append(Check(f"sources[{i}] ({source.name})", True, detail, 0.0))
+    return checks
