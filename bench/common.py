@@ -307,6 +307,24 @@ def emit(rows: list[dict[str, Any]], json_path: str | Path | None = None) -> Non
         write_rows(json_path, rows)
 
 
+#: what :func:`check_row_counts` says when every mirror has its source table's rows
+ROW_COUNTS_EQUAL = "row counts equal the source"
+
+
+def check_row_counts(warehouse: Path, database: str, counts: dict[str, int]) -> str:
+    """:data:`ROW_COUNTS_EQUAL` when every mirror ``<warehouse>/<database>.<table>`` has
+    its source table's row count (``counts``), else the first differences."""
+    from deltalake import DeltaTable
+
+    wrong = []
+    for table, want in counts.items():
+        path = warehouse / f"{database}.{table}"
+        got = DeltaTable(str(path)).to_pyarrow_dataset().count_rows() if path.exists() else 0
+        if got != want:
+            wrong.append(f"{table}: {got} rows, source {want}")
+    return ROW_COUNTS_EQUAL if not wrong else "DIFFERS: " + "; ".join(wrong[:5])
+
+
 def demo_shaped_tables(exact_types: Any, tables: int, name_width: int) -> list[Any]:
     """``tables`` table specifications shaped like the demo's tables in turn (customers,
     orders, order lines, ...), named ``t<i>_<demo table>`` with ``i`` zero-padded to

@@ -32,7 +32,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import demo_shaped_tables, emit, past_startup_rate, row, run_cdcflow_once  # noqa: E402
+from common import (  # noqa: E402
+    check_row_counts,
+    demo_shaped_tables,
+    emit,
+    past_startup_rate,
+    row,
+    run_cdcflow_once,
+)
 
 FORMAT = "canal-json"
 TOPIC = "bench.canal"
@@ -69,19 +76,6 @@ def config(bootstrap: str, root: Path, batch: int) -> dict[str, Any]:
     }
 
 
-def check(warehouse: Path, counts: dict[str, int]) -> str:
-    """``"equal"`` when every mirror has its source table's row count, else what differs."""
-    from deltalake import DeltaTable
-
-    wrong = []
-    for table, want in counts.items():
-        path = warehouse / f"{DATABASE}.{table}"
-        got = DeltaTable(str(path)).to_pyarrow_dataset().count_rows() if path.exists() else 0
-        if got != want:
-            wrong.append(f"{table}: {got} rows, source {want}")
-    return "row counts equal the source" if not wrong else "DIFFERS: " + "; ".join(wrong[:5])
-
-
 def measure(events: int, tables: int, batch: int, keep: Path | None) -> dict[str, Any]:
     """Generate, produce, run ``cdcflow run --once``; its figures (``steady``: events/s
     past start-up, ``overall``, ``peak_rss_bytes``, ``peak_pss_bytes``, ``mirrors``)."""
@@ -109,7 +103,7 @@ def measure(events: int, tables: int, batch: int, keep: Path | None) -> dict[str
             del messages, by_partition
             out = run_cdcflow_once(config(broker.bootstrap_servers, root, batch), root / "run")
         steady = past_startup_rate([(t / 1000, k) for t, k in out["batches"]])
-        ok = check(root / "wh", counts)
+        ok = check_row_counts(root / "wh", DATABASE, counts)
         print(f"  cdcflow: {out['wall_s']:.1f}s, {len(out['batches'])} batches, mirrors: {ok}")
         if keep is not None:
             dest = keep / f"tables-{tables}"

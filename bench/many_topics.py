@@ -37,7 +37,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import demo_shaped_tables, emit, row, run_cdcflow_once  # noqa: E402
+from common import (  # noqa: E402
+    ROW_COUNTS_EQUAL,
+    check_row_counts,
+    demo_shaped_tables,
+    emit,
+    row,
+    run_cdcflow_once,
+)
 
 FORMAT = "debezium-json"
 DATABASE = "shop"
@@ -64,19 +71,6 @@ def generate(tables: int, changes: int, batches: int) -> tuple[dict[str, list[An
         by_table[change.table.table].extend(encoder.encode(change))
     counts = {s.name: len(workload.state[s.name]) for s in specs}
     return by_table, counts
-
-
-def check(warehouse: Path, counts: dict[str, int]) -> str:
-    """``"equal"`` when every mirror has its table's row count, else what differs."""
-    from deltalake import DeltaTable
-
-    wrong = []
-    for table, want in counts.items():
-        path = warehouse / f"{DATABASE}.{table}"
-        got = DeltaTable(str(path)).to_pyarrow_dataset().count_rows() if path.exists() else 0
-        if got != want:
-            wrong.append(f"{table}: {got} rows, source {want}")
-    return "equal" if not wrong else "DIFFERS: " + "; ".join(wrong[:3])
 
 
 def measure(
@@ -119,7 +113,7 @@ def measure(
             "wall_s": out["wall_s"],
             "batches": len(ends),
             "peak_rss_bytes": out["peak_rss_bytes"],
-            "mirrors": check(root / "wh", counts),
+            "mirrors": check_row_counts(root / "wh", DATABASE, counts),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -177,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = run(args.tables, args.changes, args.batches)
     emit(rows, args.json)
-    return 0 if all(r.get("mirrors") == "equal" for r in rows) else 1
+    return 0 if all(r.get("mirrors") == ROW_COUNTS_EQUAL for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -120,6 +120,14 @@ _OWNED_KAFKA_OPTIONS = {
 }
 
 
+def _seconds(v: Any, example: str) -> float:
+    """A number of seconds >= 0 (not a boolean), as a float; else a ValueError ending
+    with ``example``."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
+        raise ValueError(f"must be a number of seconds >= 0, got {v!r}; {example}")
+    return float(v)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -169,22 +177,20 @@ class KafkaConfig(_Strict):
     @field_validator("outage_budget_s", mode="before")
     @classmethod
     def _budget(cls, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
-            raise ValueError(
-                f"must be a number of seconds >= 0, got {v!r}; e.g. 300 to retry an "
-                "unreachable broker for 5 minutes, 0 to stop at the first broker error"
-            )
-        return float(v)
+        return _seconds(
+            v,
+            "e.g. 300 to retry an unreachable broker for 5 minutes, 0 to stop at the first "
+            "broker error",
+        )
 
     @field_validator("startup_timeout_s", mode="before")
     @classmethod
     def _startup(cls, v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9:
-            raise ValueError(
-                f"must be a number of seconds >= 0, got {v!r}; e.g. 30 to wait for brokers "
-                "that are starting, 0 to stop at once when they do not answer"
-            )
-        return float(v)
+        return _seconds(
+            v,
+            "e.g. 30 to wait for brokers that are starting, 0 to stop at once when they do "
+            "not answer",
+        )
 
     @field_validator("options", mode="before")
     @classmethod

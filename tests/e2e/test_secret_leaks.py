@@ -32,6 +32,19 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _run_once(config: Path, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    """``cdcflow -v run --once CONFIG`` as a user runs it, with the password in the
+    environment."""
+    return subprocess.run(
+        [sys.executable, "-c", "from cdcflow.cli import entry; entry()", "-v", "run", "--once"]
+        + [str(config)],
+        env=_env(KPASS=PASSWORD),
+        cwd=cwd,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
 def test_a_password_never_appears_in_any_output_log_checkpoint_or_table(broker, tmp_path):
     s = Scenario(broker, "debezium-json", seed=41)
     s.produce(60)
@@ -45,21 +58,7 @@ def test_a_password_never_appears_in_any_output_log_checkpoint_or_table(broker, 
     raw["kafka"]["outage_budget_s"] = 30
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump(raw))
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from cdcflow.cli import entry; entry()",
-            "-v",
-            "run",
-            "--once",
-            str(config),
-        ],
-        env=_env(KPASS=PASSWORD),
-        cwd=run_dir,
-        capture_output=True,
-        timeout=600,
-    )
+    run = _run_once(config, run_dir, timeout=600)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output.decode(errors="replace")[-3000:]
     s.check_mirrors(DeltaWarehouse(raw["warehouse"]))  # the run applied the records
@@ -72,21 +71,7 @@ def test_a_password_never_appears_in_any_output_log_checkpoint_or_table(broker, 
     }
     bad_config = tmp_path / "bad.yaml"
     bad_config.write_text(yaml.safe_dump(bad))
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from cdcflow.cli import entry; entry()",
-            "-v",
-            "run",
-            "--once",
-            str(bad_config),
-        ],
-        env=_env(KPASS=PASSWORD),
-        cwd=run_dir,
-        capture_output=True,
-        timeout=300,
-    )
+    refused = _run_once(bad_config, run_dir, timeout=300)
     assert refused.returncode == 2, refused.stderr.decode(errors="replace")
     assert b"kafka.starting_offsets" in refused.stderr
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from tests.source.test_routing import CANAL, MAXWELL  # vendor messages (Paimon's tests)
 
 from cdcflow.config import KafkaConfig
 from cdcflow.decode.batches import DecodeFunction
@@ -28,16 +29,6 @@ from cdcflow.source.kafka import (
     ranges_of,
 )
 from cdcflow.source.routing import SourceRoute, TopicRouting
-
-CASES = Path(__file__).parents[1] / "formats" / "cases"
-#: a Maxwell insert and a Canal insert from Apache Paimon's test resources (see each
-#: folder's SOURCES.md)
-MAXWELL = (
-    (CASES / "maxwell-json" / "paimon-schemaevolution-data-1.input.jsonl")
-    .read_bytes()
-    .splitlines()[0]
-)
-CANAL = (CASES / "canal-json" / "paimon-event-insert.input.jsonl").read_bytes().splitlines()[0]
 
 
 def _ranges(sizes: dict[str, int]) -> list[KafkaInputPartition]:
