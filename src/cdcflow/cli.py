@@ -233,16 +233,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _console(line: str) -> None:
+    """One progress line on stderr, at once (stdout keeps the summary)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from cdcflow.progress import ProgressReporter
     from cdcflow.runner import run
 
     _interrupt_on_sigterm()
-    summary = run(args.config, once=args.once)  # loads the configuration, then the lease
-    totals = summary.totals()
-    print(
-        f"{totals['batches']} batches: {totals['records']} records, {totals['events']} events, "
-        f"{totals['skipped']} skipped, {totals['dead_letters']} dead letters"
-    )
+    reporter = ProgressReporter(write=(lambda line: None) if args.quiet else _console)
+    try:
+        run(args.config, once=args.once, progress=reporter, stop_on_signals=True)
+    except KeyboardInterrupt:
+        _console(f"cdcflow: {reporter.stop_line()}")
+        for line in reporter.summary():
+            _console(line)
+        return 130
+    for line in reporter.summary():
+        print(line)
     return 0
 
 
@@ -289,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--once",
         action="store_true",
         help="drain what the topics hold now (Trigger.AvailableNow), then stop",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no line per micro-batch on stderr (the summary at the end stays)",
     )
     p.set_defaults(func=cmd_run)
 
@@ -445,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # py4j logs an exception of a foreachBatch function with its traceback before handing
     # it to Spark, which fails the query with it; the command reports that failure once.
     logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+    # py4j's callback server says it starts at INFO (-v): not cdcflow's news
+    logging.getLogger("py4j.java_gateway").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except LeaseHeld as exc:  # and LeaseLost

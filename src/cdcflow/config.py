@@ -35,6 +35,7 @@ Example (every key with its default where it has one)::
       table_budget_s: 600          # a table whose apply of one batch takes longer stops (0: off)
       parallel_tables: 4           # tables of a micro-batch applied at once (1: one by one)
       merge_engine: arrow          # arrow (rewrite only the files a batch's keys are in) | delta-rs
+      dead_letter_limit: null      # share of a micro-batch's records; over it the run stops (0: any)
       transactions:                # transaction-consistent micro-batches (off by default)
         consistent: false
         max_wait_ms: 60000         # an open transaction is applied anyway after this
@@ -111,6 +112,15 @@ SINKS: tuple[str, ...] = get_args(Sink)
 _INTERVAL_TERM = (
     r"(?:\d+\s+(?:week|day|hour|minute|millisecond|microsecond)s?|\d+(?:\.\d+)?\s+seconds?)"
 )
+_UNIT_MS = {
+    "week": 604_800_000.0,
+    "day": 86_400_000.0,
+    "hour": 3_600_000.0,
+    "minute": 60_000.0,
+    "second": 1000.0,
+    "millisecond": 1.0,
+    "microsecond": 0.001,
+}
 _INTERVAL = re.compile(rf"\s*(?:interval\s+)?{_INTERVAL_TERM}(?:\s+{_INTERVAL_TERM})*\s*", re.I)
 
 #: librdkafka settings that ``kafka.options`` must not set, with the fix
@@ -323,6 +333,11 @@ class ApplyConfig(_Strict):
             ``arrow`` (cdcflow's, :mod:`cdcflow.sinks.arrow_merge`) or ``delta-rs``
             (its MERGE).
         transactions: apply only whole source transactions per micro-batch.
+        dead_letter_limit: the share of a source's records in one micro-batch that may be
+            dead letters; over it the run stops after committing the micro-batch (exit 1,
+            ``DEAD_LETTER_LIMIT``). ``0`` stops on the first dead letter (Kafka Connect's
+            ``errors.tolerance=none``); ``None`` (default) never stops: a batch that is
+            mostly dead letters is only warned about on the console.
     """
 
     tombstone_retention_hours: float = Field(default=168.0, ge=0)
@@ -330,6 +345,7 @@ class ApplyConfig(_Strict):
     parallel_tables: int = Field(default=4, ge=1, le=64)
     merge_engine: Literal["arrow", "delta-rs"] = "arrow"
     transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
+    dead_letter_limit: float | None = Field(default=None, ge=0, le=1)
 
     def transaction_policy(self) -> TransactionPolicy | None:
         """The policy for :class:`~cdcflow.apply.batch.BatchApplier` (``None``: off)."""
@@ -395,6 +411,16 @@ class TriggerConfig(_Strict):
                 "'500 milliseconds', '2 minutes'"
             )
         return v
+
+    @property
+    def interval_ms(self) -> int | None:
+        """The processing-time interval in milliseconds (``None``: available-now)."""
+        if self.available_now or self.processing_time is None:
+            return None
+        ms = 0.0
+        for n, unit in re.findall(r"(\d+(?:\.\d+)?)\s+([a-z]+?)s?\b", self.processing_time.lower()):
+            ms += float(n) * _UNIT_MS[unit]
+        return int(ms)
 
     @model_validator(mode="after")
     def _one_kind(self) -> TriggerConfig:

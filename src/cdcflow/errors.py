@@ -57,6 +57,7 @@ class Code(StrEnum):
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
     TABLE_FAULT = "TABLE_FAULT"  # the target table could not be read or written; it stops
     STORAGE_ERROR = "STORAGE_ERROR"  # the warehouse cannot be written (disk full); run stops
+    DEAD_LETTER_LIMIT = "DEAD_LETTER_LIMIT"  # a micro-batch over apply.dead_letter_limit; run stops
     BAD_CONFIG = "BAD_CONFIG"  # a configuration value is missing or wrong (exit 2)
     SOURCE_ERROR = "SOURCE_ERROR"  # the Kafka source cannot go on (data loss, outage)
     APPLY_ERROR = "APPLY_ERROR"  # a change cannot be applied to its Delta table
@@ -122,6 +123,36 @@ class ApplyError(CdcflowError):
     """A change cannot be applied to its Delta table."""
 
     code = Code.APPLY_ERROR
+
+
+class DeadLetterLimit(CdcflowError):
+    """A source's micro-batch had a larger share of dead letters than
+    ``apply.dead_letter_limit``: the run stops after committing it (its dead letters are in
+    ``_cdcflow/dead_letters``), as Kafka Connect's ``errors.tolerance=none`` does.
+
+    Args:
+        source: the source's name.
+        batch_id: Spark's micro-batch id.
+        dead_letters: by code, in the micro-batch.
+        records: records of the source in the micro-batch.
+        limit: the share allowed (0: none).
+    """
+
+    code = Code.DEAD_LETTER_LIMIT
+
+    def __init__(
+        self, source: str, batch_id: int, dead_letters: dict[str, int], records: int, limit: float
+    ) -> None:
+        dead = sum(dead_letters.values())
+        top = max(dead_letters, key=dead_letters.get) if dead_letters else "?"
+        super().__init__(
+            f"source {source}: {dead:,} of {records:,} records of micro-batch {batch_id} are "
+            f"dead letters (most {top}), over apply.dead_letter_limit {limit:g}. They are "
+            f"committed to _cdcflow/dead_letters; see them with `cdcflow dead-letters show "
+            f"CONFIG --source {source}`. Fix the source's format or options (or raise the "
+            "limit), then run again"
+        )
+        self.source = source
 
 
 class StorageError(CdcflowError):

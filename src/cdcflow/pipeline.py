@@ -39,13 +39,14 @@ from cdcflow.apply.router import Router
 from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
-from cdcflow.errors import CdcflowError, ConfigError, SourceError
+from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
+from cdcflow.progress import ProgressReporter
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
 
-__all__ = ["ApplyLane", "Pipeline", "RunSummary", "source_error_of"]
+__all__ = ["ApplyLane", "Interrupted", "Pipeline", "RunSummary", "source_error_of"]
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,8 @@ class Pipeline:
         fence: called before each apply's first commit and before its completion; raises
             when this run may no longer write (``cdcflow run`` checks its lease here).
         config_path: the configuration file, named in error messages' fixes.
+        progress: told every micro-batch's applies and Spark's progress of it (the
+            console lines of ``cdcflow run``: :mod:`cdcflow.progress`); ``None``: silent.
     """
 
     def __init__(
@@ -193,8 +196,10 @@ class Pipeline:
         staging: bool = True,
         config_path: str = "CONFIG",
         fence: Callable[[], None] | None = None,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.config = config
+        self.progress = progress
         self.config_path = config_path
         self.kafka_engine = kafka_engine
         self.staging = staging
@@ -339,6 +344,8 @@ class Pipeline:
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
         lane = self._lane = ApplyLane(self.config.pipeline_id)
+        if self.progress is not None:
+            self._follow(routing)
 
         def apply_batch(df, batch_id: int) -> None:
             manifest = None
@@ -354,7 +361,9 @@ class Pipeline:
                 checkpoint.delivered(batch_id, list(parts))
 
             def work(on_durable: Callable[[], None]) -> None:
-                self._apply_sources(appliers, parts, batch_id, on_durable)
+                reports = self._apply_sources(appliers, parts, batch_id, on_durable)
+                if self.progress is not None:
+                    self.progress.applied(batch_id, reports)
                 if manifest is not None:
                     for path in manifest["staged_path"].to_pylist():
                         os.remove(path)
@@ -371,8 +380,32 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=self.config.trigger.processing_time)
         query = writer.start()
+        if self.progress is not None:
+            self.progress.started()
         lane.on_failure = lambda: _stop_queries([query])
         return query
+
+    def _follow(self, routing: TopicRouting) -> None:
+        """Let :attr:`progress` follow the query: which source each topic is, and Spark's
+        progress events (a ``StreamingQueryListener``, removed when the run ends)."""
+        from cdcflow.progress import attach
+
+        progress = self.progress
+        progress.source_of = routing.source_of
+        progress.trigger_ms = self.config.trigger.interval_ms
+        for s in self.config.sources:
+            progress.formats[s.name] = s.format
+            progress.topics[s.name] = ", ".join(s.topics) or f"/{s.topic_pattern}/"
+        self._listener = attach(self.spark, progress)
+
+    def _unfollow(self) -> None:
+        listener, self._listener = getattr(self, "_listener", None), None
+        if listener is None:
+            return
+        from cdcflow.progress import detach
+
+        detach(self.spark, listener)
+        self.progress.flush()
 
     def _apply_sources(
         self,
@@ -380,21 +413,23 @@ class Pipeline:
         parts: dict[str, Any],
         batch_id: int,
         on_durable: Callable[[], None],
-    ) -> None:
+    ) -> dict[str, BatchReport]:
         """Apply each source's part of a micro-batch with its own applier, up to
         ``apply.parallel_tables`` sources at once; ``on_durable`` once every part's
         records are durable (each source's offsets intent written).
+
+        Returns:
+            Each source's report.
 
         Raises:
             the first source's error, once every source's apply has ended.
         """
         if not parts:
             on_durable()
-            return
+            return {}
         if len(parts) == 1:
             [(name, events)] = parts.items()
-            self._apply_source(name, appliers[name], events, batch_id, on_durable)
-            return
+            return {name: self._apply_source(name, appliers[name], events, batch_id, on_durable)}
         remaining = len(parts)
         lock = threading.Lock()
 
@@ -414,6 +449,7 @@ class Pipeline:
         for future in futures:
             if future.exception() is not None:
                 raise future.exception()
+        return {name: future.result() for name, future in zip(parts, futures, strict=True)}
 
     def _apply_source(
         self,
@@ -422,16 +458,23 @@ class Pipeline:
         events: Any,
         batch_id: int,
         on_durable: Callable[[], None],
-    ) -> None:
+    ) -> BatchReport:
         try:
             report = applier.apply(events, delivery_id=batch_id, on_durable=on_durable)
         except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
             self._failures.setdefault(name, exc)
             raise
         self.summary.reports.setdefault(name, []).append(report)
-        log.info("source %s micro-batch %s: %s", name, batch_id, report.as_dict())
+        log.debug("source %s micro-batch %s: %s", name, batch_id, report.as_dict())
         if self.on_batch is not None:
             self.on_batch(name, report)
+        limit = self.config.apply.dead_letter_limit
+        dead = sum(report.dead_letters.values())
+        if limit is not None and report.records and dead > limit * report.records:
+            error = DeadLetterLimit(name, batch_id, report.dead_letters, report.records, limit)
+            self._failures.setdefault(name, error)
+            raise error
+        return report
 
     # ------------------------------------------------------------------ start-up
 
@@ -580,6 +623,8 @@ class Pipeline:
         events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
         report = applier.apply(events)
         self.summary.reports.setdefault(source.name, []).append(report)
+        if self.progress is not None:
+            self.progress.finished(source.name, report)
 
     @staticmethod
     def _warehouse_start(
@@ -628,11 +673,20 @@ class Pipeline:
             raise error
         _raise_source_error(exc)
 
-    def run(self, once: bool = False) -> RunSummary:
+    def run(self, once: bool = False, stop_on_signals: bool = False) -> RunSummary:
         """Start the pipeline's query over every source; with ``once``, drain what is
         there and return.
 
+        Args:
+            once: drain what the topics hold now, then return.
+            stop_on_signals: SIGINT (Ctrl-C) and SIGTERM stop the query while it runs, and
+                the running apply ends, before :class:`Interrupted` is raised (the command
+                line's clean stop; a second signal interrupts at once). Only from the main
+                thread; the previous handlers are put back when the run ends.
+
         Raises:
+            Interrupted: stopped by a signal (with ``stop_on_signals``), once the last
+                micro-batch's apply has ended.
             CdcflowError: a micro-batch's apply failed with one (e.g. ``StorageError``:
                 the warehouse cannot be written; ``LeaseLost``).
             SourceError: the query failed on an error of the Kafka source (e.g.
@@ -643,16 +697,28 @@ class Pipeline:
                 resumes there.
         """
         query = self._start(once=once)
+        restore = _stop_on_signals(query) if stop_on_signals else None
         try:
-            query.awaitTermination()
-        except Exception as exc:
-            _stop_queries([query])
-            self._settle()
-            self._raise_failure(exc)
-            raise
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: stop; the running apply ends
+                _stop_queries([query])
+                self._settle()
+                raise
+            except Exception as exc:
+                _stop_queries([query])
+                self._settle()
+                self._raise_failure(exc)
+                raise
+            finally:
+                _stop_queries([query])
+            self._lane.wait()  # the last micro-batch's apply
         finally:
-            _stop_queries([query])
-        self._lane.wait()  # the last micro-batch's apply
+            self._unfollow()  # its line, after the last apply
+            if restore is not None:
+                signum = restore()
+                if signum is not None and query.exception() is None:
+                    raise Interrupted(signum)
         if query.exception() is not None:
             exc = query.exception()
             self._raise_failure(exc)
@@ -670,6 +736,46 @@ class Pipeline:
             lane.wait()
         except Exception as exc:  # noqa: BLE001 - the query's failure is raised instead
             log.warning("the running apply failed too: %s", exc)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal (:meth:`Pipeline.run` with ``stop_on_signals``), after its
+    running apply ended; ``signum`` is the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _stop_on_signals(query) -> Callable[[], int | None]:
+    """Make SIGINT and SIGTERM stop ``query`` from a thread of their own (not inside a py4j
+    call of the main thread, which would leave tracebacks of a half-done call and a JVM
+    that stops answering). A second signal raises ``KeyboardInterrupt`` at once.
+
+    Returns:
+        A function that puts the previous handlers back and returns the signal received
+        (``None``: none).
+    """
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    received: list[int] = []
+
+    def stop(signum, frame) -> None:
+        if received:
+            raise KeyboardInterrupt(f"signal {signum}")
+        received.append(signum)
+        threading.Thread(target=_stop_queries, args=([query],), daemon=True).start()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> int | None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        return received[0] if received else None
+
+    return restore
 
 
 def _stop_queries(queries) -> None:

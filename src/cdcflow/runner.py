@@ -16,6 +16,7 @@ from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import LeaseLost
 from cdcflow.pipeline import Pipeline, RunSummary
 from cdcflow.preflight import preflight, raise_first_failure
+from cdcflow.progress import ProgressReporter
 from cdcflow.sinks.lease import PipelineLease
 
 __all__ = ["run"]
@@ -32,9 +33,26 @@ def _stop_streams(spark) -> None:
             log.exception("could not stop streaming query %s", query.name)
 
 
-def run(config: PipelineConfig | str | Path, *, once: bool = False) -> RunSummary:
+def run(
+    config: PipelineConfig | str | Path,
+    *,
+    once: bool = False,
+    progress: ProgressReporter | None = None,
+    spark=None,
+    stop_on_signals: bool = False,
+) -> RunSummary:
     """Run the pipeline of ``config`` (a loaded configuration or a YAML file's path) under
     its lease; with ``once``, drain what the topics hold now and return.
+
+    Args:
+        config: the configuration, or its YAML file.
+        once: drain what the topics hold now, then return (``Trigger.AvailableNow``).
+        progress: told every micro-batch (``cdcflow run``'s console lines).
+        spark: the SparkSession to run on (a notebook's, a job's); default: one that
+            cdcflow creates (:func:`cdcflow.spark.get_or_create_session`).
+        stop_on_signals: Ctrl-C and SIGTERM stop the run cleanly (from the main thread):
+            the running apply ends, the lease is released, then
+            :class:`~cdcflow.pipeline.Interrupted` is raised.
 
     Returns:
         The run's totals per source.
@@ -64,14 +82,16 @@ def run(config: PipelineConfig | str | Path, *, once: bool = False) -> RunSummar
         pipeline = Pipeline(
             config,
             on_batch=lambda source, report: fence(),  # fail the query: no further batch
+            spark=spark,
             config_path=config_path,
             fence=fence,
+            progress=progress,
         )
         lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
         if lease.lost:  # lost while Spark started
             raise LeaseLost(lease.lost_reason or "")
         try:
-            summary = pipeline.run(once=once)
+            summary = pipeline.run(once=once, stop_on_signals=stop_on_signals)
         except Exception as exc:
             if lease.lost:
                 raise LeaseLost(lease.lost_reason or "") from exc

@@ -62,6 +62,11 @@ class BatchReport:
     transactions: dict[str, int] = field(default_factory=dict)
     #: what maintenance did after the apply (one line per table; none most batches)
     maintenance: list[str] = field(default_factory=list)
+    #: ``(topic, partition) -> (first, last)`` offsets of the records applied
+    ranges: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    #: wall clock of the commit minus the newest source time of the batch's events, in
+    #: milliseconds (``_cdcflow/progress.lag_ms``); ``None`` when no event had a time
+    lag_ms: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +89,7 @@ class BatchReport:
             },
             "transactions": dict(self.transactions),
             "maintenance": list(self.maintenance),
+            "lag_ms": self.lag_ms,
             "seconds": round(self.seconds, 3),
         }
 
@@ -103,6 +109,8 @@ def combined(reports: list[BatchReport], delivery_id: int | None, last_id: int) 
         out.mirrors.extend(r.mirrors)
         out.seconds += r.seconds
         out.transactions = r.transactions or out.transactions
+        out.ranges.update(r.ranges)
+        out.lag_ms = r.lag_ms if r.lag_ms is not None else out.lag_ms
     return out
 
 

@@ -247,7 +247,7 @@ class BatchApplier:
         """Apply ``events`` as apply ``batch_id`` (its intent already recorded): the
         ordered writes of the module docstring, steps 2 to 7."""
         started = time.perf_counter()
-        report = BatchReport(batch_id=batch_id, delivery_id=delivery_id)
+        report = BatchReport(batch_id=batch_id, delivery_id=delivery_id, ranges=dict(ranges))
         wh = self.warehouse
         wh.commit_metadata = {
             "cdcflow.apply_id": str(batch_id),
@@ -299,6 +299,8 @@ class BatchApplier:
         records = per_record(events)
         progress = progress_row(rows, report, batch_id, wh.pipeline_id)
         wh.append(wh.system_path(PROGRESS), progress, batch_id)
+        if progress.num_rows:
+            report.lag_ms = progress["lag_ms"][0].as_py()
         # 7. the completion: last, with the next offset of every partition the apply covered
         self.fence()
         accounting = batches_rows(records, rows, batch_id, delivery_id, wh.pipeline_id)
