@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,45 @@ def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
             == []
         )
 
+    # cdcflow status: the warehouse's view, with the brokers' log ends (issue 19, item 4)
+    started = time.monotonic()
+    assert main(["status", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"status in {time.monotonic() - started:.1f} s:\n{out}")
+    assert "lease     pipeline cli: no run holds its lease" in out
+    assert re.search(
+        r"^  cli\.debezium-json: micro-batch 0 \(apply 0\) applied .*; 100 records; 0 records behind",
+        out,
+        re.M,
+    )
+    assert "    cli.run[0] next offset 100 of 100 (0 behind)" in out
+    for spec in w.tables:
+        rows = len(w.expected_rows(spec.name))
+        assert re.search(
+            rf"^  shop\.public\.{spec.name} +{rows:,} rows .* taking changes$", out, re.M
+        )
+    assert out.rstrip().endswith("dead letters 0")
+    assert main(["status", "--warehouse", str(tmp_path / "wh"), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    [source] = found["sources"]
+    assert (source["name"], source["records"], source["behind"]) == ("cli.debezium-json", 100, None)
+    assert source["partitions"] == [
+        {"topic": "cli.run", "partition": 0, "next_offset": 100, "log_end": None, "behind": None}
+    ]
+    assert found["brokers"] == "give CONFIG to ask the brokers"
+
+    # resume refuses what does not exist, and writes nothing
+    assert main(["resume", "--warehouse", str(tmp_path / "wh"), "shop.public.nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cdcflow: [BAD_CONFIG] no table 'shop.public.nope' in ")
+    assert "(no table is stopped)" in err
+    assert main(["resume", "--warehouse", str(tmp_path / "wh"), "shop.public.orders"]) == 0
+    assert capsys.readouterr().out == "shop.public.orders: not stopped; nothing to resume\n"
+    assert main(["resume", "--warehouse", str(tmp_path / "nowhere"), "t"]) == 2
+    assert "no cdcflow warehouse there" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
+
 
 def test_decode_keyless_full_row(tmp_path, capsys):
     line = (
@@ -324,3 +365,63 @@ def test_decode_ends_quietly_when_the_reader_closes_the_pipe(tmp_path):
     assert proc.wait(timeout=120) == 0, err.decode()
     assert json.loads(first)["op"]
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def _debezium_read_as_canal(broker, tmp_path, topic: str, apply: str = "") -> Path:
+    """A pipeline whose source says canal-json over a topic of Debezium messages (issue 19:
+    every record is a dead letter)."""
+    from cdcflow_testkit.encoders import encoder_for
+    from cdcflow_testkit.workload import Workload, tables_for
+
+    enc = encoder_for("debezium-json")
+    w = Workload(tables_for(enc.exact_types), seed=3)
+    broker.create_topic(topic, partitions=1)
+    broker.produce(topic, [m for c in w.changes(40) for m in enc.encode(c)], partition=0)
+    tmp_path.mkdir(exist_ok=True)
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f"pipeline_id: cli\nwarehouse: wh\ncheckpoint: ck\n{apply}"
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap_servers}'}}\n"
+        f"sources: [{{name: mysql, format: canal-json, topics: [{topic}]}}]\n"
+    )
+    return cfg
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
+    spark, broker, tmp_path, capsys
+):
+    """Found in issue 19: 1,700 dead letters and not one console line. Now the micro-batch's
+    line counts them by code and a warning names the top code and what to check; with
+    ``apply.dead_letter_limit`` the run stops after committing them (exit 1, one line)."""
+    cfg = _debezium_read_as_canal(broker, tmp_path, "cli.wrong-format")
+    started = time.monotonic()
+    assert main(["run", str(cfg), "--once"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    [line] = [x for x in lines if x.startswith("batch ")]
+    assert re.fullmatch(
+        r"batch 0 mysql: 40 records -> 0 events, .*; 40 dead letters \((\w+) 40\); 0 behind", line
+    )
+    code = re.search(r"40 dead letters \((\w+) 40\)", line).group(1)
+    [warning] = [x for x in lines if x.startswith("WARNING")]
+    assert warning.startswith(
+        f"WARNING source mysql: every record of micro-batch 0 failed, most with {code} (40): "
+        "is cli.wrong-format really canal-json? See them with `cdcflow dead-letters show"
+    )
+    print(f"warned in {time.monotonic() - started:.1f} s: {warning}")
+
+    limited = _debezium_read_as_canal(
+        broker, tmp_path / "limited", "cli.wrong-format-2", "apply: {dead_letter_limit: 0.5}\n"
+    )
+    assert main(["run", str(limited), "--once"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(
+        "cdcflow: [DEAD_LETTER_LIMIT] source mysql: 40 of 40 records of micro-batch 0 are dead "
+        f"letters (most {code}), over apply.dead_letter_limit 0.5. They are committed"
+    )
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+    wh = DeltaWarehouse(str(tmp_path / "limited" / "wh"))
+    letters = wh.open(wh.system_path("dead_letters")).to_pyarrow_table()
+    assert letters.num_rows == 40  # committed before the run stopped

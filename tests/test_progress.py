@@ -85,7 +85,11 @@ def test_a_line_once_both_the_apply_and_the_progress_are_in(console):
     reporter.applied(0, {"pg": _report(records=1000, events=1020, skipped={"TOMBSTONE": 12})})
     assert lines == []  # Spark's progress of batch 0 has not arrived
     reporter.query_progress(
-        _progress(0, {"orders": {"0": 600}, "items": {"0": 400}}, {"orders": {"0": 900}, "items": {"0": 450}})
+        _progress(
+            0,
+            {"orders": {"0": 600}, "items": {"0": 400}},
+            {"orders": {"0": 900}, "items": {"0": 450}},
+        )
     )
     assert lines == [
         "batch 0 pg: 1,000 records -> 1,020 events, 510 events/s; 12 skipped (TOMBSTONE 12); "

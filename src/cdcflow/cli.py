@@ -151,13 +151,82 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    """Resume stopped tables; a table that is not in the warehouse is refused (exit 2)
+    before anything is written."""
+    from cdcflow.apply.schema_log import SchemaLog
     from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.system_tables import SYSTEM_FOLDER
 
-    warehouse = DeltaWarehouse(str(Path(args.warehouse).resolve()))
+    root = Path(args.warehouse).resolve()
+    if not (root / SYSTEM_FOLDER).is_dir():
+        raise ConfigError(
+            f"--warehouse {args.warehouse}: no cdcflow warehouse there (no {SYSTEM_FOLDER} "
+            "folder); give the warehouse folder of the pipeline's configuration"
+        )
+    warehouse = DeltaWarehouse(str(root))
+    stopped = SchemaLog(warehouse).stopped()
+    known = set(warehouse.mirrors()) | set(stopped)
+    unknown = [t for t in args.tables if t not in known]
+    if unknown:
+        hint = f"stopped tables: {', '.join(sorted(stopped))}" if stopped else "no table is stopped"
+        raise ConfigError(f"no table {', '.join(map(repr, unknown))} in {root} ({hint})")
     for target in args.tables:
+        if target not in stopped:
+            print(f"{target}: not stopped; nothing to resume")
+            continue
         warehouse.resume_table(target, by="cdcflow resume")
         print(f"{target}: resumed; the next micro-batch applies its changes again")
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The warehouse's view of a pipeline (and, with CONFIG, the records behind)."""
+    import json
+
+    from cdcflow.status import describe, status
+
+    if (args.config is None) == (args.warehouse is None):
+        raise ConfigError("cdcflow status: give CONFIG or --warehouse DIR (one of them)")
+    log_ends, brokers = None, None
+    if args.config is not None:
+        from cdcflow.config import load_config
+
+        config = load_config(args.config)
+        warehouse, pipeline_id = config.warehouse, config.pipeline_id
+        if args.no_brokers:
+            brokers = "--no-brokers"
+        else:
+            log_ends, brokers = _log_ends(config)
+    else:
+        warehouse, pipeline_id = str(Path(args.warehouse).resolve()), None
+        brokers = "give CONFIG to ask the brokers"
+    found = status(warehouse, pipeline_id, log_ends=log_ends)
+    found.brokers = brokers
+    if args.json:
+        print(json.dumps(found.as_dict()))
+    else:
+        print("\n".join(describe(found)))
+    return 0
+
+
+def _log_ends(config) -> tuple[dict | None, str | None]:
+    """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
+    from cdcflow.source.kafka import log_end_offsets
+
+    ends: dict = {}
+    try:
+        for source in config.sources:
+            options = config.kafka.reader_options()
+            if source.topics:
+                options["subscribe"] = ",".join(source.topics)
+            else:
+                options["subscribePattern"] = source.topic_pattern
+            ends.update(
+                log_end_offsets(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
+            )
+    except Exception as exc:  # noqa: BLE001 - status reports what it can
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ends, None
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -386,6 +455,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder of the Delta tables")
     p.add_argument("tables", nargs="+", metavar="TABLE", help="target table name")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="what the warehouse says of a pipeline: sources, tables, dead letters, lease",
+        description=(
+            "Read-only (no lease; safe beside a running pipeline). Per source: the last "
+            "micro-batch applied and when, each partition's next offset, records behind the "
+            "log end (with CONFIG: asks the brokers) and the source lag. Per table: rows, "
+            "version, last change, stopped or not. Dead letters by code. Who holds the lease."
+        ),
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG.yaml")
+    p.add_argument("--warehouse", help="a warehouse folder instead of CONFIG (every pipeline)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    p.add_argument("--no-brokers", action="store_true", help="do not ask the brokers")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
         "validate",

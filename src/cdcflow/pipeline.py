@@ -367,6 +367,7 @@ class Pipeline:
                 if manifest is not None:
                     for path in manifest["staged_path"].to_pylist():
                         os.remove(path)
+                self._check_dead_letters(batch_id, reports)
 
             lane.start(work)
 
@@ -468,13 +469,20 @@ class Pipeline:
         log.debug("source %s micro-batch %s: %s", name, batch_id, report.as_dict())
         if self.on_batch is not None:
             self.on_batch(name, report)
-        limit = self.config.apply.dead_letter_limit
-        dead = sum(report.dead_letters.values())
-        if limit is not None and report.records and dead > limit * report.records:
-            error = DeadLetterLimit(name, batch_id, report.dead_letters, report.records, limit)
-            self._failures.setdefault(name, error)
-            raise error
         return report
+
+    def _check_dead_letters(self, batch_id: int, reports: dict[str, BatchReport]) -> None:
+        """Raise :class:`DeadLetterLimit` for a source over ``apply.dead_letter_limit``
+        (the micro-batch is committed: its dead letters are in the warehouse)."""
+        limit = self.config.apply.dead_letter_limit
+        if limit is None:
+            return
+        for name, report in reports.items():
+            dead = sum(report.dead_letters.values())
+            if report.records and dead > limit * report.records:
+                error = DeadLetterLimit(name, batch_id, report.dead_letters, report.records, limit)
+                self._failures.setdefault(name, error)
+                raise error
 
     # ------------------------------------------------------------------ start-up
 

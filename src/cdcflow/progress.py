@@ -22,6 +22,7 @@ Example line (``docs/operations.md``)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "ProgressReporter",
     "TableCounts",
     "counts",
+    "human_duration",
     "summary_lines",
     "table_counts",
 ]
@@ -110,7 +112,9 @@ def summary_lines(reports: dict[str, list[BatchReport]], batches: int) -> list[s
         lines.append(f"{'table':{width}}  {'inserted':>10} {'updated':>10} {'deleted':>10}")
         for name in sorted(tables):
             c = tables[name]
-            truncated = f"  ({c.truncated} truncate{'s' * (c.truncated > 1)})" if c.truncated else ""
+            truncated = (
+                f"  ({c.truncated} truncate{'s' * (c.truncated > 1)})" if c.truncated else ""
+            )
             lines.append(
                 f"{name:{width}}  {c.inserted:>10,} {c.updated:>10,} {c.deleted:>10,}{truncated}"
             )
@@ -194,7 +198,9 @@ class ProgressReporter:
             self.reports.setdefault(source, []).append(report)
             self._recovered += 1
             line = self._line(-1, source, report, None, None)
-            self.write(line.replace("batch -1", f"apply {report.batch_id} (interrupted, finished)", 1))
+            self.write(
+                line.replace("batch -1", f"apply {report.batch_id} (interrupted, finished)", 1)
+            )
 
     def query_progress(self, progress: dict[str, Any] | str) -> None:
         """A ``StreamingQueryProgress`` (its ``json``, or parsed)."""
@@ -219,7 +225,9 @@ class ProgressReporter:
     def stop_line(self) -> str:
         """``stopped after micro-batch N; the next run resumes at ...`` for a stop."""
         if not self.applied_batches:
-            return "stopped before any micro-batch was applied; the next run starts where this one did"
+            return (
+                "stopped before any micro-batch was applied; the next run starts where this one did"
+            )
         at = sorted(self.next_offsets.items())
         shown = ", ".join(f"{t}[{p}]@{o:,}" for (t, p), o in at[:4])
         more = f" and {len(at) - 4} more partitions" if len(at) > 4 else ""
@@ -272,7 +280,7 @@ class ProgressReporter:
         # pipeline catches up, not a fault
         slow = None
         if duration_ms and self.trigger_ms and duration_ms > self.trigger_ms:
-            slow = f"catching up: {_duration(duration_ms / 1000)} a micro-batch"
+            slow = f"catching up: {human_duration(duration_ms / 1000)} a micro-batch"
         for name, report in sorted(reports.items()):
             line = self._line(batch_id, name, report, batch.seconds, behind.get(name))
             self.write(f"{line}; {slow}" if slow and behind.get(name) else line)
@@ -292,13 +300,15 @@ class ProgressReporter:
         if r.skipped:
             parts.append(f"{sum(r.skipped.values()):,} skipped ({counts(r.skipped)})")
         if r.dead_letters:
-            parts.append(f"{sum(r.dead_letters.values()):,} dead letters ({counts(r.dead_letters)})")
+            parts.append(
+                f"{sum(r.dead_letters.values()):,} dead letters ({counts(r.dead_letters)})"
+            )
         if r.replayed:
             parts.append(f"{r.replayed:,} applied before")
         if behind is not None:
             parts.append(f"{behind:,} behind")
         if r.lag_ms is not None:
-            parts.append(f"lag {_duration(r.lag_ms / 1000)}")
+            parts.append(f"lag {human_duration(r.lag_ms / 1000)}")
         return "; ".join(parts)
 
     def _warn_dead_letters(self, batch_id: int, name: str, r: BatchReport) -> None:
@@ -338,7 +348,7 @@ def _offsets(value: Any) -> dict[TopicPartition, int]:
     return out
 
 
-def _duration(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
     """``850 ms``, ``2.4 s``, ``3 min 20 s``, ``5 h 2 min``."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
@@ -375,12 +385,8 @@ def attach(spark, reporter: ProgressReporter):
 def detach(spark, listener, timeout_s: float = 5.0) -> None:
     """Deliver the listener's pending events (Spark's listener bus is asynchronous: the
     last micro-batch's progress comes after the query stops), then remove it."""
-    try:
-        bus = spark.sparkContext._jsc.sc().listenerBus()
-        bus.waitUntilEmpty(int(timeout_s * 1000))
-    except Exception:  # noqa: BLE001 - a private API: without it, lines lack "behind"
-        pass
-    try:
+    # a private API: without it, the last lines lack "behind"; the session may be going away
+    with contextlib.suppress(Exception):
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(timeout_s * 1000))
+    with contextlib.suppress(Exception):
         spark.streams.removeListener(listener)
-    except Exception:  # noqa: BLE001 - the session is going away
-        pass

@@ -4,16 +4,33 @@ workload scenario over the demo tables, and the accounting checks every test end
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import zlib
+from pathlib import Path
 from typing import Any
 
 from cdcflow.config import PipelineConfig, parse_config
 from cdcflow_testkit.encoders import Message, encoder_for
 from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
 
+#: ``cdcflow`` as a user runs it, with this interpreter (``+ [args]``)
+CDCFLOW = [sys.executable, "-c", "from cdcflow.cli import entry; entry()"]
+
 PARTITIONS = 2
 TEMPLATE = "{format}.{database}.{schema}.{table}"
 _topics = itertools.count()
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``cdcflow`` subprocess: this one, with ``extra``, Spark's
+    Python workers on this interpreter and the source tree first on the path."""
+    env = {**os.environ, **extra}
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def partition_of(m: Message) -> int:

@@ -6,9 +6,9 @@ started by mistake. The real embedded broker, real local Spark, real Delta table
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +16,11 @@ import orjson
 import pytest
 import yaml
 from tests.e2e.helpers import (
+    CDCFLOW,
     Scenario,
     check_accounting,
     check_changelog_once,
+    cli_env,
     config_dict,
     partition_of,
     pipeline_config,
@@ -184,21 +186,12 @@ def test_a_100000_column_record_is_one_dead_letter_and_the_stream_goes_on(spark,
 # ----------------------------------------------------------------- two runs of one pipeline
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _cdcflow(*args: str, **kwargs) -> subprocess.Popen:
     """``cdcflow ARGS`` as a user runs it (the console entry point), in a session of its
     own so that its JVM and Python workers can be cleaned up with it."""
-    command = [sys.executable, "-c", "from cdcflow.cli import entry; entry()", *args]
+    command = [*CDCFLOW, *args]
     return subprocess.Popen(
-        command, env=_env(), stdin=subprocess.DEVNULL, start_new_session=True, **kwargs
+        command, env=cli_env(), stdin=subprocess.DEVNULL, start_new_session=True, **kwargs
     )
 
 
@@ -310,6 +303,29 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         # Ctrl-C and SIGTERM (kill, docker stop) both stop the run and release its lease
         assert state.released, f"{stop.name} releases the lease"
         assert first.returncode == 130, log.read_text()[-3000:]
+        # the console (issue 19): a line per micro-batch, then on the stop one line and
+        # the run's summary -- no traceback, no py4j or Rust text
+        console = log.read_text()
+        for noise in ("Traceback", "py4j", "Py4J", "panicked", "falling behind", " WARN "):
+            assert noise not in console, f"{noise!r} on the console:\n{console[-3000:]}"
+        assert re.search(
+            r"^batch \d+ debezium-json: [\d,]+ records -> [\d,]+ events, [\d,]+ events/s;.* "
+            r"behind; lag ",
+            console,
+            re.M,
+        ), console
+        stopped = re.search(
+            r"^cdcflow: stopped after micro-batch \d+; the next run resumes at "
+            rf"{re.escape(s.topic)}\[\d\]@\d+.*\n(.*)\n",
+            console,
+            re.M,
+        )
+        assert stopped, console[-3000:]
+        # everything this run applied, which is everything produced
+        assert f" micro-batches: {s.produced} records, " in stopped.group(1), stopped.group(1)
+        assert re.search(
+            r"^debezium-json\.shop\.public\.orders +[\d,]+ +[\d,]+ +[\d,]+$", console, re.M
+        )
         t4 = time.monotonic()
         lease.acquire()
         lease.release()

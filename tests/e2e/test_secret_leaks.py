@@ -6,14 +6,12 @@ runs it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from tests.e2e.helpers import Scenario, config_dict
+from tests.e2e.helpers import CDCFLOW, Scenario, cli_env, config_dict
 
 from cdcflow.sinks.delta import DeltaWarehouse
 
@@ -23,22 +21,12 @@ PASSWORD = "Zq9-hunter2-s3cret-in-env"
 REGISTRY_SECRET = "Zq9-registry-user:s3cret-in-file"
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _run_once(config: Path, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """``cdcflow -v run --once CONFIG`` as a user runs it, with the password in the
     environment."""
     return subprocess.run(
-        [sys.executable, "-c", "from cdcflow.cli import entry; entry()", "-v", "run", "--once"]
-        + [str(config)],
-        env=_env(KPASS=PASSWORD),
+        [*CDCFLOW, "-v", "run", "--once"] + [str(config)],
+        env=cli_env(KPASS=PASSWORD),
         cwd=cwd,
         capture_output=True,
         timeout=timeout,

@@ -1550,6 +1550,26 @@ def list_partitions(
         reader.stop()
 
 
+def log_end_offsets(
+    options: Mapping[str, Any], budget_s: float | None = None, budget_key: str = BUDGET_KEY
+) -> dict[TopicPartitionKey, int]:
+    """The log end (high watermark: the offset the next record gets) of every
+    topic-partition the source options select, asked of the brokers now.
+
+    Raises:
+        ConfigError, SourceError: as :func:`list_partitions`.
+        confluent_kafka.KafkaException: a watermark request failed.
+    """
+    opts = parse_options(options)
+    if budget_s is not None:
+        opts = dataclasses.replace(opts, outage_budget_s=budget_s, outage_budget_key=budget_key)
+    reader = KafkaStreamReader(opts)
+    try:
+        return {tp: high for tp, (_, high) in reader._watermarks(reader._discover()).items()}
+    finally:
+        reader.stop()
+
+
 def read_range(
     options: Mapping[str, Any], topic: str, partition: int, first: int, last: int
 ) -> Iterator[Any]:
