@@ -409,7 +409,34 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
         f"WARNING source mysql: every record of micro-batch 0 failed, most with {code} (40): "
         "is cli.wrong-format really canal-json? See them with `cdcflow dead-letters show"
     )
-    print(f"warned in {time.monotonic() - started:.1f} s: {warning}")
+    with capsys.disabled():
+        print(f"warned in {time.monotonic() - started:.1f} s: {warning}")
+
+    # what the warning says to run: the dead letters, by code, in full, and exported in the
+    # form `cdcflow decode` reads, where the right format decodes every one
+    assert main(["dead-letters", "list", str(cfg)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith("40 dead letters in ")
+    assert re.fullmatch(rf"{code} +decode +40 +0-39  cli\.wrong-format", listed[2])
+    assert main(["dead-letters", "show", str(cfg), "--source", "mysql", "--code", code]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "5 of 40 dead letters (newest last)"
+    assert shown[1] == f"cli.wrong-format[0]@35  {code} (decode, canal-json, apply 0)"
+    assert shown[2].startswith("  message: ") and shown[-1].startswith('  value:   {"schema"')
+    assert main(["dead-letters", "list", str(cfg), "--code", "NO_SUCH_CODE", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    exported = tmp_path / "failed.txt"
+    export = ["dead-letters", "export", str(cfg), "--values", "-K", "\\t", "-o", str(exported)]
+    assert main(export) == 0
+    assert len(exported.read_text().splitlines()) == 40
+    assert main(["decode", "--format", "debezium-json", "-K", "\\t", str(exported)]) == 0
+    assert "40 records: 40 decoded into 40 events, 0 skipped, 0 dead letters" in (
+        capsys.readouterr().err
+    )
+    assert main(["dead-letters", "export", "--warehouse", str(tmp_path / "wh")]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["offset"] for r in rows] == list(range(40))
+    assert {r["code"] for r in rows} == {code} and rows[0]["raw_value"].startswith('{"schema"')
 
     limited = _debezium_read_as_canal(
         broker, tmp_path / "limited", "cli.wrong-format-2", "apply: {dead_letter_limit: 0.5}\n"

@@ -209,6 +209,74 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    """list | show | export the dead letters of a pipeline's warehouse."""
+    import json
+
+    from cdcflow.dead_letters import (
+        LetterFilter,
+        export_lines,
+        read_letters,
+        show_lines,
+        summary_rows,
+    )
+    from cdcflow.sinks.delta import DeltaWarehouse
+
+    if (args.config is None) == (args.warehouse is None):
+        raise ConfigError("cdcflow dead-letters: give CONFIG or --warehouse DIR (one of them)")
+    topics, pattern = (args.topic or None), None
+    if args.config is not None:
+        from cdcflow.config import load_config
+
+        config = load_config(args.config)
+        root = config.warehouse
+        if args.source:
+            named = {s.name: s for s in config.sources}
+            if args.source not in named:
+                raise ConfigError(
+                    f"--source {args.source!r}: the configuration's sources are "
+                    f"{', '.join(sorted(named))}"
+                )
+            source = named[args.source]
+            topics = list(source.topics) + list(args.topic or ()) or None
+            pattern = source.topic_pattern
+    else:
+        if args.source:
+            raise ConfigError("--source needs CONFIG (it names the source's topics)")
+        root = str(Path(args.warehouse).resolve())
+    where = LetterFilter(topics=topics, topic_pattern=pattern, codes=args.code, stage=args.stage)
+    letters = read_letters(DeltaWarehouse(root), where)
+    if args.action == "list":
+        rows = summary_rows(letters)
+        if args.json:
+            print(json.dumps(rows))
+            return 0
+        print(f"{letters.num_rows:,} dead letters in {root}")
+        if rows:
+            print(f"{'code':22} {'stage':7} {'count':>9}  {'offsets':>17}  topic")
+            for r in rows:
+                span = f"{r['first_offset']}-{r['last_offset']}"
+                print(f"{r['code']:22} {r['stage']:7} {r['count']:>9,}  {span:>17}  {r['topic']}")
+    elif args.action == "show":
+        print(f"{min(args.n, letters.num_rows)} of {letters.num_rows:,} dead letters (newest last)")
+        for line in show_lines(letters, last=args.n):
+            print(line)
+    else:
+        out = sys.stdout if args.output in (None, "-") else open(args.output, "w")  # noqa: SIM115
+        try:
+            delimiter = None
+            if args.key_delimiter is not None:
+                delimiter = _key_delimiter(args).decode("latin-1")
+            for line in export_lines(letters, args.values, delimiter):
+                out.write(line + "\n")
+        finally:
+            if out is not sys.stdout:
+                out.close()
+        if out is not sys.stdout:
+            print(f"{letters.num_rows:,} dead letters written to {args.output}", file=sys.stderr)
+    return 0
+
+
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
     from cdcflow.source.kafka import log_end_offsets
@@ -472,6 +540,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     p.add_argument("--no-brokers", action="store_true", help="do not ask the brokers")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "dead-letters",
+        parents=[common],
+        help="list, show or export the dead letters of a warehouse",
+        description=(
+            "Read-only. list: counts by code, stage and topic. show: the last N in full "
+            "(where, code, message, key, value). export: every one as a JSON line, or with "
+            "--values the raw values one per line, as `cdcflow decode` reads them."
+        ),
+    )
+    p.add_argument("action", choices=["list", "show", "export"])
+    p.add_argument("config", nargs="?", metavar="CONFIG.yaml")
+    p.add_argument("--warehouse", help="a warehouse folder instead of CONFIG")
+    p.add_argument("--source", help="only this source's topics (needs CONFIG)")
+    p.add_argument("--topic", action="append", help="only this topic (repeatable)")
+    p.add_argument("--code", action="append", help="only this code (repeatable)")
+    p.add_argument("--stage", choices=["decode", "apply"], help="only this stage")
+    p.add_argument("-n", type=int, default=5, help="show: how many (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="list: one JSON array")
+    p.add_argument("-o", "--output", help="export: the file (default: stdout)")
+    p.add_argument(
+        "--values", action="store_true", help="export: raw values only, for cdcflow decode"
+    )
+    p.add_argument(
+        "-K",
+        "--key-delimiter",
+        metavar="DELIM",
+        help="export --values: KEY<DELIM>VALUE lines, for cdcflow decode -K ('\\t' is a tab)",
+    )
+    p.set_defaults(func=cmd_dead_letters)
 
     p = sub.add_parser(
         "validate",
