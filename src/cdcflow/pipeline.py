@@ -34,7 +34,7 @@ from typing import Any
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.offsets import PendingApply
+from cdcflow.apply.offsets import PendingApply, offset_ranges
 from cdcflow.apply.router import Router
 from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
@@ -199,7 +199,8 @@ class Pipeline:
         progress: ProgressReporter | None = None,
     ) -> None:
         self.config = config
-        self.progress = progress
+        #: the console's lines (none when not given) and the records-behind estimates
+        self.progress = progress if progress is not None else ProgressReporter(_silent)
         self.config_path = config_path
         self.kafka_engine = kafka_engine
         self.staging = staging
@@ -344,8 +345,7 @@ class Pipeline:
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
         lane = self._lane = ApplyLane(self.config.pipeline_id)
-        if self.progress is not None:
-            self._follow(routing)
+        self._follow(routing)
 
         def apply_batch(df, batch_id: int) -> None:
             manifest = None
@@ -362,8 +362,7 @@ class Pipeline:
 
             def work(on_durable: Callable[[], None]) -> None:
                 reports = self._apply_sources(appliers, parts, batch_id, on_durable)
-                if self.progress is not None:
-                    self.progress.applied(batch_id, reports)
+                self.progress.applied(batch_id, reports)
                 if manifest is not None:
                     for path in manifest["staged_path"].to_pylist():
                         os.remove(path)
@@ -381,8 +380,7 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=self.config.trigger.processing_time)
         query = writer.start()
-        if self.progress is not None:
-            self.progress.started()
+        self.progress.started()
         lane.on_failure = lambda: _stop_queries([query])
         return query
 
@@ -460,8 +458,11 @@ class Pipeline:
         batch_id: int,
         on_durable: Callable[[], None],
     ) -> BatchReport:
+        behind = self.progress.records_behind(name, offset_ranges(events))
         try:
-            report = applier.apply(events, delivery_id=batch_id, on_durable=on_durable)
+            report = applier.apply(
+                events, delivery_id=batch_id, on_durable=on_durable, records_behind=behind
+            )
         except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
             self._failures.setdefault(name, exc)
             raise
@@ -631,8 +632,7 @@ class Pipeline:
         events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
         report = applier.apply(events)
         self.summary.reports.setdefault(source.name, []).append(report)
-        if self.progress is not None:
-            self.progress.finished(source.name, report)
+        self.progress.finished(source.name, report)
 
     @staticmethod
     def _warehouse_start(
@@ -744,6 +744,10 @@ class Pipeline:
             lane.wait()
         except Exception as exc:  # noqa: BLE001 - the query's failure is raised instead
             log.warning("the running apply failed too: %s", exc)
+
+
+def _silent(line: str) -> None:
+    """The console of a pipeline run without one (the Python API's default)."""
 
 
 class Interrupted(KeyboardInterrupt):

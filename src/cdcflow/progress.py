@@ -168,6 +168,8 @@ class ProgressReporter:
         self.behind: dict[str, int] = {}
         #: warnings written, for a summary's reader and the tests
         self.warnings: list[str] = []
+        #: (topic, partition) -> the newest log end Spark reported (latestOffset)
+        self.log_ends: dict[TopicPartition, int] = {}
 
     # ------------------------------------------------------------------ inputs
 
@@ -210,8 +212,28 @@ class ProgressReporter:
         if batch_id is None or not progress.get("numInputRows"):
             return  # a trigger that found nothing new
         with self._lock:
+            for source in progress.get("sources") or ():
+                for tp, end in _offsets(source.get("latestOffset")).items():
+                    self.log_ends[tp] = max(end, self.log_ends.get(tp, end))
             self._batches.setdefault(int(batch_id), _Batch()).progress = progress
             self._write_ready(int(batch_id))
+
+    def records_behind(
+        self, source: str, ranges: dict[TopicPartition, tuple[int, int]]
+    ) -> int | None:
+        """Records of ``source`` between a batch's ends (``ranges``, and what was applied
+        before) and the newest log ends Spark reported, at most one micro-batch old, so
+        a low estimate while new records arrive; ``None`` before Spark reported any."""
+        with self._lock:
+            behind, known = 0, False
+            for tp, log_end in self.log_ends.items():
+                if self.source_of(tp[0]) != source:
+                    continue
+                at = max(ranges[tp][1] + 1 if tp in ranges else -1, self.next_offsets.get(tp, -1))
+                if at >= 0:
+                    behind += max(0, log_end - at)
+                    known = True
+            return behind if known else None
 
     def flush(self) -> None:
         """Write the lines of applied micro-batches whose progress has not arrived."""

@@ -236,7 +236,13 @@ def rejected_events(part: pa.Table, key: str | None, code: str) -> pa.Table:
     return part.filter(pc.fill_null(mask, False))
 
 
-def progress_row(rows: pa.Table, report: BatchReport, batch_id: int, source: str) -> pa.Table:
+def progress_row(
+    rows: pa.Table,
+    report: BatchReport,
+    batch_id: int,
+    source: str,
+    records_behind: int | None = None,
+) -> pa.Table:
     """One ``_cdcflow/progress`` row for the batch (also for a batch of heartbeats only)."""
     if rows.num_rows == 0:
         return PROGRESS_SCHEMA.empty_table()
@@ -254,6 +260,7 @@ def progress_row(rows: pa.Table, report: BatchReport, batch_id: int, source: str
             "rows_changed": pa.array([changed], pa.int64()),
             "committed_at_ms": pa.array([now], pa.int64()),
             "lag_ms": pa.array([None if last_ts is None else now - last_ts], pa.int64()),
+            "records_behind": pa.array([records_behind], pa.int64()),
             **{
                 f"txn_{k}": pa.array([report.transactions.get(k)], pa.int64())
                 for k in ("complete", "released_open", "held", "max_wait_ms")

@@ -157,6 +157,9 @@ PROGRESS_SCHEMA = pa.schema(
         ("rows_changed", pa.int64()),  # upserts + deletes committed to mirrors
         ("committed_at_ms", pa.int64()),
         ("lag_ms", pa.int64()),  # committed_at_ms - last_source_ts_ms
+        # records between the batch's end offsets and the log ends Spark last reported
+        # (its listener's latestOffset: at most one micro-batch old); NULL: not known
+        ("records_behind", pa.int64()),
         # transaction-consistent apply only (NULL otherwise):
         ("txn_complete", pa.int64()),  # transactions completed in the batch
         ("txn_released_open", pa.int64()),  # released incomplete by max_wait_ms/max_events
