@@ -49,7 +49,18 @@ def test_unknown_key_lists_the_valid_ones():
     with pytest.raises(ConfigError) as e:
         parse_config({**GOOD, "kafka": {**GOOD["kafka"], "bootstrap": "x"}})
     msg = str(e.value)
-    assert "kafka.bootstrap: unknown key" in msg and "bootstrap_servers" in msg
+    assert "kafka.bootstrap: unknown key; did you mean 'bootstrap_servers'?" in msg
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, "kafka": {**GOOD["kafka"], "xyzzy": 1}})
+    assert "did you mean" not in str(e.value)  # nothing close: only the list
+
+
+def test_an_unknown_format_option_says_which_was_meant():
+    source = {**GOOD["sources"][0], "options": {"primary_key": {"t": ["id"]}}}
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, "sources": [source]})
+    assert "unknown option(s) ['primary_key'] for this format; did you mean " in str(e.value)
+    assert "'primary_key' -> 'primary_keys'?" in str(e.value)
 
 
 def test_missing_key_is_named():
@@ -244,3 +255,20 @@ def test_trigger_intervals_agree_with_spark(spark):
         except Exception:  # noqa: BLE001 - Spark's IllegalArgumentException, through py4j
             spark_accepts = False
         assert _accepted(interval) == spark_accepts, interval
+
+
+@pytest.mark.parametrize(
+    ("interval", "ms"),
+    [("1 second", 1000), ("500 milliseconds", 500), ("interval 1 minute 30 seconds", 90_000)],
+)
+def test_the_trigger_interval_in_milliseconds(interval, ms):
+    config = parse_config({**GOOD, "trigger": {"processing_time": interval}})
+    assert config.trigger.interval_ms == ms
+    assert parse_config({**GOOD, "trigger": "available_now"}).trigger.interval_ms is None
+
+
+def test_the_dead_letter_limit_is_a_share():
+    assert parse_config(GOOD).apply.dead_letter_limit is None  # never stops by default
+    assert parse_config({**GOOD, "apply": {"dead_letter_limit": 0}}).apply.dead_letter_limit == 0
+    with pytest.raises(ConfigError, match=r"apply\.dead_letter_limit: "):
+        parse_config({**GOOD, "apply": {"dead_letter_limit": 1.5}})

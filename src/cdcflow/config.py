@@ -61,6 +61,7 @@ copy of it.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -515,7 +516,9 @@ def _explain(exc: ValidationError) -> str:
         where = _location(loc)
         if err["type"] == "extra_forbidden":
             valid = sorted(_model_at(loc[:-1]).model_fields)
-            lines.append(f"{where}: unknown key; valid keys here: {valid}")
+            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            lines.append(f"{where}: unknown key; {hint}valid keys here: {valid}")
         elif err["type"] == "missing":
             lines.append(f"{where}: required key is missing")
         else:

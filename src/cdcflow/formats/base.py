@@ -215,8 +215,16 @@ class DecoderOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
+            import difflib
+
+            near = [
+                f"{u!r} -> {m[0]!r}"
+                for u in unknown
+                if (m := difflib.get_close_matches(u, sorted(known), n=1, cutoff=0.6))
+            ]
+            hint = f"did you mean {', '.join(near)}? " if near else ""
             raise ConfigError(
-                f"unknown option(s) {unknown} for this format; valid options: {sorted(known)}"
+                f"unknown option(s) {unknown} for this format; {hint}valid options: {sorted(known)}"
             )
         if "primary_keys" in values:
             values["primary_keys"] = {
