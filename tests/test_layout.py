@@ -65,7 +65,8 @@ LAYERS = {
     "decode": {"formats", "decode", "source"},
     "top": {
         "config", "pipeline", "runner", "cli", "files", "reset_sources", "checkpoint",
-        "warehouse_maintenance", "preflight",
+        "warehouse_maintenance", "preflight", "progress", "status", "dead_letters",
+        "metrics", "api", "report",
         "spark", "submit", "__init__",
     },
 }  # fmt: skip

@@ -157,3 +157,29 @@ def test_validate_prints_each_check_and_exits_as_a_run_would(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] and [c["item"] for c in report["checks"]] == ["warehouse", "checkpoint"]
+
+
+def test_a_metrics_port_that_is_taken_is_named_before_spark_starts(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        raw = {
+            "warehouse": str(tmp_path / "wh"),
+            "checkpoint": str(tmp_path / "ck"),
+            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+            "sources": [{"format": "debezium-json", "topics": ["t"]}],
+            "monitoring": {"prometheus_port": port},
+        }
+        started = time.monotonic()
+        checks = preflight(parse_config(raw), brokers=False)
+        assert [(c.item, c.ok) for c in checks][-1] == ("metrics", False)
+        with pytest.raises(ConfigError) as info:
+            raise_first_failure(checks)
+        assert info.value.message.startswith(
+            f"monitoring.prometheus_port: cannot listen on 127.0.0.1:{port} ("
+        )
+        assert info.value.message.endswith("; choose a free port or set it to null")
+        assert time.monotonic() - started < 1.0
+    free = preflight(parse_config(raw), brokers=False)[-1]  # closed again: free now
+    assert (free.item, free.ok, free.detail) == ("metrics", True, f"127.0.0.1:{port} is free")

@@ -9,7 +9,12 @@ light):
 - :func:`maintain` -- compact, vacuum and clean up every table now (``cdcflow maintain``);
 - :func:`decode_files`, :func:`apply_files` -- message files through the same decode and
   apply path (``cdcflow decode``, ``cdcflow apply``);
-- :class:`Pipeline` -- the bare engine under :func:`run`, without the lease.
+- :class:`Pipeline` -- a pipeline on the user's SparkSession, run under its lease
+  (``cdcflow.Pipeline(config, spark=spark).run(once=True)``); :func:`read_changes` -- the
+  decoded change stream as a streaming DataFrame (:mod:`cdcflow.api`);
+- :func:`status` -- what ``cdcflow status`` shows, as data.
+
+``cdcflow.pipeline.Pipeline`` is the bare engine under :func:`run`, without the lease.
 
 See README.md for the two commands, and docs/ for formats, semantics and decisions.
 """
@@ -34,7 +39,9 @@ _EXPORTS = {
     "plan_reset": "cdcflow.reset_sources",
     "decode_files": "cdcflow.files",
     "apply_files": "cdcflow.files",
-    "Pipeline": "cdcflow.pipeline",
+    "Pipeline": "cdcflow.api",
+    "read_changes": "cdcflow.api",
+    "status": "cdcflow.status",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -16,6 +16,8 @@ Example (every key with its default where it has one)::
       outage_budget_s: 300         # retry an unreachable broker this long, then exit 69
       startup_timeout_s: 30        # ... at start-up, before Spark starts
       options: {}                  # librdkafka settings, e.g. security.protocol, sasl.*
+      group_id: null               # offsets committed here for monitoring (null: cdcflow-<pipeline_id>)
+      commit_offsets: true         # ... after each applied micro-batch (resume uses the warehouse's)
     sources:
       - name: pg                   # default: the format identifier
         format: debezium-json
@@ -40,6 +42,10 @@ Example (every key with its default where it has one)::
         consistent: false
         max_wait_ms: 60000         # an open transaction is applied anyway after this
         max_events: 100000         # ... or when more events than this are held
+    monitoring:
+      prometheus_port: null        # e.g. 9108: Prometheus metrics at /metrics (cdcflow.metrics)
+      prometheus_host: 127.0.0.1   # 0.0.0.0 for a scraper on another machine
+      spark_ui: false              # Spark's web UI on the session cdcflow creates
     maintenance:                   # after micro-batches, within a budget; `cdcflow maintain`
       enabled: true
       budget_s: 2                  # no new table is started past this, per micro-batch
@@ -166,6 +172,10 @@ class KafkaConfig(_Strict):
             Python Kafka source; topic-partitions are packed into them (decision 54).
             ``None``: twice Spark's default parallelism (the cores of local Spark).
         options: librdkafka settings (``security.protocol``, ``sasl.*``, ...), as text.
+        group_id: the consumer group whose offsets cdcflow commits after each applied
+            micro-batch, for monitoring tools (``kafka-consumer-groups``, Kafka UIs) only:
+            a run resumes from the warehouse's offsets. ``None``: ``cdcflow-<pipeline_id>``.
+        commit_offsets: commit them (``monitoring.commit_offsets`` in other tools' terms).
     """
 
     bootstrap_servers: str = Field(min_length=1)
@@ -176,6 +186,8 @@ class KafkaConfig(_Strict):
     startup_timeout_s: float = 30.0
     read_tasks: int | None = Field(default=None, gt=0)
     options: dict[str, str] = Field(default_factory=dict)
+    group_id: str | None = Field(default=None, min_length=1)
+    commit_offsets: bool = True
 
     @field_validator("starting_offsets")
     @classmethod
@@ -432,6 +444,22 @@ class TriggerConfig(_Strict):
         return self
 
 
+class MonitoringConfig(_Strict):
+    """``monitoring:``: what a running pipeline shows to standard tools.
+
+    Attributes:
+        prometheus_port: serve Prometheus metrics on this port (``/metrics``, counters and
+            gauges per source and table: :mod:`cdcflow.metrics`); ``None``: off.
+        prometheus_host: the address to listen on (``127.0.0.1``: this machine only;
+            ``0.0.0.0`` for a scraper elsewhere).
+        spark_ui: Spark's web UI (port 4040 and up) on a session cdcflow creates.
+    """
+
+    prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    prometheus_host: str = "127.0.0.1"
+    spark_ui: bool = False
+
+
 class PipelineConfig(_Strict):
     """The whole configuration (see the module docstring for every key)."""
 
@@ -445,6 +473,7 @@ class PipelineConfig(_Strict):
     tables: TableRules = Field(default_factory=TableRules)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     apply: ApplyConfig = Field(default_factory=ApplyConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
     sink: Sink = "delta-rs"
 
@@ -466,6 +495,11 @@ class PipelineConfig(_Strict):
         if isinstance(v, list | tuple) and not v:
             raise ValueError("name at least one source (format and topics)")
         return v
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group cdcflow commits its applied offsets to (monitoring only)."""
+        return self.kafka.group_id or f"cdcflow-{self.pipeline_id}"
 
     @model_validator(mode="after")
     def _distinct_sources(self) -> PipelineConfig:

@@ -204,12 +204,17 @@ class Pipeline:
         self.config_path = config_path
         self.kafka_engine = kafka_engine
         self.staging = staging
-        if spark is None:
+        if spark is not None:
+            from cdcflow.spark import workers_import_cdcflow
+
+            workers_import_cdcflow(spark)  # a notebook's session: its workers find cdcflow
+        else:
             from cdcflow.spark import get_or_create_session
 
             spark = get_or_create_session(
                 app_name=f"cdcflow-{config.pipeline_id}",
                 delta_spark=config.sink == "delta-spark",
+                ui=config.monitoring.spark_ui,
             )
         if config.sink == "delta-spark":
             from cdcflow.sinks.delta_spark import delta_spark_ready
@@ -230,6 +235,10 @@ class Pipeline:
         self._lane: ApplyLane | None = None
         #: the sources' appliers expire the warehouse's bookkeeping rows one at a time
         self._expiry_clock = ExpiryClock()
+        #: Prometheus metrics (``monitoring.prometheus_port``) and the monitoring consumer
+        #: group's offsets (``kafka.commit_offsets``), while the query runs
+        self._metrics = None
+        self._group = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -345,6 +354,7 @@ class Pipeline:
         if staging is not None and os.path.isdir(staging):
             shutil.rmtree(staging)  # no batch is in flight before the query starts
         lane = self._lane = ApplyLane(self.config.pipeline_id)
+        self._monitor(options)
         self._follow(routing)
 
         def apply_batch(df, batch_id: int) -> None:
@@ -363,6 +373,7 @@ class Pipeline:
             def work(on_durable: Callable[[], None]) -> None:
                 reports = self._apply_sources(appliers, parts, batch_id, on_durable)
                 self.progress.applied(batch_id, reports)
+                self._publish(reports)
                 if manifest is not None:
                     for path in manifest["staged_path"].to_pylist():
                         os.remove(path)
@@ -383,6 +394,45 @@ class Pipeline:
         self.progress.started()
         lane.on_failure = lambda: _stop_queries([query])
         return query
+
+    def _publish(self, reports: dict[str, BatchReport]) -> None:
+        """A micro-batch's applies, to the Prometheus metrics and the consumer group."""
+        if self._metrics is not None:
+            self._metrics.observe(reports)
+        if self._group is not None:
+            ends = {tp: last + 1 for r in reports.values() for tp, (_, last) in r.ranges.items()}
+            self._group.commit(ends)
+
+    def _monitor(self, options: dict[str, str]) -> None:
+        """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""
+        monitoring = self.config.monitoring
+        if monitoring.prometheus_port is not None:
+            from cdcflow.metrics import Metrics
+
+            try:
+                self._metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
+            except OSError as exc:
+                raise ConfigError(
+                    f"monitoring.prometheus_port: cannot listen on {monitoring.prometheus_host}:"
+                    f"{monitoring.prometheus_port} ({exc.strerror or exc}); choose a free port "
+                    "or set it to null"
+                ) from None
+            self.progress.write(f"metrics at {self._metrics.url}")
+        if self.config.kafka.commit_offsets:
+            from cdcflow.source.group_offsets import GroupOffsets
+
+            self._group = GroupOffsets(options, self.config.group_id)
+        if monitoring.spark_ui:
+            url = self.spark.sparkContext.uiWebUrl
+            self.progress.write(f"Spark UI at {url}" if url else "Spark UI: not started")
+
+    def _unmonitor(self) -> None:
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None:
+            metrics.close()
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
 
     def _follow(self, routing: TopicRouting) -> None:
         """Let :attr:`progress` follow the query: which source each topic is, and Spark's
@@ -704,7 +754,11 @@ class Pipeline:
                 logged); the checkpoint keeps the last committed batch, so a restart
                 resumes there.
         """
-        query = self._start(once=once)
+        try:
+            query = self._start(once=once)
+        except BaseException:
+            self._unmonitor()
+            raise
         restore = _stop_on_signals(query) if stop_on_signals else None
         try:
             try:
@@ -723,6 +777,7 @@ class Pipeline:
             self._lane.wait()  # the last micro-batch's apply
         finally:
             self._unfollow()  # its line, after the last apply
+            self._unmonitor()
             if restore is not None:
                 signum = restore()
                 if signum is not None and query.exception() is None:

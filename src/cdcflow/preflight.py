@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cdcflow.config import PipelineConfig
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.source.routing import SourceRoute, TopicRouting
 
 __all__ = ["Check", "STARTUP_KEY", "preflight"]
@@ -73,6 +73,10 @@ def preflight(config: PipelineConfig, *, brokers: bool = True) -> list[Check]:
         are not checked.
     """
     checks = [_writable("warehouse", config.warehouse), _writable("checkpoint", config.checkpoint)]
+    if config.monitoring.prometheus_port is not None:
+        checks.append(
+            _listenable(config.monitoring.prometheus_host, config.monitoring.prometheus_port)
+        )
     if brokers:
         checks.extend(_kafka(config))
     return checks
@@ -101,6 +105,23 @@ def _writable(item: str, path: str) -> Check:
         error = storage_error(exc, path)
         return Check(item, False, str(error.message), time.monotonic() - start, error)
     return Check(item, True, f"{path} is writable", time.monotonic() - start)
+
+
+def _listenable(host: str, port: int) -> Check:
+    """The metrics' port can be listened on (closed again at once)."""
+    import socket
+
+    start = time.monotonic()
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        error = ConfigError(
+            f"monitoring.prometheus_port: cannot listen on {host}:{port} "
+            f"({exc.strerror or exc}); choose a free port or set it to null"
+        )
+        return Check("metrics", False, error.message, time.monotonic() - start, error)
+    return Check("metrics", True, f"{host}:{port} is free", time.monotonic() - start)
 
 
 def _kafka(config: PipelineConfig) -> list[Check]:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = [
+    "workers_import_cdcflow",
     "DELTA_PACKAGE",
     "PROVIDED_BY_SPARK",
     "SUBMIT_MAIN",
@@ -49,7 +55,10 @@ PROVIDED_BY_SPARK = (
 
 
 def get_or_create_session(
-    app_name: str = "cdcflow", master: str | None = None, delta_spark: bool = False
+    app_name: str = "cdcflow",
+    master: str | None = None,
+    delta_spark: bool = False,
+    ui: bool = False,
 ):
     """A SparkSession tuned for a small machine (cdcflow's data sources are registered
     where they are used: :class:`~cdcflow.pipeline.Pipeline`, :func:`cdcflow.source.kafka.read_stream`).
@@ -63,6 +72,8 @@ def get_or_create_session(
             delta-spark``): the jars of the installed ``delta-spark`` are fetched from
             Maven Central by Spark (``spark.jars.packages``, cached in ``~/.ivy2.5.2``)
             when the session starts. Ignored by a session that is already running.
+        ui: Spark's web UI (``monitoring.spark_ui``); off by default, as it costs memory
+            and a port. Ignored by a session that is already running.
 
     Returns:
         ``pyspark.sql.SparkSession``.
@@ -88,7 +99,7 @@ def get_or_create_session(
             "spark.sql.adaptive.enabled", "false"
         )  # not used by streaming; avoids a warning per query
         .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
+        .config("spark.ui.enabled", "true" if ui else "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -140,3 +151,33 @@ if __name__ == "__main__":
     # application file, so that `spark-submit --master URL $(python -m cdcflow.spark) run
     # pipeline.yaml` runs cdcflow
     print(" ".join([*delta_submit_args(), str(SUBMIT_MAIN)]))
+
+
+def workers_import_cdcflow(spark: Any) -> None:
+    """Make local Spark's Python workers run an interpreter that imports cdcflow.
+
+    A session built without ``PYSPARK_PYTHON`` starts ``python3`` from the PATH, which in
+    a notebook or a job whose virtual environment is not activated lacks cdcflow (the
+    data source's worker then fails with ``ModuleNotFoundError: cdcflow``). On a local
+    master whose worker interpreter is not this one and cannot import cdcflow, the
+    session's worker interpreter becomes ``sys.executable`` (for the Python functions
+    registered from now on). A cluster's workers are left alone: install cdcflow there
+    (``python -m cdcflow.spark`` prints spark-submit's arguments).
+    """
+    sc = spark.sparkContext
+    if not sc.master.startswith("local") or sc.pythonExec == sys.executable:
+        return
+    try:
+        probe = subprocess.run(
+            [sc.pythonExec, "-c", "import cdcflow"], capture_output=True, timeout=60
+        )
+        ok = probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        log.info(
+            "Spark's Python workers (%s) cannot import cdcflow; using %s",
+            sc.pythonExec,
+            sys.executable,
+        )
+        sc.pythonExec = sys.executable

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -35,6 +36,7 @@ from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow_testkit.encoders import Message, SourceChange, encoder_for
 from cdcflow_testkit.faults import _kill_session, _session
+from cdcflow_testkit.services.process import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -245,6 +247,11 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
     s = Scenario(broker, FORMAT, seed=31)
     s.produce(100)
     config, raw, wh = _streaming_config(tmp_path, broker, s, "e2e-lease")
+    # what standard tools see (issue 19, item 5): Prometheus metrics, Spark's UI, and the
+    # applied offsets in a consumer group
+    metrics_port = free_port("127.0.0.1")
+    raw["monitoring"] = {"prometheus_port": metrics_port, "spark_ui": True}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
     log = tmp_path / "first.log"
 
     t0 = time.monotonic()
@@ -277,6 +284,7 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         _wait_applied(wh, s.produced, first, log, timeout_s=60)
         more_s = time.monotonic() - t2
         assert first.poll() is None
+        _check_monitoring(broker, wh, metrics_port, s.produced, "cdcflow-e2e-lease", log)
         s.check_mirrors(wh)
         check_accounting(wh, s.produced)
         check_changelog_once(wh)
@@ -334,6 +342,43 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         )
     finally:
         _kill_session(first)
+
+
+def _check_monitoring(broker, wh, port: int, records: int, group: str, log: Path) -> None:
+    """The running pipeline's metrics count what it applied, its console says where they
+    and Spark's UI are, and its consumer group holds the warehouse's next offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline, applied = time.monotonic() + 30, None
+    while applied != records and time.monotonic() < deadline:  # published after the apply
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.labels.get("source") in (None, FORMAT)
+        }
+        applied = samples.get("cdcflow_records_total")
+        time.sleep(0.25)
+    assert applied == records, f"metrics say {applied} records applied, not {records}"
+    assert samples["cdcflow_micro_batches_total"] >= 2
+    console = log.read_text()
+    assert f"metrics at {url}" in console
+    assert re.search(r"^Spark UI at http://\S+:40\d\d$", console, re.M), console[-2000:]
+
+    batches = wh.open(wh.system_path("batches")).to_pyarrow_table().to_pylist()
+    next_offsets: dict[tuple[str, int], int] = {}
+    for b in batches:
+        tp = (b["topic"], b["partition"])
+        next_offsets[tp] = max(next_offsets.get(tp, 0), b["last_offset"] + 1)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
+    try:
+        committed = consumer.committed([TopicPartition(t, p) for t, p in next_offsets], timeout=10)
+    finally:
+        consumer.close()
+    assert {(c.topic, c.partition): c.offset for c in committed} == next_offsets
 
 
 def test_an_apply_failing_after_its_intent_stops_an_idle_streaming_run_at_once(broker, tmp_path):

@@ -67,6 +67,8 @@ class BatchReport:
     #: wall clock of the commit minus the newest source time of the batch's events, in
     #: milliseconds (``_cdcflow/progress.lag_ms``); ``None`` when no event had a time
     lag_ms: int | None = None
+    #: records between the batch's end and the log ends last seen (``None``: not known)
+    records_behind: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,8 @@ def combined(reports: list[BatchReport], delivery_id: int | None, last_id: int) 
         out.transactions = r.transactions or out.transactions
         out.ranges.update(r.ranges)
         out.lag_ms = r.lag_ms if r.lag_ms is not None else out.lag_ms
+        if r.records_behind is not None:
+            out.records_behind = r.records_behind
     return out
 
 

@@ -251,7 +251,12 @@ class BatchApplier:
         """Apply ``events`` as apply ``batch_id`` (its intent already recorded): the
         ordered writes of the module docstring, steps 2 to 7."""
         started = time.perf_counter()
-        report = BatchReport(batch_id=batch_id, delivery_id=delivery_id, ranges=dict(ranges))
+        report = BatchReport(
+            batch_id=batch_id,
+            delivery_id=delivery_id,
+            ranges=dict(ranges),
+            records_behind=records_behind,
+        )
         wh = self.warehouse
         wh.commit_metadata = {
             "cdcflow.apply_id": str(batch_id),

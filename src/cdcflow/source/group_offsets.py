@@ -1,0 +1,100 @@
+"""The applied offsets, committed to a Kafka consumer group for monitoring tools.
+
+cdcflow resumes from the offsets its warehouse records (``_cdcflow/batches``), never from
+Kafka's: its readers use throw-away group ids and commit nothing (Spark's Kafka source
+does the same). Operators still expect ``kafka-consumer-groups --describe --group G`` and
+Kafka UIs to show a pipeline's position and lag, as they do for Kafka Connect's sink
+connectors (``connect-<name>``). So after each applied micro-batch the driver commits
+the next offset of every partition it applied to ``kafka.group_id`` (default
+``cdcflow-<pipeline_id>``), with a consumer that never joins the group (no subscription,
+no rebalance: a "simple" consumer's offset commit).
+
+A failed commit is logged once as a warning and never stops the pipeline: the offsets
+are for people, not for resuming.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["GroupOffsets"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a commit may take before it is given up (the next micro-batch commits again)
+_COMMIT_TIMEOUT_S = 5.0
+
+
+class GroupOffsets:
+    """Commits ``{(topic, partition): next_offset}`` to one consumer group.
+
+    Args:
+        options: the Kafka source options (Spark's names: ``kafka.bootstrap.servers``,
+            ``kafka.<librdkafka setting>``), as :meth:`KafkaConfig.reader_options` gives.
+        group_id: the consumer group.
+    """
+
+    def __init__(self, options: Mapping[str, Any], group_id: str) -> None:
+        self.options = options
+        self.group_id = group_id
+        self._consumer: Any = None
+        self._warned = False
+        #: commits made, for the tests and the console
+        self.commits = 0
+
+    def commit(self, next_offsets: Mapping[tuple[str, int], int]) -> bool:
+        """Commit ``next_offsets`` (synchronously, within a few seconds); ``False`` when
+        the commit failed (logged once)."""
+        if not next_offsets:
+            return True
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            consumer = self._client()
+            consumer.commit(
+                offsets=[
+                    TopicPartition(t, p, int(o)) for (t, p), o in sorted(next_offsets.items())
+                ],
+                asynchronous=False,
+            )
+        except (KafkaException, RuntimeError, ValueError) as exc:
+            if not self._warned:
+                log.warning(
+                    "could not commit the applied offsets to consumer group %s (for monitoring "
+                    "only; the warehouse's offsets are what a run resumes from): %s",
+                    self.group_id,
+                    exc,
+                )
+                self._warned = True
+            return False
+        self.commits += 1
+        return True
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            from cdcflow.source.kafka import _client_config, parse_options
+
+            config = _client_config(parse_options(self.options), "monitor")
+            config.update(
+                {
+                    "group.id": self.group_id,
+                    "socket.timeout.ms": int(_COMMIT_TIMEOUT_S * 1000),
+                    "session.timeout.ms": 10_000,
+                }
+            )
+            config.pop("enable.partition.eof", None)
+            self._consumer = Consumer(config)
+        return self._consumer
+
+    def close(self) -> None:
+        """Close the client (without leaving a group it never joined)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - closing on the way out
+                log.debug("could not close the monitoring consumer", exc_info=True)
