@@ -82,6 +82,5 @@ def test_two_pipelines_in_one_process_have_their_own_metrics(metrics):
 
 
 def test_a_taken_port_is_an_os_error_naming_nothing_else():
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        with pytest.raises(OSError):
-            Metrics(taken.getsockname()[1])
+    with socket.create_server(("127.0.0.1", 0)) as taken, pytest.raises(OSError):
+        Metrics(taken.getsockname()[1])

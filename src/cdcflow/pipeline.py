@@ -401,7 +401,7 @@ class Pipeline:
             self._metrics.observe(reports)
         if self._group is not None:
             ends = {tp: last + 1 for r in reports.values() for tp, (_, last) in r.ranges.items()}
-            self._group.commit(ends)
+            self._group.submit(ends)  # on its own thread: never waits for Kafka
 
     def _monitor(self, options: dict[str, str]) -> None:
         """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""

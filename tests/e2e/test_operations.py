@@ -375,10 +375,14 @@ def _check_monitoring(broker, wh, port: int, records: int, group: str, log: Path
         next_offsets[tp] = max(next_offsets.get(tp, 0), b["last_offset"] + 1)
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
     try:
-        committed = consumer.committed([TopicPartition(t, p) for t, p in next_offsets], timeout=10)
+        deadline, found = time.monotonic() + 30, None
+        while found != next_offsets and time.monotonic() < deadline:  # committed on a thread
+            tps = [TopicPartition(t, p) for t, p in next_offsets]
+            found = {(c.topic, c.partition): c.offset for c in consumer.committed(tps, timeout=10)}
+            time.sleep(0.25)
     finally:
         consumer.close()
-    assert {(c.topic, c.partition): c.offset for c in committed} == next_offsets
+    assert found == next_offsets, "the consumer group holds the warehouse's next offsets"
 
 
 def test_an_apply_failing_after_its_intent_stops_an_idle_streaming_run_at_once(broker, tmp_path):

@@ -16,6 +16,7 @@ are for people, not for resuming.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,12 +24,17 @@ __all__ = ["GroupOffsets"]
 
 log = logging.getLogger(__name__)
 
+_SUBSCRIPTIONS = ("subscribe", "subscribepattern", "assign")
+
 #: seconds a commit may take before it is given up (the next micro-batch commits again)
 _COMMIT_TIMEOUT_S = 5.0
 
 
 class GroupOffsets:
-    """Commits ``{(topic, partition): next_offset}`` to one consumer group.
+    """Commits ``{(topic, partition): next_offset}`` to one consumer group, on a thread of
+    its own: :meth:`submit` never waits for Kafka (a commit to an unreachable coordinator
+    can block for long), and offsets submitted while a commit runs are merged into the
+    next one.
 
     Args:
         options: the Kafka source options (Spark's names: ``kafka.bootstrap.servers``,
@@ -41,15 +47,42 @@ class GroupOffsets:
         self.group_id = group_id
         self._consumer: Any = None
         self._warned = False
+        self._pending: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
         #: commits made, for the tests and the console
         self.commits = 0
 
-    def commit(self, next_offsets: Mapping[tuple[str, int], int]) -> bool:
-        """Commit ``next_offsets`` (synchronously, within a few seconds); ``False`` when
-        the commit failed (logged once)."""
+    def submit(self, next_offsets: Mapping[tuple[str, int], int]) -> None:
+        """Have ``next_offsets`` committed soon (merged with those not committed yet)."""
         if not next_offsets:
-            return True
-        from confluent_kafka import KafkaException, TopicPartition
+            return
+        with self._lock:
+            for tp, offset in next_offsets.items():
+                self._pending[tp] = max(offset, self._pending.get(tp, offset))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="cdcflow-group-offsets", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                pending, self._pending = self._pending, {}
+                stop = self._stop
+            if pending:
+                self._commit(pending)
+            if stop:
+                return
+
+    def _commit(self, next_offsets: Mapping[tuple[str, int], int]) -> bool:
+        from confluent_kafka import TopicPartition
 
         try:
             consumer = self._client()
@@ -59,7 +92,7 @@ class GroupOffsets:
                 ],
                 asynchronous=False,
             )
-        except (KafkaException, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - monitoring never stops the pipeline
             if not self._warned:
                 log.warning(
                     "could not commit the applied offsets to consumer group %s (for monitoring "
@@ -78,20 +111,28 @@ class GroupOffsets:
 
             from cdcflow.source.kafka import _client_config, parse_options
 
-            config = _client_config(parse_options(self.options), "monitor")
+            options = dict(self.options)
+            if not any(k.lower() in _SUBSCRIPTIONS for k in options):
+                options["subscribe"] = "cdcflow-monitoring"  # required; never subscribed
+            config = _client_config(parse_options(options), "monitor")
             config.update(
-                {
-                    "group.id": self.group_id,
-                    "socket.timeout.ms": int(_COMMIT_TIMEOUT_S * 1000),
-                    "session.timeout.ms": 10_000,
-                }
+                {"group.id": self.group_id, "socket.timeout.ms": int(_COMMIT_TIMEOUT_S * 1000)}
             )
             config.pop("enable.partition.eof", None)
             self._consumer = Consumer(config)
         return self._consumer
 
-    def close(self) -> None:
-        """Close the client (without leaving a group it never joined)."""
+    def close(self, timeout_s: float = _COMMIT_TIMEOUT_S) -> None:
+        """Commit what is pending (waiting at most ``timeout_s``), then close the client;
+        a commit still hanging then is left to its daemon thread."""
+        with self._lock:
+            self._stop = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                return
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             try:
