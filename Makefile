@@ -29,6 +29,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	@command -v mvn >/dev/null || { echo "make test needs Maven for the Java parts' jars (apt-get install maven)"; exit 1; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "installing PostgreSQL's server (Debian package postgresql) for the capture tests"; apt-get install -y -q postgresql >/dev/null; } || { echo "make test needs PostgreSQL's server: apt-get install postgresql"; exit 1; }
 	@command -v mariadb-install-db >/dev/null || { echo "installing MariaDB's server (Debian package mariadb-server) for the capture tests"; apt-get install -y -q mariadb-server >/dev/null; } || { echo "make test needs MariaDB's server: apt-get install mariadb-server"; exit 1; }
+	@command -v chromium >/dev/null || { echo "installing Chromium and ChromeDriver (Debian packages chromium, chromium-driver) for the report's browser test"; apt-get install -y -q chromium chromium-driver >/dev/null; } || { echo "make test needs Chromium: apt-get install chromium chromium-driver"; exit 1; }
 	$(BIN)/python -m cdcflow_testkit.services.apache_kafka
 	$(BIN)/python -m cdcflow_testkit.services.kafka_connect postgres mariadb
 	$(BIN)/python -m cdcflow_testkit.services.apicurio
@@ -39,6 +40,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka nor Java services
+	@command -v chromium >/dev/null || { echo "installing Chromium and ChromeDriver (Debian packages chromium, chromium-driver) for the report's browser test"; apt-get install -y -q chromium chromium-driver >/dev/null; } || { echo "make test needs Chromium: apt-get install chromium chromium-driver"; exit 1; }
 	$(BIN)/python -m pytest -m "not spark and not kafka and not services"
 
 bench: $(STAMP) ## benchmark suite: decode per core for every format, e2e Debezium vs plain PySpark, 20-table Canal, freshness at 20k/s, peak RSS; table + bench/results/latest.json (BENCH_ARGS="--scale 0.1" for a quick look)

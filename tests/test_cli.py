@@ -202,6 +202,12 @@ def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
     ]
     assert found["brokers"] == "give CONFIG to ask the brokers"
 
+    # cdcflow report: one HTML file from the _cdcflow tables (its content: test_report.py)
+    report = tmp_path / "out" / "report.html"
+    assert main(["report", str(cfg), "-o", str(report)]) == 0
+    assert capsys.readouterr().out.startswith(f"{report}: 1 micro-batches of 1 source(s), 3 tables")
+    assert report.stat().st_size > 100_000 and b"cli.debezium-json" in report.read_bytes()
+
     # resume refuses what does not exist, and writes nothing
     assert main(["resume", "--warehouse", str(tmp_path / "wh"), "shop.public.nope"]) == 2
     err = capsys.readouterr().err
@@ -411,6 +417,35 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
     )
     with capsys.disabled():
         print(f"warned in {time.monotonic() - started:.1f} s: {warning}")
+
+    # cdcflow inspect: the topic's first messages, what they look like and what the
+    # configured format makes of them
+    started = time.monotonic()
+    assert main(["inspect", str(cfg), "-n", "2"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    inspect_s = time.monotonic() - started
+    assert shown[0].startswith("cli.wrong-format[0]@0  ") and shown[0].endswith(
+        " UTC  (source mysql)"
+    )
+    assert shown[1].startswith('  key:      {"schema"') and shown[2].startswith(
+        '  value:    {"schema"'
+    )
+    assert shown[3] == "  looks like: debezium-json  <- the source says canal-json"
+    assert shown[4].startswith(f"  canal-json: DEAD LETTER {code}: ")
+    assert shown[5].startswith("cli.wrong-format[0]@1  ") and len(shown) == 10
+    assert inspect_s < 10, "no Spark: seconds"
+    assert (
+        main(["inspect", str(cfg), "--topic", "cli.wrong-format", "-n", "1", "--last", "--json"])
+        == 0
+    )
+    [last] = json.loads(capsys.readouterr().out)
+    assert (last["offset"], last["detected"], last["dead_letter"][0]) == (
+        39,
+        ["debezium-json"],
+        code,
+    )
+    assert main(["inspect", str(cfg), "--topic", "nope"]) == 2
+    assert "--topic 'nope': no source reads it" in capsys.readouterr().err
 
     # what the warning says to run: the dead letters, by code, in full, and exported in the
     # form `cdcflow decode` reads, where the right format decodes every one

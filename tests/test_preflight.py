@@ -183,3 +183,48 @@ def test_a_metrics_port_that_is_taken_is_named_before_spark_starts(tmp_path):
         assert time.monotonic() - started < 1.0
     free = preflight(parse_config(raw), brokers=False)[-1]  # closed again: free now
     assert (free.item, free.ok, free.detail) == ("metrics", True, f"127.0.0.1:{port} is free")
+
+
+@pytest.mark.kafka
+@pytest.mark.services
+def test_refused_credentials_are_named_as_an_authentication_failure(apache_kafka, tmp_path):
+    """Found in issue 19: a failed SASL handshake said to fix kafka.bootstrap.servers, after
+    the whole start-up budget. Apache Kafka's SASL/PLAIN listener, a wrong password."""
+    from cdcflow.source.kafka import list_partitions
+    from cdcflow_testkit.services.apache_kafka import SASL_USERS
+
+    [(user, password)] = SASL_USERS.items()
+    apache_kafka.create_topic("pre.sasl", partitions=1)
+    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user}
+    sources = [{"format": "debezium-json", "topics": ["pre.sasl"]}]
+
+    good = _config(tmp_path, apache_kafka.sasl_bootstrap_servers, sources,
+                   options={**sasl, "sasl.password": password})  # fmt: skip
+    assert [c.ok for c in preflight(good)] == [True, True, True, True]
+
+    bad = _config(tmp_path, apache_kafka.sasl_bootstrap_servers, sources,
+                  options={**sasl, "sasl.password": "not-" + password})  # fmt: skip
+    started = time.monotonic()
+    checks = preflight(bad)
+    took = time.monotonic() - started
+    print(f"refused credentials found in {took:.1f} s: {checks[-1].detail}")
+    assert [(c.item, c.ok) for c in checks][-1] == ("kafka", False)
+    with pytest.raises(ConfigError) as info:  # exit 2: the configuration to fix
+        raise_first_failure(checks)
+    message = info.value.message
+    assert message.startswith(
+        "kafka.options: listing the topics: authentication failed, the brokers refused the "
+        "client's credentials (_AUTHENTICATION: "
+    )
+    assert message.endswith("fix kafka.options: security.protocol, sasl.mechanism, "
+                            "sasl.username and sasl.password (or the ssl.* settings)")  # fmt: skip
+    assert "bootstrap" not in message.split("(_AUTHENTICATION")[0]
+    assert password not in message
+    assert took < 5.0, "found at the first refused handshake, not after the 30 s budget"
+
+    # mid-run, the source's own error says the same (a SourceError crosses from Spark)
+    options = {**bad.kafka.reader_options(), "subscribe": "pre.sasl"}
+    with pytest.raises(SourceError) as info:
+        list_partitions(options, budget_s=30)
+    assert info.value.refused == "authentication"
+    assert "authentication failed" in info.value.message

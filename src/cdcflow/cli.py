@@ -277,6 +277,46 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """The first (or last) messages of the topics, and what the source's format makes of
+    them."""
+    import json
+
+    from cdcflow.config import load_config
+    from cdcflow.topic_inspect import as_dicts, describe, inspect
+
+    config = load_config(args.config)
+    found = inspect(config, topic=args.topic, n=args.n, last=args.last)
+    if args.json:
+        print(json.dumps(as_dicts(found)))
+    elif not found:
+        print("no records: the topics are empty (or their records were deleted)")
+    else:
+        print("\n".join(describe(found)))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """One self-contained HTML file of the run's history (``cdcflow.report``)."""
+    from cdcflow.report import write_report
+
+    if (args.config is None) == (args.warehouse is None):
+        raise ConfigError("cdcflow report: give CONFIG or --warehouse DIR (one of them)")
+    if args.config is not None:
+        from cdcflow.config import load_config
+
+        config = load_config(args.config)
+        warehouse, pipeline_id = config.warehouse, config.pipeline_id
+    else:
+        warehouse, pipeline_id = str(Path(args.warehouse).resolve()), None
+    done = write_report(warehouse, args.output, pipeline_id)
+    print(
+        f"{done.path}: {done.batches:,} micro-batches of {done.sources} source(s), "
+        f"{done.tables} tables ({done.bytes / 1e6:.1f} MB)"
+    )
+    return 0
+
+
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
     from cdcflow.source.kafka import log_end_offsets
@@ -571,6 +611,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="export --values: KEY<DELIM>VALUE lines, for cdcflow decode -K ('\\t' is a tab)",
     )
     p.set_defaults(func=cmd_dead_letters)
+
+    p = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="show the first or last messages of the topics and how they decode",
+        description=(
+            "Reads N records of each topic-partition of the sources (or of --topic) by "
+            "offset, without a consumer group, and prints each one's key, headers and value, "
+            "the formats its value looks like, and what the source's format decodes it into "
+            "(events, a skip, or a dead letter with its code). Writes nothing."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG.yaml")
+    p.add_argument("--topic", help="only this topic")
+    p.add_argument("-n", type=int, default=3, help="records per partition (default: %(default)s)")
+    p.add_argument("--last", action="store_true", help="the last N records instead of the first")
+    p.add_argument("--json", action="store_true", help="one JSON array")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "report",
+        parents=[common],
+        help="write one HTML file of the run's history: rates, lag, backlog, dead letters, tables",
+        description=(
+            "Reads the _cdcflow tables (read-only) and writes one self-contained HTML file: "
+            "events/s, source lag, records behind and dead letters per micro-batch over time, "
+            "per source; the tables with rows, version, last change and state; dead letters "
+            "by code (docs/report.md)."
+        ),
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG.yaml")
+    p.add_argument("--warehouse", help="a warehouse folder instead of CONFIG (every pipeline)")
+    p.add_argument("-o", "--output", default="report.html", help="default: %(default)s")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
         "validate",

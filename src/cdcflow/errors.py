@@ -114,9 +114,15 @@ class ConfigError(CdcflowError):
 
 class SourceError(CdcflowError):
     """The Kafka source cannot go on (e.g. data lost to retention, or the brokers stayed
-    unreachable longer than the outage budget: ``SOURCE_UNAVAILABLE``). Not a dead letter."""
+    unreachable longer than the outage budget: ``SOURCE_UNAVAILABLE``). Not a dead letter.
+
+    Attributes:
+        refused: ``"authentication"`` or ``"authorization"`` when the brokers refused the
+            client's credentials or access, else ``None``.
+    """
 
     code = Code.SOURCE_ERROR
+    refused: str | None = None
 
 
 class ApplyError(CdcflowError):

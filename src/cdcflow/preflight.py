@@ -140,6 +140,9 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     try:
         partitions = list_partitions(options, budget_s=budget, budget_key=STARTUP_KEY)
     except (ConfigError, SourceError) as exc:
+        if isinstance(exc, SourceError) and exc.refused is not None:
+            # refused credentials or access: the configuration (or the ACLs) to fix, exit 2
+            exc = ConfigError(f"kafka.options: {exc.message}")
         return [Check("kafka", False, exc.message, time.monotonic() - start, exc)]
     servers = config.kafka.bootstrap_servers
     checks = [

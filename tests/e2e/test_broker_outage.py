@@ -37,6 +37,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 FORMAT = "debezium-json"
 TOPIC = "outage.debezium"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+#: a micro-batch's line on the console (cdcflow.progress)
+PROGRESS_LINE = re.compile(r"batch \d+ \S+: [\d,]+ records -> ")
 JVM_BANNER = "WARNING: Using incubator modules: jdk.incubator.vector"  # every Spark 4 JVM
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} |\d\d/\d\d/\d\d \d\d:\d\d:\d\d )")
 OUTAGE_WARNING = re.compile(
@@ -198,9 +200,13 @@ def test_a_run_exits_69_with_one_line_when_the_budget_is_spent(tmp_path, kind):
     print(f"exit {proc.returncode} {took:.1f} s after the broker went down; stderr:\n{text}")
     assert proc.returncode == EXIT_SOURCE_UNAVAILABLE == 69, text
     lines = text.splitlines()
-    # what is left besides the JVM's start-up banner and time-stamped log lines (Spark's
-    # "falling behind", the outage warnings) is the one line of the error
-    errors = [line for line in lines if line != JVM_BANNER and not LOG_LINE.match(line)]
+    # what is left besides the JVM's start-up banner, time-stamped log lines (the outage
+    # warnings) and the progress lines of micro-batches is the one line of the error
+    errors = [
+        line
+        for line in lines
+        if line != JVM_BANNER and not LOG_LINE.match(line) and not PROGRESS_LINE.match(line)
+    ]
     assert len(errors) == 1, text
     error = errors[0]
     assert lines[-1] == error

@@ -703,11 +703,68 @@ def _make_consumer(opts: KafkaSourceOptions, role: str, errors: _ErrorSink | Non
         ) from None
 
 
+#: seconds a failed metadata request waits for the client's error event that says why
+_ERROR_EVENT_WAIT_S = 0.5
+#: the longest single metadata request (:meth:`KafkaStreamReader._metadata`), seconds
+_METADATA_SLICE_S = 1.0
+
+
+#: librdkafka's and Kafka's error names of refused credentials and refused access
+_AUTHENTICATION_ERRORS = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL")
+_AUTHORIZATION_ERRORS = (
+    "TOPIC_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+)
+
+
+def refused_access(err: Any) -> str | None:
+    """``"authentication"`` when the brokers refused the client's credentials (a failed
+    SASL handshake, an SSL failure), ``"authorization"`` when they refused it access (ACLs),
+    else ``None``.
+
+    Args:
+        err: a ``confluent_kafka.KafkaError``, or a ``KafkaException`` carrying one.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(err, KafkaException) and err.args:
+        err = err.args[0]
+    if not isinstance(err, KafkaError):
+        return None
+    if err.name() in _AUTHENTICATION_ERRORS:
+        return "authentication"
+    if err.name() in _AUTHORIZATION_ERRORS:
+        return "authorization"
+    return None
+
+
 def _kafka_error(exc: BaseException, what: str) -> SourceError:
+    refused = refused_access(exc)
+    if refused is not None:
+        error = _refused_error(exc, what, refused)
+        error.refused = refused
+        return error
     return SourceError(
         f"{what}: {_error_text(exc)}; check kafka.bootstrap.servers, the kafka.* client "
         "settings and that the brokers are up"
     )
+
+
+def _refused_error(exc: BaseException, what: str, refused: str) -> SourceError:
+    if refused == "authentication":
+        return SourceError(
+            f"{what}: authentication failed, the brokers refused the client's credentials "
+            f"({_error_text(exc)}); fix kafka.options: security.protocol, sasl.mechanism, "
+            "sasl.username and sasl.password (or the ssl.* settings)"
+        )
+    if refused == "authorization":
+        return SourceError(
+            f"{what}: authorization failed, the brokers refused access ({_error_text(exc)}); "
+            "the user of kafka.options' sasl.username needs Describe and Read on the topics "
+            "(Kafka ACLs)"
+        )
 
 
 # --------------------------------------------------------------------------- partitions
@@ -1246,6 +1303,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._consumer is not None and self._errors is not None:
             with contextlib.suppress(Exception):  # only for a better message
                 self._consumer.poll(0)
+                if self._errors.permanent is None and self._errors.last is None:
+                    # the client's own error event (a failed SASL handshake) can come a
+                    # moment after the request's failure: wait for it briefly
+                    self._consumer.poll(_ERROR_EVENT_WAIT_S)
             detail = self._errors.take()
         if detail is not None and not is_transient(detail):
             self._failure = detail
@@ -1305,13 +1366,39 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         return self._retry("listing the topics and their offsets", attempt)
 
+    def _metadata(self, timeout_s: float) -> Any:
+        """The cluster's metadata within ``timeout_s``, asked in slices of at most
+        :data:`_METADATA_SLICE_S`: librdkafka retries a failed SASL handshake until a
+        request's timeout, so a refused login is found between slices (its error event,
+        which is not transient) instead of after the whole timeout.
+
+        Raises:
+            confluent_kafka.KafkaException: the request failed (the last slice's error).
+        """
+        from confluent_kafka import KafkaException
+
+        client = self._client()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return client.list_topics(timeout=max(0.05, min(_METADATA_SLICE_S, remaining)))
+            except KafkaException as exc:
+                if not is_transient(exc) or time.monotonic() >= deadline - 0.05:
+                    raise
+                if self._errors is not None:
+                    with contextlib.suppress(Exception):
+                        client.poll(0)  # serve the client's error events
+                    if self._errors.permanent is not None:
+                        raise
+
     def _list_partitions(self) -> list[TopicPartitionKey]:
         """One metadata request: the topic-partitions this source reads.
 
         Raises:
             confluent_kafka.KafkaException: the request failed.
         """
-        md = self._client().list_topics(timeout=self._timeout_s)
+        md = self._metadata(self._timeout_s)
         found: list[TopicPartitionKey] = []
         for name, tm in md.topics.items():
             if tm.error is not None or not self.opts.matches(name):
@@ -1550,11 +1637,11 @@ def list_partitions(
         reader.stop()
 
 
-def log_end_offsets(
+def watermarks(
     options: Mapping[str, Any], budget_s: float | None = None, budget_key: str = BUDGET_KEY
-) -> dict[TopicPartitionKey, int]:
-    """The log end (high watermark: the offset the next record gets) of every
-    topic-partition the source options select, asked of the brokers now.
+) -> dict[TopicPartitionKey, tuple[int, int]]:
+    """``(log start, log end)`` -- the low and high watermarks -- of every topic-partition
+    the source options select, asked of the brokers now.
 
     Raises:
         ConfigError, SourceError: as :func:`list_partitions`.
@@ -1565,9 +1652,17 @@ def log_end_offsets(
         opts = dataclasses.replace(opts, outage_budget_s=budget_s, outage_budget_key=budget_key)
     reader = KafkaStreamReader(opts)
     try:
-        return {tp: high for tp, (_, high) in reader._watermarks(reader._discover()).items()}
+        return reader._watermarks(reader._discover())
     finally:
         reader.stop()
+
+
+def log_end_offsets(
+    options: Mapping[str, Any], budget_s: float | None = None, budget_key: str = BUDGET_KEY
+) -> dict[TopicPartitionKey, int]:
+    """The log end (high watermark: the offset the next record gets) of every
+    topic-partition the source options select (:func:`watermarks`)."""
+    return {tp: high for tp, (_, high) in watermarks(options, budget_s, budget_key).items()}
 
 
 def read_range(

@@ -37,7 +37,7 @@ from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker
 from cdcflow_testkit.services.maven import MavenError, maven_libs
 from cdcflow_testkit.services.process import free_port, java_executable
 
-__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "kafka_libs"]
+__all__ = ["KAFKA_VERSION", "SASL_USERS", "ApacheKafkaBroker", "kafka_libs"]
 
 #: the Apache Kafka release the tests run (``org.apache.kafka:kafka_2.13``)
 KAFKA_VERSION = "4.4.0"
@@ -57,10 +57,12 @@ _SERVER = """process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{controller_port}
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port},SASL_PLAINTEXT://{host}:{sasl_port}
+advertised.listeners=PLAINTEXT://{host}:{port},SASL_PLAINTEXT://{host}:{sasl_port}
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required {users};
 log.dirs={log_dir}
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -73,6 +75,9 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.cleaner.backoff.ms=1000
 """
+
+#: the users of the SASL/PLAIN listener (:attr:`ApacheKafkaBroker.sasl_bootstrap_servers`)
+SASL_USERS = {"cdcflow": "cdcflow-secret"}
 
 #: JVM options: a small heap and the quick-starting compiler, for a test broker
 _JVM_OPTIONS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
@@ -156,6 +161,15 @@ class ApacheKafkaBroker(EmbeddedBroker):
         self.java = java or java_executable()
         self.data_dir: str | None = None
         self._controller_port: int | None = None
+        self._sasl_port: int | None = None
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        """A second listener, ``SASL_PLAINTEXT`` with mechanism ``PLAIN`` and the users of
+        :data:`SASL_USERS`, for authentication tests."""
+        if self._sasl_port is None:
+            raise BrokerError("the broker has not started")
+        return f"{self.host}:{self._sasl_port}"
 
     def _resolve_binary(self) -> str:
         return str(kafka_libs(self.version))
@@ -166,12 +180,15 @@ class ApacheKafkaBroker(EmbeddedBroker):
         data = Path(self.data_dir)
         if self._controller_port is None or self.port != port:
             self._controller_port = free_port(self.host)
+            self._sasl_port = free_port(self.host)
         properties = data / "server.properties"
         properties.write_text(
             _SERVER.format(
                 host=self.host,
                 port=port,
                 controller_port=self._controller_port,
+                sasl_port=self._sasl_port,
+                users=" ".join(f'user_{u}="{p}"' for u, p in SASL_USERS.items()),
                 log_dir=data / "logs",
             )
         )

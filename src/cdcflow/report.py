@@ -1,0 +1,744 @@
+"""``cdcflow report``: one self-contained HTML page of what a warehouse's ``_cdcflow``
+tables say about its pipelines, to look at in a browser (no network needed: plotly.js is
+inlined once, the rest is plain HTML and CSS).
+
+What the page shows, and where each part comes from:
+
+- plots over commit wall-clock time (local time of the machine making the report), one
+  line per source (``<pipeline>.<source>``):
+
+  - events per second of each micro-batch: ``_cdcflow/batches.events`` of the apply over
+    the seconds since the source's previous apply committed (``committed_at_ms``); the
+    source's first apply has no rate;
+  - the source lag: ``_cdcflow/progress.lag_ms`` (commit time minus the newest source
+    time of the batch);
+  - the records behind the log end: ``_cdcflow/progress.records_behind`` (null, or no
+    such column in warehouses before it, is left out);
+  - dead letters per micro-batch, stacked by code, one row of bars per source:
+    ``_cdcflow/dead_letters`` by ``batch_id`` and ``code``, matched to its source through
+    the ``(batch_id, topic)`` of ``_cdcflow/batches``;
+
+- what :func:`cdcflow.status.status` reads: per table its rows, Delta version, last change
+  and whether it is stopped; dead letters by code; who holds the lease.
+
+Read-only like ``cdcflow status``: it takes no lease and writes only the HTML file, so it
+can run beside the pipeline.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.system_tables import (
+    BATCHES,
+    BATCHES_SCHEMA,
+    DEAD_LETTER_SCHEMA,
+    DEAD_LETTERS,
+    PROGRESS,
+    PROGRESS_SCHEMA,
+)
+from cdcflow.status import Status, status
+
+__all__ = ["DEFAULT_MAX_BATCHES", "ReportSummary", "write_report"]
+
+#: newest micro-batches per source that the plots keep (the page says when it left some
+#: out): bounds the page's size and the browser's work for long-lived warehouses
+DEFAULT_MAX_BATCHES = 5_000
+
+#: one colour per source (the same in every plot) and per dead-letter code
+_SOURCE_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+_CODE_COLOURS = ["#d62728", "#ff9896", "#bcbd22", "#7f7f7f", "#c49c94", "#f7b6d2", "#dbdb8d"]
+
+#: height of a plot (px); the dead letters' grows by a row of bars per source
+_HEIGHT = 340
+
+#: plotly.js's configuration of every plot: a short mode bar, no link out
+_CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
+}
+
+#: the plots' div ids, in page order
+PLOT_IDS = ("plot-events-per-second", "plot-lag", "plot-records-behind", "plot-dead-letters")
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """What :func:`write_report` wrote."""
+
+    path: Path  # the HTML file
+    batches: int  # micro-batches (applies) plotted, all sources together
+    sources: int  # sources plotted
+    tables: int  # target tables listed
+    bytes: int  # size of the HTML file
+
+
+@dataclass
+class _Batch:
+    """One apply of one source: what the plots need of it."""
+
+    batch_id: int
+    committed_at_ms: int
+    events: int | None = None
+    lag_ms: int | None = None
+    records_behind: int | None = None
+    events_per_s: float | None = None
+    seconds_since_previous: float | None = None
+
+
+@dataclass
+class _Source:
+    name: str
+    batches: list[_Batch] = field(default_factory=list)
+    left_out: int = 0  # older batches beyond max_batches
+    # code -> batch_id -> dead letters; batch_id -> commit time of those without a batch row
+    dead_letters: dict[str, dict[int, int]] = field(default_factory=dict)
+    dead_letter_times: dict[int, int] = field(default_factory=dict)
+
+
+def write_report(
+    warehouse: str,
+    output: str | Path,
+    pipeline_id: str | None = None,
+    *,
+    max_batches: int = DEFAULT_MAX_BATCHES,
+    now_ms: int | None = None,
+) -> ReportSummary:
+    """Write the HTML report of ``warehouse`` to ``output`` (replaced whole, atomically).
+
+    Args:
+        warehouse: the warehouse folder (local; its ``_cdcflow`` tables are read with
+            delta-rs).
+        output: the HTML file to write; its folder is created if missing.
+        pipeline_id: only this pipeline's sources (``<pipeline_id>.<source>``) in the
+            plots, and its lease (``None``: every pipeline in the warehouse). The tables
+            and the dead letters by code are the whole warehouse's, as ``cdcflow status``
+            lists them.
+        max_batches: newest micro-batches per source to plot (older ones are left out and
+            the page says how many).
+        now_ms: the time the report is made, ms since the epoch (default: the wall clock).
+
+    Returns:
+        A :class:`ReportSummary`: the file, the micro-batches and sources plotted, the
+        tables listed and the file's size in bytes.
+
+    Raises:
+        ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder).
+        StorageError: a table cannot be read.
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    st = status(warehouse, pipeline_id)  # raises ConfigError for a wrong folder
+    wh = DeltaWarehouse(warehouse)
+    sources = _read_sources(wh, pipeline_id, max_batches)
+    page = _page(st, sources, now_ms)
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # beside the file, then renamed over it: a browser never sees half a page; opened
+    # plainly (not mkstemp, whose 0600 would hide the report from a web server)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return ReportSummary(
+        path=path,
+        batches=sum(len(s.batches) for s in sources),
+        sources=len(sources),
+        tables=len(st.tables),
+        bytes=path.stat().st_size,
+    )
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _read(wh: DeltaWarehouse, name: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the system table ``name``: empty without the table, and a column the
+    table lacks (written by an older cdcflow) as nulls of ``schema``'s type."""
+    table = wh.open(wh.system_path(name))
+    if table is None:
+        return pa.table({c: pa.array([], schema.field(c).type) for c in columns})
+    present = {f.name for f in table.schema().fields}
+    data = wh.read_system(name, schema, columns=[c for c in columns if c in present])
+    for c in columns:
+        if c not in present:
+            data = data.append_column(c, pa.nulls(data.num_rows, schema.field(c).type))
+    return data.select(list(columns))
+
+
+def _read_sources(wh: DeltaWarehouse, pipeline_id: str | None, max_batches: int) -> list[_Source]:
+    """Per source, its applies in order with their rate, lag and records behind, and its
+    dead letters by code and batch."""
+    prefix = None if pipeline_id is None else f"{pipeline_id}."
+
+    def wanted(source: str | None) -> bool:
+        return source is not None and (prefix is None or source.startswith(prefix))
+
+    # aggregated in Arrow first: a long-lived warehouse has a row per apply and partition
+    batches = _read(
+        wh, BATCHES, BATCHES_SCHEMA, ["source", "batch_id", "topic", "events", "committed_at_ms"]
+    )
+    batches = batches.filter(
+        pc.and_(pc.is_valid(batches["source"]), pc.is_valid(batches["batch_id"]))
+    )
+    per_apply = (
+        batches.filter(pc.is_valid(batches["committed_at_ms"]))
+        .group_by(["source", "batch_id"])
+        .aggregate([("committed_at_ms", "max"), ("events", "sum")])
+    )
+    # (batch_id, topic) -> source, to find the source of a dead letter (the table has none)
+    links = batches.group_by(["batch_id", "topic", "source"]).aggregate([])
+    progress = _read(
+        wh,
+        PROGRESS,
+        PROGRESS_SCHEMA,
+        ["source", "batch_id", "events", "committed_at_ms", "lag_ms", "records_behind"],
+    ).to_pylist()
+    letters = _read(
+        wh, DEAD_LETTERS, DEAD_LETTER_SCHEMA, ["batch_id", "topic", "code", "committed_at_ms"]
+    )
+    letters = letters.group_by(["batch_id", "topic", "code"]).aggregate(
+        [([], "count_all"), ("committed_at_ms", "max")]
+    )
+
+    # (source, batch_id) -> _Batch: the batches table has every apply (also one of dead
+    # letters only, which has no progress row); progress adds lag and records behind
+    applies: dict[tuple[str, int], _Batch] = {}
+    for row in per_apply.to_pylist():
+        if wanted(row["source"]):
+            applies[(row["source"], row["batch_id"])] = _Batch(
+                row["batch_id"], row["committed_at_ms_max"], events=row["events_sum"] or 0
+            )
+    source_of: dict[tuple[int, str], str] = {}  # (batch_id, topic) -> source
+    topic_source: dict[str, str] = {}  # topic -> the source of its newest batch
+    for row in sorted(links.to_pylist(), key=lambda r: r["batch_id"]):
+        source_of[(row["batch_id"], row["topic"])] = row["source"]
+        topic_source[row["topic"]] = row["source"]
+    for row in progress:
+        name, batch_id, at = row["source"], row["batch_id"], row["committed_at_ms"]
+        if not wanted(name) or batch_id is None:
+            continue
+        b = applies.get((name, batch_id))
+        if b is None:
+            if at is None:
+                continue
+            b = applies[(name, batch_id)] = _Batch(batch_id, at, events=row["events"])
+        b.lag_ms, b.records_behind = row["lag_ms"], row["records_behind"]
+
+    by_name: dict[str, _Source] = {}
+    for (name, _), b in sorted(applies.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        by_name.setdefault(name, _Source(name)).batches.append(b)
+    for s in by_name.values():
+        _rates(s.batches)  # before the cut: the oldest batch kept has its predecessor
+        if len(s.batches) > max_batches:
+            s.left_out = len(s.batches) - max_batches
+            s.batches = s.batches[-max_batches:]
+
+    kept = {(name, b.batch_id) for name, s in by_name.items() for b in s.batches}
+    for row in letters.to_pylist():
+        batch_id, topic, at = row["batch_id"], row["topic"], row["committed_at_ms_max"]
+        name = source_of.get((batch_id, topic)) or topic_source.get(topic)
+        if not wanted(name) or batch_id is None:
+            continue
+        if (name, batch_id) not in kept:
+            own = by_name.get(name)
+            oldest = own.batches[0].batch_id if own is not None and own.batches else None
+            if (oldest is not None and batch_id < oldest) or at is None:
+                continue  # before the plotted window, or no time to plot it at
+            by_name.setdefault(name, _Source(name)).dead_letter_times[batch_id] = at
+        codes = by_name[name].dead_letters.setdefault(row["code"] or "(no code)", {})
+        codes[batch_id] = codes.get(batch_id, 0) + row["count_all"]
+    return [by_name[n] for n in sorted(by_name)]
+
+
+def _rates(batches: list[_Batch]) -> None:
+    """Events per second of each batch: its events over the seconds since the previous
+    batch committed (none for the first, nor for a batch committed no later)."""
+    for previous, b in zip(batches, batches[1:], strict=False):
+        seconds = (b.committed_at_ms - previous.committed_at_ms) / 1000
+        if seconds > 0 and b.events is not None:
+            b.seconds_since_previous = seconds
+            b.events_per_s = b.events / seconds
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _local(ms: int) -> datetime:
+    """A commit time as the naive local datetime plotly draws as it is."""
+    return datetime.fromtimestamp(ms / 1000)
+
+
+def _stamp(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _utc_offset() -> str:
+    offset = time.strftime("%z")  # +0100
+    return f"UTC{offset[:3]}:{offset[3:]}" if len(offset) == 5 else "local time"
+
+
+def _lag_unit(max_ms: float) -> tuple[float, str]:
+    """A divisor of ms and its unit name that keep the lag axis's numbers readable."""
+    for limit, divisor, unit in (
+        (2_000, 1, "ms"),
+        (120_000, 1_000, "s"),
+        (7_200_000, 60_000, "min"),
+        (172_800_000, 3_600_000, "h"),
+    ):
+        if max_ms < limit:
+            return divisor, unit
+    return 86_400_000, "days"
+
+
+def _layout(go: Any, title: str, y_title: str, x_range: list[datetime], height: int) -> Any:
+    return go.Layout(
+        title={"text": title, "x": 0.01, "xanchor": "left", "y": 0.98, "yanchor": "top"},
+        title_font={"size": 16},
+        height=height,
+        margin={"l": 64, "r": 16, "t": 72, "b": 48},
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 13},
+        hovermode="closest",
+        showlegend=True,
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "left", "x": 0},
+        xaxis={
+            "title": {"text": f"commit time ({_utc_offset()})"},
+            "type": "date",
+            "range": x_range,
+            "gridcolor": "#e8e8e8",
+            "linecolor": "#888",
+            "showline": True,
+        },
+        yaxis={
+            "title": {"text": y_title},
+            "gridcolor": "#e8e8e8",
+            "linecolor": "#888",
+            "showline": True,
+            "rangemode": "tozero",
+            "zerolinecolor": "#bbb",
+        },
+    )
+
+
+def _x_range(sources: list[_Source]) -> list[datetime]:
+    """One time range for every plot (so they line up on the page), padded a little."""
+    times = [b.committed_at_ms for s in sources for b in s.batches]
+    times += [t for s in sources for t in s.dead_letter_times.values()]
+    lo, hi = min(times), max(times)
+    pad = max((hi - lo) * 0.03, 2_000)
+    return [_local(lo - pad), _local(hi + pad)]
+
+
+def _line(go: Any, s: _Source, colour: str, points: list[tuple[_Batch, float]], hover: list[str]):
+    return go.Scatter(
+        x=[_local(b.committed_at_ms) for b, _ in points],
+        y=[y for _, y in points],
+        name=html.escape(s.name),
+        mode="lines+markers",
+        line={"color": colour, "width": 2},
+        marker={"color": colour, "size": 6},
+        hovertext=hover,
+        hoverinfo="text",
+    )
+
+
+def _colours(sources: list[_Source]) -> dict[str, str]:
+    """Source name -> its colour in every plot (and its swatch in the sources table)."""
+    return {s.name: _SOURCE_COLOURS[i % len(_SOURCE_COLOURS)] for i, s in enumerate(sources)}
+
+
+def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
+    """``(div id, figure or None, note)`` of each plot; ``None``: nothing to plot (the
+    note says why)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from cdcflow.progress import human_duration
+
+    x_range = _x_range(sources)
+    colour = _colours(sources)
+    out: list[tuple[str, Any | None, str]] = []
+
+    # events per second
+    traces = []
+    for s in sources:
+        points = [(b, b.events_per_s) for b in s.batches if b.events_per_s is not None]
+        hover = [
+            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
+            f"<br>{b.events:,} events in {b.seconds_since_previous:.1f} s: {rate:,.0f} events/s"
+            for b, rate in points
+        ]
+        if points:
+            traces.append(_line(go, s, colour[s.name], points, hover))
+    layout = _layout(go, "Events per second", "events/s", x_range, _HEIGHT)
+    out.append(
+        (
+            PLOT_IDS[0],
+            go.Figure(traces, layout) if traces else None,
+            "events of a micro-batch over the seconds since the source's previous one "
+            "committed (_cdcflow/batches); the first micro-batch has no rate",
+        )
+    )
+
+    # source lag
+    lags = [b.lag_ms for s in sources for b in s.batches if b.lag_ms is not None]
+    divisor, unit = _lag_unit(max(lags, default=0))
+    traces = []
+    for s in sources:
+        points = [(b, b.lag_ms / divisor) for b in s.batches if b.lag_ms is not None]
+        hover = [
+            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
+            f"<br>lag {human_duration(b.lag_ms / 1000)}"
+            for b, _ in points
+        ]
+        if points:
+            traces.append(_line(go, s, colour[s.name], points, hover))
+    layout = _layout(go, "Source lag at commit", f"lag ({unit})", x_range, _HEIGHT)
+    out.append(
+        (
+            PLOT_IDS[1],
+            go.Figure(traces, layout) if traces else None,
+            "commit time minus the newest source time of the micro-batch "
+            "(_cdcflow/progress.lag_ms)",
+        )
+    )
+
+    # records behind the log end
+    traces = []
+    for s in sources:
+        points = [(b, b.records_behind) for b in s.batches if b.records_behind is not None]
+        hover = [
+            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
+            f"<br>{behind:,} records behind the log end"
+            for b, behind in points
+        ]
+        if points:
+            traces.append(_line(go, s, colour[s.name], points, hover))
+    layout = _layout(go, "Records behind the log end", "records", x_range, _HEIGHT)
+    out.append(
+        (
+            PLOT_IDS[2],
+            go.Figure(traces, layout) if traces else None,
+            "records between the micro-batch's end offsets and the log ends Spark last "
+            "reported (_cdcflow/progress.records_behind; not recorded by warehouses "
+            "before the column, nor when Spark had not reported the log ends)",
+        )
+    )
+
+    # dead letters per micro-batch, stacked by code, one row per source
+    with_letters = [s for s in sources if s.dead_letters]
+    figure = None
+    if with_letters:
+        codes = sorted({c for s in with_letters for c in s.dead_letters})
+        code_colour = {c: _CODE_COLOURS[i % len(_CODE_COLOURS)] for i, c in enumerate(codes)}
+        rows = len(with_letters)
+        figure = make_subplots(
+            rows=rows,
+            cols=1,
+            shared_xaxes=True,
+            vertical_spacing=min(0.12, 0.3 / rows),
+            subplot_titles=[html.escape(s.name) for s in with_letters],
+        )
+        shown: set[str] = set()
+        for row, s in enumerate(with_letters, start=1):
+            commit = {b.batch_id: b.committed_at_ms for b in s.batches}
+            commit.update(s.dead_letter_times)
+            width = _bar_width_ms(sorted(commit.values()))
+            for code in sorted(s.dead_letters):
+                per_batch = sorted(s.dead_letters[code].items())
+                figure.add_trace(
+                    go.Bar(
+                        x=[_local(commit[b]) for b, _ in per_batch],
+                        y=[n for _, n in per_batch],
+                        width=[width] * len(per_batch),
+                        name=html.escape(code),
+                        legendgroup=html.escape(code),
+                        showlegend=code not in shown,
+                        marker={"color": code_colour[code]},
+                        hovertext=[
+                            f"{html.escape(s.name)}<br>micro-batch {b} at {_stamp(commit[b])}"
+                            f"<br>{n:,} dead letters {html.escape(code)}"
+                            for b, n in per_batch
+                        ],
+                        hoverinfo="text",
+                    ),
+                    row=row,
+                    col=1,
+                )
+                shown.add(code)
+            stacks: dict[int, int] = defaultdict(int)
+            for per_batch in s.dead_letters.values():
+                for b, n in per_batch.items():
+                    stacks[b] += n
+            if max(stacks.values()) <= 6:  # whole dead letters: no 0.5 ticks
+                figure.update_yaxes(tick0=0, dtick=1, row=row, col=1)
+        base = _layout(go, "Dead letters per micro-batch", "", x_range, _HEIGHT)
+        height = _HEIGHT - 160 + 160 * rows
+        top, bottom = 100, base.margin.b
+        figure.update_layout(
+            title=base.title,
+            height=height,
+            margin={**base.margin.to_plotly_json(), "t": top},
+            paper_bgcolor="white",
+            plot_bgcolor="white",
+            font=base.font,
+            # the codes' legend on a line of its own, over the first row's source name
+            legend={**base.legend.to_plotly_json(), "y": 1 + 28 / (height - top - bottom)},
+            barmode="stack",
+            bargap=0.1,
+            hovermode="closest",
+        )
+        axis = {"gridcolor": "#e8e8e8", "linecolor": "#888", "showline": True}
+        # stacked bars would put the ticks at their own (odd) times: round ones instead
+        figure.update_xaxes(type="date", range=x_range, **_date_ticks(x_range), **axis)
+        figure.update_xaxes(title_text=f"commit time ({_utc_offset()})", row=rows, col=1)
+        figure.update_yaxes(title_text="dead letters", rangemode="tozero", **axis)
+        # the sources' names over their rows, right: the codes' legend is left
+        figure.update_annotations(font_size=13, xanchor="right", x=1)
+    out.append(
+        (
+            PLOT_IDS[3],
+            figure,
+            "dead letters of each micro-batch by code (_cdcflow/dead_letters, matched to "
+            "the source by batch and topic in _cdcflow/batches)",
+        )
+    )
+    return out
+
+
+#: tick spacings of a time axis, ms (plotly's "M1": a month)
+_DTICKS: list[int | str] = [
+    *(100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000),
+    *(60_000 * m for m in (1, 2, 5, 10, 15, 30)),
+    *(3_600_000 * h for h in (1, 2, 3, 6, 12)),
+    *(86_400_000 * d for d in (1, 2, 7, 14)),
+    *("M1", "M3", "M6", "M12"),
+]
+
+
+def _date_ticks(x_range: list[datetime], most: int = 7) -> dict[str, Any]:
+    """Round ticks over ``x_range``: the smallest spacing of :data:`_DTICKS` that gives at
+    most ``most`` ticks, from midnight."""
+    span_ms = (x_range[1] - x_range[0]).total_seconds() * 1000
+    month_ms = 30 * 86_400_000
+    for dtick in _DTICKS:
+        step = dtick if isinstance(dtick, int) else int(dtick[1:]) * month_ms
+        if span_ms / step <= most:
+            return {"tickmode": "linear", "tick0": "2000-01-01", "dtick": dtick}
+    return {"tickmode": "auto"}
+
+
+def _bar_width_ms(times: list[int]) -> float:
+    """A bar width on a time axis (ms): most of the shortest gap between the source's
+    commits, but not thinner than 1/250 of their span (nor than 0.5 s)."""
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    span = times[-1] - times[0] if times else 0
+    if not gaps:
+        return 1_000.0
+    width = 0.8 * min(gaps)
+    width = max(width, min(0.8 * statistics.median(gaps), span / 250), 500.0)
+    return float(width)
+
+
+# ---------------------------------------------------------------------------- page
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
+       color: #222; background: #f6f7f9; }
+main { max-width: 1200px; margin: 0 auto; padding: 16px 24px 40px; }
+header h1 { margin: 8px 0 4px; font-size: 26px; }
+header dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px;
+            margin: 8px 0 0; font-size: 14px; }
+header dt { color: #666; } header dd { margin: 0; word-break: break-all; }
+section { background: white; border: 1px solid #e1e4e8; border-radius: 6px;
+          padding: 12px 16px; margin: 16px 0; }
+h2 { font-size: 18px; margin: 4px 0 10px; }
+table { border-collapse: collapse; font-size: 14px; width: 100%; }
+th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid #eee;
+         vertical-align: top; }
+th { background: #fafbfc; font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.note { color: #666; font-size: 13px; margin: 2px 0 6px; }
+.stopped { color: #b00020; font-weight: 600; } .ok { color: #22863a; }
+.empty { font-size: 15px; color: #444; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr));
+         gap: 0 16px; }
+.plots section { margin: 8px 0; min-width: 0; }
+.swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
+          margin-right: 6px; vertical-align: -1px; }
+"""
+
+#: title and reason of a plot with nothing to draw
+_NOTHING_TO_PLOT = {
+    PLOT_IDS[0]: ("Events per second", "Each source has one micro-batch only: no rate yet."),
+    PLOT_IDS[1]: ("Source lag", "No micro-batch carried a source time."),
+    PLOT_IDS[2]: (
+        "Records behind the log end",
+        "Not recorded: no micro-batch has a records_behind value.",
+    ),
+    PLOT_IDS[3]: ("Dead letters per micro-batch", "No dead letters in the plotted micro-batches."),
+}
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _page(st: Status, sources: list[_Source], now_ms: int) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>cdcflow report: {_e(st.warehouse)}</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        "<header><h1>cdcflow report</h1><dl>",
+        f"<dt>warehouse</dt><dd>{_e(st.warehouse)}</dd>",
+        f"<dt>pipeline</dt><dd>{_e(st.pipeline_id or 'all pipelines in the warehouse')}</dd>",
+        f"<dt>made at</dt><dd>{_stamp(now_ms)} ({_utc_offset()})</dd>",
+        f"<dt>lease</dt><dd>{_e(st.lease)}</dd>",
+        "</dl></header>",
+    ]
+    parts.append(_sources_section(st, sources))
+    if any(s.batches for s in sources):
+        plotlyjs_written = False
+        parts.append('<div class="plots">')
+        for div_id, figure, note in _figures(sources):
+            parts.append(f'<section class="plot" id="{div_id}-section">')
+            if figure is None:
+                title, why = _NOTHING_TO_PLOT[div_id]
+                parts.append(f"<h2>{title}</h2><p class='empty'>{why}</p>")
+            else:
+                parts.append(
+                    figure.to_html(
+                        full_html=False,
+                        include_plotlyjs=not plotlyjs_written,
+                        div_id=div_id,
+                        config=_CONFIG,
+                    )
+                )
+                plotlyjs_written = True
+            parts.append(f'<p class="note">{_e(note)}</p></section>')
+        parts.append("</div>")
+    else:
+        whose = "" if st.pipeline_id is None else f" of pipeline {_e(st.pipeline_id)}"
+        parts.append(
+            f'<section id="no-batches"><h2>Micro-batches</h2><p class="empty">No micro-batch'
+            f"{whose} has been applied yet: the plots appear once the pipeline has committed "
+            "one (_cdcflow/batches has none).</p></section>"
+        )
+    parts.append(_tables_section(st, now_ms))
+    parts.append(_dead_letters_section(st))
+    parts.append(
+        '<p class="note">Read from the warehouse\'s _cdcflow tables (batches, progress, '
+        "dead_letters) and the target tables' Delta logs; times are local "
+        f"({_utc_offset()}).</p></main></body></html>"
+    )
+    return "\n".join(parts) + "\n"
+
+
+def _sources_section(st: Status, sources: list[_Source]) -> str:
+    from cdcflow.progress import human_duration
+
+    if not sources:
+        return ""
+    last_of = {s.name: s for s in st.sources}
+    colour = _colours(sources)
+    rows = []
+    for s in sources:
+        last = s.batches[-1] if s.batches else None
+        known = last_of.get(s.name)
+        lag = next((b.lag_ms for b in reversed(s.batches) if b.lag_ms is not None), None)
+        behind = next(
+            (b.records_behind for b in reversed(s.batches) if b.records_behind is not None), None
+        )
+        left_out = f" ({s.left_out:,} older left out)" if s.left_out else ""
+        rows.append(
+            "<tr>"
+            f"<td><span class='swatch' style='background:{colour[s.name]}'></span>"
+            f"{_e(s.name)}</td>"
+            f"<td class='num'>{len(s.batches):,}{left_out}</td>"
+            f"<td class='num'>{'' if last is None else last.batch_id}</td>"
+            f"<td>{'' if last is None else _stamp(last.committed_at_ms)}</td>"
+            f"<td class='num'>{'' if known is None else f'{known.records:,}'}</td>"
+            f"<td class='num'>{'' if lag is None else human_duration(lag / 1000)}</td>"
+            f"<td class='num'>{'' if behind is None else f'{behind:,}'}</td>"
+            "</tr>"
+        )
+    return (
+        '<section id="sources"><h2>Sources</h2><table><thead><tr><th>source</th>'
+        "<th class='num'>micro-batches</th><th class='num'>last micro-batch</th>"
+        "<th>last commit</th><th class='num'>records applied</th>"
+        "<th class='num'>last lag</th><th class='num'>last records behind</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _tables_section(st: Status, now_ms: int) -> str:
+    if not st.tables:
+        return (
+            '<section id="tables"><h2>Tables</h2><p class="empty">No target table yet.'
+            "</p></section>"
+        )
+    rows = []
+    for t in st.tables:
+        state = (
+            "<span class='ok'>taking changes</span>"
+            if t.stopped is None
+            else f"<span class='stopped'>stopped</span>: {_e(t.stopped)}"
+        )
+        rows.append(
+            "<tr>"
+            f"<td>{_e(t.name)}</td>"
+            f"<td class='num'>{t.rows:,}</td>"
+            f"<td class='num'>{t.version}</td>"
+            f"<td>{_stamp(t.last_change_ms)}</td>"
+            f"<td>{state}</td>"
+            "</tr>"
+        )
+    return (
+        f'<section id="tables"><h2>Tables ({len(st.tables)})</h2><table><thead><tr>'
+        "<th>table</th><th class='num'>rows</th><th class='num'>Delta version</th>"
+        "<th>last change</th><th>state</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _dead_letters_section(st: Status) -> str:
+    total = sum(st.dead_letters.values())
+    if not total:
+        return (
+            '<section id="dead-letters"><h2>Dead letters</h2><p class="empty">No dead '
+            "letters in the retained history.</p></section>"
+        )
+    rows = "".join(
+        f"<tr><td>{_e(code)}</td><td class='num'>{n:,}</td>"
+        f"<td class='num'>{100 * n / total:.1f}%</td></tr>"
+        for code, n in st.dead_letters.items()
+    )
+    return (
+        f'<section id="dead-letters"><h2>Dead letters by code ({total:,})</h2>'
+        "<table><thead><tr><th>code</th><th class='num'>dead letters</th>"
+        f"<th class='num'>share</th></tr></thead><tbody>{rows}</tbody></table>"
+        '<p class="note">all of the warehouse\'s pipelines, over the retained history of '
+        "_cdcflow/dead_letters; <code>cdcflow dead-letters</code> shows them</p></section>"
+    )
