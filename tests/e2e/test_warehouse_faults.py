@@ -108,6 +108,7 @@ def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broke
         assert lines[0].startswith("cdcflow: [STORAGE_ERROR] ")
         assert "No space left on device" in lines[0] and str(volume / "wh") in lines[0]
         assert "Traceback" not in full.stderr, full.stderr
+        assert "panicked" not in full.stderr, "no Rust panic text (issue 19)"
 
         filler.unlink()
         again = _run_cli(config, tmp_path)
