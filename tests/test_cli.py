@@ -373,7 +373,7 @@ def test_decode_ends_quietly_when_the_reader_closes_the_pipe(tmp_path):
     assert b"Traceback" not in err and b"BrokenPipe" not in err
 
 
-def _debezium_read_as_canal(broker, tmp_path, topic: str, apply: str = "") -> Path:
+def _debezium_read_as_canal(broker, tmp_path, topic: str, apply: str = ""):
     """A pipeline whose source says canal-json over a topic of Debezium messages (issue 19:
     every record is a dead letter)."""
     from cdcflow_testkit.encoders import encoder_for
@@ -390,7 +390,7 @@ def _debezium_read_as_canal(broker, tmp_path, topic: str, apply: str = "") -> Pa
         f"kafka: {{bootstrap_servers: '{broker.bootstrap_servers}'}}\n"
         f"sources: [{{name: mysql, format: canal-json, topics: [{topic}]}}]\n"
     )
-    return cfg
+    return cfg, w
 
 
 @pytest.mark.spark
@@ -401,7 +401,7 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
     """Found in issue 19: 1,700 dead letters and not one console line. Now the micro-batch's
     line counts them by code and a warning names the top code and what to check; with
     ``apply.dead_letter_limit`` the run stops after committing them (exit 1, one line)."""
-    cfg = _debezium_read_as_canal(broker, tmp_path, "cli.wrong-format")
+    cfg, w = _debezium_read_as_canal(broker, tmp_path, "cli.wrong-format")
     started = time.monotonic()
     assert main(["run", str(cfg), "--once"]) == 0
     lines = capsys.readouterr().err.splitlines()
@@ -473,7 +473,9 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
     assert [r["offset"] for r in rows] == list(range(40))
     assert {r["code"] for r in rows} == {code} and rows[0]["raw_value"].startswith('{"schema"')
 
-    limited = _debezium_read_as_canal(
+    _replay_after_the_fix(cfg, w, tmp_path, capsys)
+
+    limited, _ = _debezium_read_as_canal(
         broker, tmp_path / "limited", "cli.wrong-format-2", "apply: {dead_letter_limit: 0.5}\n"
     )
     assert main(["run", str(limited), "--once"]) == 1
@@ -487,3 +489,46 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
     wh = DeltaWarehouse(str(tmp_path / "limited" / "wh"))
     letters = wh.open(wh.system_path("dead_letters")).to_pyarrow_table()
     assert letters.num_rows == 40  # committed before the run stopped
+
+
+def _replay_after_the_fix(cfg: Path, w, tmp_path: Path, capsys) -> None:
+    """``cdcflow dead-letters replay`` after the source's format is corrected: a replay
+    killed between its tables and its completion is finished by the next one, every
+    record is applied once, and the mirrors equal the source (issue 19, item 4)."""
+    from cdcflow.config import load_config
+    from cdcflow.errors import CdcflowError
+    from cdcflow.replay import replay
+    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow_testkit.workload import compare_with_mirror
+
+    assert main(["dead-letters", "replay", str(cfg)]) == 1  # says what it does; --yes does it
+    assert "Add --yes to do it" in capsys.readouterr().out
+    cfg.write_text(cfg.read_text().replace("format: canal-json", "format: debezium-json"))
+    config = load_config(cfg)
+    fences = 0
+
+    def killed_before_the_completion() -> None:
+        nonlocal fences
+        fences += 1
+        if fences == 2:  # BatchApplier: 1 before the first commit, 2 before the completion
+            raise CdcflowError("killed")
+
+    with pytest.raises(CdcflowError, match="killed"):
+        replay(config, fence=killed_before_the_completion)
+    assert main(["dead-letters", "replay", str(cfg), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out
+        == "cli.mysql: replay 1: 40 dead letters -> 40 events; 40 applied" + out[out.index(" (") :]
+    )
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    for spec in w.tables:
+        expected = w.expected_rows(spec.name)
+        assert (
+            compare_with_mirror(expected, wh.read(f"shop.public.{spec.name}"), spec.key_columns)
+            == []
+        )
+    changelog = wh.open(wh.system_path("changelog")).to_pyarrow_table(columns=["offset"])
+    assert sorted(changelog["offset"].to_pylist()) == list(range(40))  # each record once
+    assert main(["dead-letters", "replay", str(cfg), "--yes"]) == 0
+    assert capsys.readouterr().out == "cli.mysql: no dead letter to replay\n"

@@ -66,7 +66,7 @@ LAYERS = {
     "top": {
         "config", "pipeline", "runner", "cli", "files", "reset_sources", "checkpoint",
         "warehouse_maintenance", "preflight", "progress", "status", "dead_letters",
-        "metrics", "api", "report", "topic_inspect",
+        "metrics", "api", "report", "topic_inspect", "replay",
         "spark", "submit", "__init__",
     },
 }  # fmt: skip

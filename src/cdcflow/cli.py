@@ -224,6 +224,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.warehouse is None):
         raise ConfigError("cdcflow dead-letters: give CONFIG or --warehouse DIR (one of them)")
+    if args.action == "replay":
+        return _replay(args)
     topics, pattern = (args.topic or None), None
     if args.config is not None:
         from cdcflow.config import load_config
@@ -334,6 +336,27 @@ def cmd_broker(args: argparse.Namespace | list[str]) -> int:
     rest = args if isinstance(args, list) else args.broker_args
     os.execv(program, [program, *rest])
     return 0  # not reached
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``dead-letters replay CONFIG [--source S] [--code C] --yes``."""
+    from cdcflow.config import load_config
+    from cdcflow.replay import replay
+
+    if args.config is None:
+        raise ConfigError("cdcflow dead-letters replay needs CONFIG: its sources' formats decode")
+    config = load_config(args.config)
+    if not args.yes:
+        print(
+            "cdcflow dead-letters replay decodes the dead letters no replay has taken with "
+            "each source's format and options as configured now, and applies them exactly "
+            "once under the pipeline's lease. Add --yes to do it; `cdcflow dead-letters list "
+            f"{args.config}` shows them."
+        )
+        return 1
+    for report in replay(config, [args.source] if args.source else None, args.code):
+        print(report.describe())
+    return 0
 
 
 def _log_ends(config) -> tuple[dict | None, str | None]:
@@ -605,12 +628,15 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="list, show or export the dead letters of a warehouse",
         description=(
-            "Read-only. list: counts by code, stage and topic. show: the last N in full "
-            "(where, code, message, key, value). export: every one as a JSON line, or with "
-            "--values the raw values one per line, as `cdcflow decode` reads them."
+            "list: counts by code, stage and topic. show: the last N in full (where, code, "
+            "message, key, value). export: every one as a JSON line, or with --values the raw "
+            "values one per line, as `cdcflow decode` reads them. These three are read-only. "
+            "replay (CONFIG, --yes): decode the dead letters no replay has taken with the "
+            "sources' formats and options as configured now, and apply them exactly once, "
+            "under the pipeline's lease (refused while it runs, exit 75)."
         ),
     )
-    p.add_argument("action", choices=["list", "show", "export"])
+    p.add_argument("action", choices=["list", "show", "export", "replay"])
     p.add_argument("config", nargs="?", metavar="CONFIG.yaml")
     p.add_argument("--warehouse", help="a warehouse folder instead of CONFIG")
     p.add_argument("--source", help="only this source's topics (needs CONFIG)")
@@ -623,6 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--values", action="store_true", help="export: raw values only, for cdcflow decode"
     )
+    p.add_argument("--yes", action="store_true", help="replay: do it (without: what it does)")
     p.add_argument(
         "-K",
         "--key-delimiter",

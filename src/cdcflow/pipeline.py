@@ -46,7 +46,7 @@ from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
 
-__all__ = ["ApplyLane", "Interrupted", "Pipeline", "RunSummary", "source_error_of"]
+__all__ = ["ApplyLane", "Interrupted", "Pipeline", "RunSummary", "applier_for", "source_error_of"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,29 @@ class RunSummary:
                 out["dead_letters"] += sum(r.dead_letters.values())
         out["batches"] += len(micro_batches)
         return out
+
+
+def applier_for(
+    config: PipelineConfig,
+    warehouse: DeltaWarehouse,
+    fence: Callable[[], None] | None = None,
+    expiry_clock: ExpiryClock | None = None,
+) -> BatchApplier:
+    """The :class:`BatchApplier` of one source's warehouse view, with the configuration's
+    tables, apply and maintenance settings (the pipeline's, and ``cdcflow dead-letters
+    replay``'s)."""
+    return BatchApplier(
+        warehouse,
+        Router(config.target_template),
+        tables=config.tables,
+        tombstone_retention_hours=config.apply.tombstone_retention_hours,
+        transactions=config.apply.transaction_policy(),
+        table_budget_s=config.apply.table_budget_s,
+        fence=fence,
+        parallel_tables=config.apply.parallel_tables,
+        maintenance=config.maintenance.policy(),
+        expiry_clock=expiry_clock,
+    )
 
 
 class ApplyLane:
@@ -326,16 +349,10 @@ class Pipeline:
         return os.path.join(self.checkpoint().path, "staging")
 
     def _applier(self, source: SourceConfig) -> BatchApplier:
-        return BatchApplier(
+        return applier_for(
+            self.config,
             self.warehouse_for(source),
-            Router(self.config.target_template),
-            tables=self.config.tables,
-            tombstone_retention_hours=self.config.apply.tombstone_retention_hours,
-            transactions=self.config.apply.transaction_policy(),
-            table_budget_s=self.config.apply.table_budget_s,
             fence=self.fence,
-            parallel_tables=self.config.apply.parallel_tables,
-            maintenance=self.config.maintenance.policy(),
             expiry_clock=self._expiry_clock,
         )
 

@@ -880,7 +880,16 @@ class DeltaWarehouse:
             message=f"resumed by {by or 'an operator'}",
             recorded_at_ms=now,
         )
-        path = self.system_path(SCHEMA_CHANGES)
         data = pa.Table.from_pylist([row], schema=SCHEMA_CHANGES_SCHEMA)
-        self._append_mapped(path, self.open(path), data, None)  # no batch: never skipped
+        self.append_rows(self.system_path(SCHEMA_CHANGES), data)
+
+    def append_rows(self, path: str, data: pa.Table) -> None:
+        """Append ``data`` to the table at ``path`` outside any apply: no application
+        transaction, so it is never skipped as a repeat (an operator's record, such as a
+        resume or a replay's marks).
+
+        Raises:
+            StorageError: the table cannot be written.
+        """
+        self._append_mapped(path, self.open(path), data, None)
         self._tables.pop(path, None)

@@ -10,6 +10,7 @@ Layout under the warehouse folder::
 
     <warehouse>/_cdcflow/changelog/            every decoded event, with its origin
     <warehouse>/_cdcflow/dead_letters/         raw bytes, topic/partition/offset, code
+    <warehouse>/_cdcflow/replays/              which dead letters `dead-letters replay` took
     <warehouse>/_cdcflow/tombstones/           deleted keys (and truncates) with sequence
     <warehouse>/_cdcflow/offsets/              per apply: the offset ranges it is about to write
     <warehouse>/_cdcflow/batches/              per apply and partition: offsets and counts
@@ -46,6 +47,8 @@ __all__ = [
     "PENDING_TRANSACTIONS",
     "PROGRESS",
     "PROGRESS_SCHEMA",
+    "REPLAYS",
+    "REPLAYS_SCHEMA",
     "SCHEMA_CHANGES",
     "SCHEMA_CHANGES_SCHEMA",
     "SYSTEM_FOLDER",
@@ -66,6 +69,7 @@ DECODER_STATE = "decoder_state"
 PROGRESS = "progress"
 SCHEMA_CHANGES = "schema_changes"
 PENDING_TRANSACTIONS = "pending_transactions"
+REPLAYS = "replays"
 #: folder of the history tables' change logs, one table per history table under it
 HISTORY_LOG = "history_log"
 #: folder of the pipelines' leases (:mod:`cdcflow.sinks.lease`, a protocol of its own on
@@ -144,6 +148,24 @@ OFFSETS_SCHEMA = pa.schema(
         ("last_offset", pa.int64()),  # last record of the apply in this partition
         ("delivery_id", pa.int64()),  # Spark's micro-batch id (null: not from Spark)
         ("started_at_ms", pa.int64()),
+    ]
+)
+
+#: ``_cdcflow/replays``: per dead letter a replay took, its intent (``outcome`` null,
+#: written before the apply) and then its outcome (:mod:`cdcflow.replay`). A dead letter
+#: is named by its row: topic, partition, offset, stage and commit time.
+REPLAYS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("generation", pa.int64()),  # the replay's number; its apply is <source>.replay.<n>
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("stage", pa.string()),
+        ("letter_committed_at_ms", pa.int64()),
+        ("code", pa.string()),  # the letter's code
+        ("outcome", pa.string()),  # null: taken | applied | dead_letter | gone
+        ("recorded_at_ms", pa.int64()),
     ]
 )
 
