@@ -413,7 +413,8 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
     [warning] = [x for x in lines if x.startswith("WARNING")]
     assert warning.startswith(
         f"WARNING source mysql: every record of micro-batch 0 failed, most with {code} (40): "
-        "is cli.wrong-format really canal-json? See them with `cdcflow dead-letters show"
+        "is cli.wrong-format really canal-json? `cdcflow inspect CONFIG` shows what the topics "
+        "hold, `cdcflow dead-letters show CONFIG --source mysql"
     )
     with capsys.disabled():
         print(f"warned in {time.monotonic() - started:.1f} s: {warning}")

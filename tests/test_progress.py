@@ -160,8 +160,9 @@ def test_mostly_dead_letters_warns_with_the_top_code_and_what_to_check(console):
     )
     assert lines[1] == (
         "WARNING source mysql: every record of micro-batch 0 failed, most with MISSING_FIELD "
-        "(1,600): is canal really canal-json? See them with `cdcflow dead-letters show CONFIG "
-        "--source mysql --code MISSING_FIELD`; apply.dead_letter_limit makes this fatal"
+        "(1,600): is canal really canal-json? `cdcflow inspect CONFIG` shows what the topics "
+        "hold, `cdcflow dead-letters show CONFIG --source mysql --code MISSING_FIELD` the "
+        "failures; apply.dead_letter_limit makes this fatal"
     )
     assert reporter.warnings == [lines[1]]
 

@@ -343,8 +343,9 @@ class ProgressReporter:
         topic = self.topics.get(name, "its topics")
         warning = (
             f"WARNING source {name}: {share} of micro-batch {batch_id} failed, most with "
-            f"{code} ({n:,}): is {topic} really {fmt}? See them with `cdcflow dead-letters "
-            f"show CONFIG --source {name} --code {code}`; apply.dead_letter_limit makes this fatal"
+            f"{code} ({n:,}): is {topic} really {fmt}? `cdcflow inspect CONFIG` shows what "
+            f"the topics hold, `cdcflow dead-letters show CONFIG --source {name} --code {code}` "
+            "the failures; apply.dead_letter_limit makes this fatal"
         )
         self.warnings.append(warning)
         self.write(warning)
