@@ -272,7 +272,10 @@ def test_the_decode_stage_gives_the_batches_of_the_general_path(seed, probe, mon
         DebeziumJsonOptions(max_record_bytes=420),
     ):
         for batch in (1, 50, len(records)):
-            a, b = _batches_both(records, options, batch)
+            # one record a batch costs ~3 ms a record in the stage (4 s for the stream, per
+            # options): the first 250 records take that path, the whole stream the others
+            part = records[:250] if batch == 1 else records
+            a, b = _batches_both(part, options, batch)
             for i, (x, y) in enumerate(zip(a, b, strict=True)):
                 assert x.schema == y.schema
                 assert x.to_pylist() == y.to_pylist(), (seed, options, batch, i)
