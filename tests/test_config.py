@@ -40,9 +40,17 @@ def test_outage_budget_is_seconds_in_yaml_and_milliseconds_for_the_source():
     for bad in (-1, "five minutes", True, None):
         with pytest.raises(ConfigError) as e:
             parse_config({**GOOD, "kafka": {**GOOD["kafka"], "outage_budget_s": bad}})
-        problem = str(e.value).splitlines()[1]  # one line per bad key
-        assert problem.startswith("  kafka.outage_budget_s: ")
+        [problem] = str(e.value).splitlines()  # one line naming the key
+        assert problem.startswith("[BAD_CONFIG] kafka.outage_budget_s: ")
         assert "must be a number of seconds >= 0" in problem and "e.g. 300" in problem
+
+
+def test_several_problems_are_listed_one_line_each():
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, "kafka": {**GOOD["kafka"], "bootstrap": "x"}, "sink": "nope"})
+    lines = str(e.value).splitlines()
+    assert lines[0] == "[BAD_CONFIG] invalid configuration (2 problems):"
+    assert [line[:17] for line in lines[1:]] == ["  kafka.bootstrap", "  sink: Input sho"]
 
 
 def test_unknown_key_lists_the_valid_ones():
@@ -59,8 +67,9 @@ def test_an_unknown_format_option_says_which_was_meant():
     source = {**GOOD["sources"][0], "options": {"primary_key": {"t": ["id"]}}}
     with pytest.raises(ConfigError) as e:
         parse_config({**GOOD, "sources": [source]})
-    assert "unknown option(s) ['primary_key'] for this format; did you mean " in str(e.value)
-    assert "'primary_key' -> 'primary_keys'?" in str(e.value)
+    assert "unknown option(s) ['primary_key'] for this format; did you mean 'primary_keys'? " in (
+        str(e.value)
+    )
 
 
 def test_missing_key_is_named():
@@ -160,8 +169,8 @@ def _problem(bad: dict) -> str:
     with pytest.raises(ConfigError) as e:
         parse_config({**GOOD, **bad})
     lines = str(e.value).splitlines()
-    assert lines[0] == "[BAD_CONFIG] invalid configuration:" and len(lines) == 2, lines
-    return lines[1].strip()  # one line, naming the key
+    assert len(lines) == 1 and lines[0].startswith("[BAD_CONFIG] "), lines
+    return lines[0].removeprefix("[BAD_CONFIG] ")  # one line, naming the key
 
 
 def _source(**over) -> dict:

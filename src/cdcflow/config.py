@@ -558,7 +558,9 @@ def _explain(exc: ValidationError) -> str:
         else:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{where}: {msg}" if loc else msg)
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+    if len(lines) == 1:  # the common case: one line naming the key and the fix
+        return lines[0]
+    return f"invalid configuration ({len(lines)} problems):\n  " + "\n  ".join(lines)
 
 
 def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> PipelineConfig:

@@ -217,12 +217,13 @@ class DecoderOptions:
         if unknown:
             import difflib
 
-            near = [
-                f"{u!r} -> {m[0]!r}"
+            near = {
+                u: m[0]
                 for u in unknown
                 if (m := difflib.get_close_matches(u, sorted(known), n=1, cutoff=0.6))
-            ]
-            hint = f"did you mean {', '.join(near)}? " if near else ""
+            }
+            meant = [f"{m!r}" if len(unknown) == 1 else f"{m!r} for {u!r}" for u, m in near.items()]
+            hint = f"did you mean {', '.join(meant)}? " if meant else ""
             raise ConfigError(
                 f"unknown option(s) {unknown} for this format; {hint}valid options: {sorted(known)}"
             )
