@@ -125,6 +125,17 @@ def test_records_behind_are_added_up_per_source_of_each_topic(console):
     assert reporter.behind == {"pg": 5, "mysql": 30}
 
 
+def test_only_the_followed_query_counts(console):
+    reporter, lines, _ = console
+    reporter.started("q")
+    other = json.loads(_progress(0, {"orders": {"0": 1}}, {"orders": {"0": 99}}))
+    other["id"] = "someone-elses-query"
+    reporter.query_progress(other)
+    assert reporter.log_ends == {}
+    reporter.query_progress(_progress(0, {"orders": {"0": 1}}, {"orders": {"0": 9}}))
+    assert reporter.log_ends == {("orders", 0): 9}
+
+
 def test_an_empty_trigger_and_a_progress_without_apply_write_nothing(console):
     reporter, lines, _ = console
     reporter.query_progress(_progress(7, {"orders": {"0": 1}}, {"orders": {"0": 1}}, rows=0))

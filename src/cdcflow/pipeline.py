@@ -408,7 +408,7 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=self.config.trigger.processing_time)
         query = writer.start()
-        self.progress.started()
+        self.progress.started(str(query.id))
         lane.on_failure = lambda: _stop_queries([query])
         return query
 
@@ -774,6 +774,7 @@ class Pipeline:
         try:
             query = self._start(once=once)
         except BaseException:
+            self._unfollow()
             self._unmonitor()
             raise
         restore = _stop_on_signals(query) if stop_on_signals else None

@@ -168,15 +168,19 @@ class ProgressReporter:
         self.behind: dict[str, int] = {}
         #: warnings written, for a summary's reader and the tests
         self.warnings: list[str] = []
+        #: the followed query's id (:meth:`started`; ``None``: any)
+        self.query_id: str | None = None
         #: (topic, partition) -> the newest log end Spark reported (latestOffset)
         self.log_ends: dict[TopicPartition, int] = {}
 
     # ------------------------------------------------------------------ inputs
 
-    def started(self) -> None:
-        """The query has started: the first micro-batch's rate counts from here."""
+    def started(self, query_id: str | None = None) -> None:
+        """The query has started: the first micro-batch's rate counts from here; only the
+        progress of ``query_id`` is followed (a session can run other queries)."""
         with self._lock:
             self._last_end = self.clock()
+            self.query_id = query_id
 
     def applied(self, batch_id: int, reports: dict[str, BatchReport]) -> None:
         """A micro-batch's applies have ended: ``reports`` per source (none: nothing of
@@ -211,6 +215,8 @@ class ProgressReporter:
         batch_id = progress.get("batchId")
         if batch_id is None or not progress.get("numInputRows"):
             return  # a trigger that found nothing new
+        if self.query_id is not None and progress.get("id") not in (None, self.query_id):
+            return  # another query of the session
         with self._lock:
             for source in progress.get("sources") or ():
                 for tp, end in _offsets(source.get("latestOffset")).items():
