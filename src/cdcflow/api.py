@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.config import PipelineConfig, load_config
-from cdcflow.errors import ConfigError
 from cdcflow.pipeline import RunSummary
 from cdcflow.progress import ProgressReporter
 
@@ -122,14 +121,8 @@ def read_changes(
 
     config, path = _config(config)
     if sources is not None:
-        named = {s.name: s for s in config.sources}
-        missing = [s for s in sources if s not in named]
-        if missing:
-            raise ConfigError(
-                f"read_changes: no source {', '.join(map(repr, missing))}; the configuration's "
-                f"sources are {', '.join(sorted(named))}"
-            )
-        config = config.model_copy(update={"sources": tuple(named[s] for s in sources)})
+        chosen = tuple(config.source_named(s, "read_changes: source") for s in sources)
+        config = config.model_copy(update={"sources": chosen})
     engine = Engine(config, spark=spark, config_path=path)
     routing = engine.routing()
     options = config.kafka.reader_options()

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cdcflow.errors import CdcflowError, Code, ConfigError, LeaseHeld, StorageError
 
@@ -179,27 +179,37 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warehouse_of(args: argparse.Namespace, command: str) -> tuple[Any, str, str | None]:
+    """``CONFIG`` or ``--warehouse DIR`` of a read-only command: the loaded configuration
+    (``None`` with ``--warehouse``), the warehouse, and the pipeline (``None``: every
+    pipeline in the warehouse).
+
+    Raises:
+        ConfigError: both or neither given; the configuration is invalid.
+    """
+    if (args.config is None) == (args.warehouse is None):
+        raise ConfigError(f"cdcflow {command}: give CONFIG or --warehouse DIR (one of them)")
+    if args.warehouse is not None:
+        return None, str(Path(args.warehouse).resolve()), None
+    from cdcflow.config import load_config
+
+    config = load_config(args.config)
+    return config, config.warehouse, config.pipeline_id
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """The warehouse's view of a pipeline (and, with CONFIG, the records behind)."""
     import json
 
     from cdcflow.status import describe, status
 
-    if (args.config is None) == (args.warehouse is None):
-        raise ConfigError("cdcflow status: give CONFIG or --warehouse DIR (one of them)")
-    log_ends, brokers = None, None
-    if args.config is not None:
-        from cdcflow.config import load_config
-
-        config = load_config(args.config)
-        warehouse, pipeline_id = config.warehouse, config.pipeline_id
+    config, warehouse, pipeline_id = _warehouse_of(args, "status")
+    log_ends, brokers = None, "give CONFIG to ask the brokers"
+    if config is not None:
         if args.no_brokers:
             brokers = "--no-brokers"
         else:
             log_ends, brokers = _log_ends(config)
-    else:
-        warehouse, pipeline_id = str(Path(args.warehouse).resolve()), None
-        brokers = "give CONFIG to ask the brokers"
     found = status(warehouse, pipeline_id, log_ends=log_ends)
     found.brokers = brokers
     if args.json:
@@ -222,30 +232,16 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     )
     from cdcflow.sinks.delta import DeltaWarehouse
 
-    if (args.config is None) == (args.warehouse is None):
-        raise ConfigError("cdcflow dead-letters: give CONFIG or --warehouse DIR (one of them)")
     if args.action == "replay":
         return _replay(args)
+    config, root, _ = _warehouse_of(args, "dead-letters")
     topics, pattern = (args.topic or None), None
-    if args.config is not None:
-        from cdcflow.config import load_config
-
-        config = load_config(args.config)
-        root = config.warehouse
-        if args.source:
-            named = {s.name: s for s in config.sources}
-            if args.source not in named:
-                raise ConfigError(
-                    f"--source {args.source!r}: the configuration's sources are "
-                    f"{', '.join(sorted(named))}"
-                )
-            source = named[args.source]
-            topics = list(source.topics) + list(args.topic or ()) or None
-            pattern = source.topic_pattern
-    else:
-        if args.source:
+    if args.source:
+        if config is None:
             raise ConfigError("--source needs CONFIG (it names the source's topics)")
-        root = str(Path(args.warehouse).resolve())
+        source = config.source_named(args.source)
+        topics = list(source.topics) + list(args.topic or ()) or None
+        pattern = source.topic_pattern
     where = LetterFilter(topics=topics, topic_pattern=pattern, codes=args.code, stage=args.stage)
     letters = read_letters(DeltaWarehouse(root), where)
     if args.action == "list":
@@ -302,15 +298,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """One self-contained HTML file of the run's history (``cdcflow.report``)."""
     from cdcflow.report import write_report
 
-    if (args.config is None) == (args.warehouse is None):
-        raise ConfigError("cdcflow report: give CONFIG or --warehouse DIR (one of them)")
-    if args.config is not None:
-        from cdcflow.config import load_config
-
-        config = load_config(args.config)
-        warehouse, pipeline_id = config.warehouse, config.pipeline_id
-    else:
-        warehouse, pipeline_id = str(Path(args.warehouse).resolve()), None
+    _, warehouse, pipeline_id = _warehouse_of(args, "report")
     done = write_report(warehouse, args.output, pipeline_id)
     print(
         f"{done.path}: {done.batches:,} micro-batches of {done.sources} source(s), "
@@ -363,17 +351,9 @@ def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
     from cdcflow.source.kafka import log_end_offsets
 
-    ends: dict = {}
+    options = {**config.kafka.reader_options(), **config.subscription()}
     try:
-        for source in config.sources:
-            options = config.kafka.reader_options()
-            if source.topics:
-                options["subscribe"] = ",".join(source.topics)
-            else:
-                options["subscribePattern"] = source.topic_pattern
-            ends.update(
-                log_end_offsets(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
-            )
+        ends = log_end_offsets(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
     except Exception as exc:  # noqa: BLE001 - status reports what it can
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return ends, None

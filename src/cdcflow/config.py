@@ -270,6 +270,13 @@ class SourceConfig(_Strict):
     topic_pattern: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
+    def subscription(self) -> dict[str, str]:
+        """The Kafka source option that reads this source's topics (``subscribe`` or
+        ``subscribePattern``)."""
+        from cdcflow.source.routing import subscription
+
+        return subscription([(self.topics, self.topic_pattern)])
+
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str) -> str:
@@ -495,6 +502,25 @@ class PipelineConfig(_Strict):
         if isinstance(v, list | tuple) and not v:
             raise ValueError("name at least one source (format and topics)")
         return v
+
+    def subscription(self) -> dict[str, str]:
+        """The Kafka source option that reads every source's topics."""
+        from cdcflow.source.routing import subscription
+
+        return subscription((s.topics, s.topic_pattern) for s in self.sources)
+
+    def source_named(self, name: str, what: str = "--source") -> SourceConfig:
+        """The source called ``name``.
+
+        Raises:
+            ConfigError: no source is called so; the message names ``what`` and the
+                configured sources.
+        """
+        for source in self.sources:
+            if source.name == name:
+                return source
+        known = ", ".join(sorted(s.name for s in self.sources))
+        raise ConfigError(f"{what} {name!r}: the configuration's sources are {known}")
 
     @property
     def group_id(self) -> str:

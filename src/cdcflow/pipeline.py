@@ -34,7 +34,7 @@ from typing import Any
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.offsets import PendingApply, offset_ranges
+from cdcflow.apply.offsets import PendingApply
 from cdcflow.apply.router import Router
 from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
@@ -525,7 +525,9 @@ class Pipeline:
         batch_id: int,
         on_durable: Callable[[], None],
     ) -> BatchReport:
-        behind = self.progress.records_behind(name, offset_ranges(events))
+        def behind(ranges: dict) -> int | None:  # the apply's own ranges: computed once
+            return self.progress.records_behind(name, ranges)
+
         try:
             report = applier.apply(
                 events, delivery_id=batch_id, on_durable=on_durable, records_behind=behind

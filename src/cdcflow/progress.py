@@ -36,6 +36,7 @@ from cdcflow.apply.accounting import BatchReport
 __all__ = [
     "MOSTLY_DEAD_LETTERS",
     "ProgressReporter",
+    "RunTotals",
     "TableCounts",
     "counts",
     "human_duration",
@@ -80,45 +81,67 @@ class TableCounts:
         self.truncated += int(bool(mirror.truncated))
 
 
+@dataclass
+class RunTotals:
+    """What a run applied, added up report by report (a long streaming run keeps counters,
+    not its reports)."""
+
+    micro_batches: int = 0
+    records: int = 0
+    events: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    dead_letters: Counter = field(default_factory=Counter)
+    tables: dict[str, TableCounts] = field(default_factory=dict)
+
+    def add(self, report: BatchReport) -> None:
+        """Add one source's report (the caller counts the micro-batches)."""
+        self.records += report.records
+        self.events += report.events
+        self.skipped.update(report.skipped)
+        self.dead_letters.update(report.dead_letters)
+        for mirror in report.mirrors:
+            if not mirror.skipped_replay:  # applied before: counted then
+                self.tables.setdefault(mirror.target, TableCounts()).add(mirror)
+
+    def lines(self) -> list[str]:
+        """The end of a run: totals, skips and dead letters by code, and per table the
+        rows inserted, updated and deleted (the widest tables' names are not cut)."""
+        skipped, dead = self.skipped, self.dead_letters
+        line = f"{self.micro_batches:,} micro-batches: {self.records:,} records, {self.events:,} events"
+        line += f"; {sum(skipped.values()):,} skipped" + (
+            f" ({counts(skipped)})" if skipped else ""
+        )
+        line += f"; {sum(dead.values()):,} dead letters" + (f" ({counts(dead)})" if dead else "")
+        lines = [line]
+        if self.tables:
+            width = max(12, *(len(t) for t in self.tables))
+            lines.append(f"{'table':{width}}  {'inserted':>10} {'updated':>10} {'deleted':>10}")
+            for name in sorted(self.tables):
+                c = self.tables[name]
+                truncated = (
+                    f"  ({c.truncated} truncate{'s' * (c.truncated > 1)})" if c.truncated else ""
+                )
+                lines.append(
+                    f"{name:{width}}  {c.inserted:>10,} {c.updated:>10,} {c.deleted:>10,}{truncated}"
+                )
+        return lines
+
+
 def table_counts(reports: Iterable[BatchReport]) -> dict[str, TableCounts]:
     """Per target table, what ``reports`` changed."""
-    out: dict[str, TableCounts] = {}
+    totals = RunTotals()
     for report in reports:
-        for mirror in report.mirrors:
-            if mirror.skipped_replay:
-                continue
-            out.setdefault(mirror.target, TableCounts()).add(mirror)
-    return out
+        totals.add(report)
+    return totals.tables
 
 
 def summary_lines(reports: dict[str, list[BatchReport]], batches: int) -> list[str]:
-    """The end of a run: totals, skips and dead letters by code, and per table the rows
-    inserted, updated and deleted (the widest tables' names are not cut)."""
-    every = [r for rs in reports.values() for r in rs]
-    records = sum(r.records for r in every)
-    events = sum(r.events for r in every)
-    skipped: Counter = Counter()
-    dead: Counter = Counter()
-    for r in every:
-        skipped.update(r.skipped)
-        dead.update(r.dead_letters)
-    line = f"{batches:,} micro-batches: {records:,} records, {events:,} events"
-    line += f"; {sum(skipped.values()):,} skipped" + (f" ({counts(skipped)})" if skipped else "")
-    line += f"; {sum(dead.values()):,} dead letters" + (f" ({counts(dead)})" if dead else "")
-    lines = [line]
-    tables = table_counts(every)
-    if tables:
-        width = max(12, *(len(t) for t in tables))
-        lines.append(f"{'table':{width}}  {'inserted':>10} {'updated':>10} {'deleted':>10}")
-        for name in sorted(tables):
-            c = tables[name]
-            truncated = (
-                f"  ({c.truncated} truncate{'s' * (c.truncated > 1)})" if c.truncated else ""
-            )
-            lines.append(
-                f"{name:{width}}  {c.inserted:>10,} {c.updated:>10,} {c.deleted:>10,}{truncated}"
-            )
-    return lines
+    """:meth:`RunTotals.lines` of ``reports`` (per source) over ``batches`` micro-batches."""
+    totals = RunTotals(micro_batches=batches)
+    for source_reports in reports.values():
+        for report in source_reports:
+            totals.add(report)
+    return totals.lines()
 
 
 @dataclass
@@ -157,11 +180,10 @@ class ProgressReporter:
         self._batches: dict[int, _Batch] = {}
         self._started = self.clock()
         self._last_end = self._started
-        self._recovered = 0
-        #: every report, per source, in the order applied
-        self.reports: dict[str, list[BatchReport]] = {}
-        #: Spark's micro-batch ids whose applies ended
-        self.applied_batches: list[int] = []
+        #: what the run applied so far (:meth:`summary`)
+        self.totals = RunTotals()
+        #: Spark's id of the last micro-batch whose applies ended (``None``: none yet)
+        self.last_batch: int | None = None
         #: (topic, partition) -> the next offset to apply (after the last applied record)
         self.next_offsets: dict[TopicPartition, int] = {}
         #: source -> records behind the log end after its last line (``None``: unknown)
@@ -191,9 +213,10 @@ class ProgressReporter:
             batch.reports = dict(reports)
             batch.seconds = now - self._last_end
             self._last_end = now
-            self.applied_batches.append(batch_id)
-            for name, report in reports.items():
-                self.reports.setdefault(name, []).append(report)
+            self.last_batch = batch_id
+            self.totals.micro_batches += 1
+            for report in reports.values():
+                self.totals.add(report)
                 for tp, (_, last) in report.ranges.items():
                     self.next_offsets[tp] = max(self.next_offsets.get(tp, 0), last + 1)
             self._write_ready(batch_id)
@@ -201,8 +224,8 @@ class ProgressReporter:
     def finished(self, source: str, report: BatchReport) -> None:
         """An apply a crash interrupted was finished at start-up, from Kafka."""
         with self._lock:
-            self.reports.setdefault(source, []).append(report)
-            self._recovered += 1
+            self.totals.add(report)
+            self.totals.micro_batches += 1  # an apply of its own
             line = self._line(-1, source, report, None, None)
             self.write(
                 line.replace("batch -1", f"apply {report.batch_id} (interrupted, finished)", 1)
@@ -252,7 +275,7 @@ class ProgressReporter:
 
     def stop_line(self) -> str:
         """``stopped after micro-batch N; the next run resumes at ...`` for a stop."""
-        if not self.applied_batches:
+        if self.last_batch is None:
             return (
                 "stopped before any micro-batch was applied; the next run starts where this one did"
             )
@@ -261,13 +284,13 @@ class ProgressReporter:
         more = f" and {len(at) - 4} more partitions" if len(at) > 4 else ""
         where = f"at {shown}{more}" if at else "where this one stopped"
         return (
-            f"stopped after micro-batch {self.applied_batches[-1]}; the next run resumes {where} "
+            f"stopped after micro-batch {self.last_batch}; the next run resumes {where} "
             "(the warehouse's offsets)"
         )
 
     def summary(self) -> list[str]:
-        """:func:`summary_lines` of everything applied so far."""
-        return summary_lines(self.reports, len(self.applied_batches) + self._recovered)
+        """:meth:`RunTotals.lines` of everything applied so far."""
+        return self.totals.lines()
 
     # ------------------------------------------------------------------ lines
 

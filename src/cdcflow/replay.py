@@ -95,13 +95,7 @@ def replay(
 
     if config.sink == "delta-spark":
         raise ConfigError("cdcflow dead-letters replay: sink delta-spark is not supported yet")
-    named = {s.name: s for s in config.sources}
-    for name in sources or ():
-        if name not in named:
-            raise ConfigError(
-                f"--source {name!r}: the configuration's sources are {', '.join(sorted(named))}"
-            )
-    chosen = [named[n] for n in sources] if sources else list(config.sources)
+    chosen = [config.source_named(n) for n in sources] if sources else list(config.sources)
     with PipelineLease(config.warehouse, config.pipeline_id) as lease:
 
         def fenced() -> None:

@@ -379,70 +379,52 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
     colour = _colours(sources)
     out: list[tuple[str, Any | None, str]] = []
 
-    # events per second
-    traces = []
-    for s in sources:
-        points = [(b, b.events_per_s) for b in s.batches if b.events_per_s is not None]
-        hover = [
-            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
-            f"<br>{b.events:,} events in {b.seconds_since_previous:.1f} s: {rate:,.0f} events/s"
-            for b, rate in points
-        ]
-        if points:
-            traces.append(_line(go, s, colour[s.name], points, hover))
-    layout = _layout(go, "Events per second", "events/s", x_range, _HEIGHT)
-    out.append(
-        (
-            PLOT_IDS[0],
-            go.Figure(traces, layout) if traces else None,
-            "events of a micro-batch over the seconds since the source's previous one "
-            "committed (_cdcflow/batches); the first micro-batch has no rate",
-        )
-    )
+    def line_plot(value, detail, plot_id: str, title: str, y_title: str, caption: str):
+        """One line per source of ``value(batch)`` (``None``: no point), ``detail(batch,
+        value)`` on hover."""
+        traces = []
+        for s in sources:
+            points = [(b, v) for b in s.batches if (v := value(b)) is not None]
+            hover = [
+                f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
+                f"<br>{detail(b, v)}"
+                for b, v in points
+            ]
+            if points:
+                traces.append(_line(go, s, colour[s.name], points, hover))
+        layout = _layout(go, title, y_title, x_range, _HEIGHT)
+        out.append((plot_id, go.Figure(traces, layout) if traces else None, caption))
 
-    # source lag
+    line_plot(
+        lambda b: b.events_per_s,
+        lambda b, rate: (
+            f"{b.events:,} events in {b.seconds_since_previous:.1f} s: {rate:,.0f} events/s"
+        ),
+        PLOT_IDS[0],
+        "Events per second",
+        "events/s",
+        "events of a micro-batch over the seconds since the source's previous one "
+        "committed (_cdcflow/batches); the first micro-batch has no rate",
+    )
     lags = [b.lag_ms for s in sources for b in s.batches if b.lag_ms is not None]
     divisor, unit = _lag_unit(max(lags, default=0))
-    traces = []
-    for s in sources:
-        points = [(b, b.lag_ms / divisor) for b in s.batches if b.lag_ms is not None]
-        hover = [
-            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
-            f"<br>lag {human_duration(b.lag_ms / 1000)}"
-            for b, _ in points
-        ]
-        if points:
-            traces.append(_line(go, s, colour[s.name], points, hover))
-    layout = _layout(go, "Source lag at commit", f"lag ({unit})", x_range, _HEIGHT)
-    out.append(
-        (
-            PLOT_IDS[1],
-            go.Figure(traces, layout) if traces else None,
-            "commit time minus the newest source time of the micro-batch "
-            "(_cdcflow/progress.lag_ms)",
-        )
+    line_plot(
+        lambda b: None if b.lag_ms is None else b.lag_ms / divisor,
+        lambda b, _: f"lag {human_duration(b.lag_ms / 1000)}",
+        PLOT_IDS[1],
+        "Source lag at commit",
+        f"lag ({unit})",
+        "commit time minus the newest source time of the micro-batch (_cdcflow/progress.lag_ms)",
     )
-
-    # records behind the log end
-    traces = []
-    for s in sources:
-        points = [(b, b.records_behind) for b in s.batches if b.records_behind is not None]
-        hover = [
-            f"{html.escape(s.name)}<br>micro-batch {b.batch_id} at {_stamp(b.committed_at_ms)}"
-            f"<br>{behind:,} records behind the log end"
-            for b, behind in points
-        ]
-        if points:
-            traces.append(_line(go, s, colour[s.name], points, hover))
-    layout = _layout(go, "Records behind the log end", "records", x_range, _HEIGHT)
-    out.append(
-        (
-            PLOT_IDS[2],
-            go.Figure(traces, layout) if traces else None,
-            "records between the micro-batch's end offsets and the log ends Spark last "
-            "reported (_cdcflow/progress.records_behind; not recorded by warehouses "
-            "before the column, nor when Spark had not reported the log ends)",
-        )
+    line_plot(
+        lambda b: b.records_behind,
+        lambda b, behind: f"{behind:,} records behind the log end",
+        PLOT_IDS[2],
+        "Records behind the log end",
+        "records",
+        "records between the micro-batch's end offsets and the log ends Spark last "
+        "reported (_cdcflow/progress.records_behind; not recorded by warehouses "
+        "before the column, nor when Spark had not reported the log ends)",
     )
 
     # dead letters per micro-batch, stacked by code, one row per source

@@ -65,12 +65,7 @@ def _partitions(config: PipelineConfig, source: SourceConfig, topic: str | None)
     from cdcflow.source.kafka import watermarks
 
     options = config.kafka.reader_options()
-    if topic is not None:
-        options["subscribe"] = topic
-    elif source.topics:
-        options["subscribe"] = ",".join(source.topics)
-    else:
-        options["subscribePattern"] = source.topic_pattern
+    options.update({"subscribe": topic} if topic is not None else source.subscription())
     marks = watermarks(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
     return options, marks
 

@@ -179,7 +179,7 @@ class BatchApplier:
         events: pa.Table,
         delivery_id: int | None = None,
         on_durable: Callable[[], None] | None = None,
-        records_behind: int | None = None,
+        records_behind: Callable[[dict[TopicPartition, tuple[int, int]]], int | None] | None = None,
     ) -> BatchReport:
         """Apply the records of one delivery (a micro-batch) that the warehouse lacks.
 
@@ -198,8 +198,8 @@ class BatchApplier:
                 :meth:`~cdcflow.apply.offsets.OffsetLedger.pending`). The pipeline lets
                 Spark go on to the next micro-batch from there (decision 32). Called
                 before the tables are written; not called when the apply fails first.
-            records_behind: records between the delivery's end and the log ends, recorded
-                in ``_cdcflow/progress`` (``None``: not known).
+            records_behind: given an apply's offset ranges, the records between their ends
+                and the log ends (``None``: not known), recorded in ``_cdcflow/progress``.
 
         Returns:
             The report of what was applied (``batch_id`` is the warehouse's apply id;
@@ -246,7 +246,7 @@ class BatchApplier:
         batch_id: int,
         delivery_id: int | None,
         ranges: dict[TopicPartition, tuple[int, int]],
-        records_behind: int | None = None,
+        records_behind: Callable[[dict[TopicPartition, tuple[int, int]]], int | None] | None = None,
     ) -> BatchReport:
         """Apply ``events`` as apply ``batch_id`` (its intent already recorded): the
         ordered writes of the module docstring, steps 2 to 7."""
@@ -255,7 +255,7 @@ class BatchApplier:
             batch_id=batch_id,
             delivery_id=delivery_id,
             ranges=dict(ranges),
-            records_behind=records_behind,
+            records_behind=None if records_behind is None else records_behind(ranges),
         )
         wh = self.warehouse
         wh.commit_metadata = {
@@ -306,7 +306,7 @@ class BatchApplier:
         wh.append(wh.system_path(DEAD_LETTERS), pa.concat_tables(letters), batch_id)
         # 6. progress
         records = per_record(events)
-        progress = progress_row(rows, report, batch_id, wh.pipeline_id, records_behind)
+        progress = progress_row(rows, report, batch_id, wh.pipeline_id, report.records_behind)
         wh.append(wh.system_path(PROGRESS), progress, batch_id)
         if progress.num_rows:
             report.lag_ms = progress["lag_ms"][0].as_py()

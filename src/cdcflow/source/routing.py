@@ -22,7 +22,21 @@ import pyarrow.compute as pc
 from cdcflow.decode.batches import DecodeFunction, decode_kafka_batch
 from cdcflow.errors import ConfigError
 
-__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting", "topic_named_twice"]
+__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting", "subscription", "topic_named_twice"]
+
+
+def subscription(selections: Iterable[tuple[Sequence[str], str | None]]) -> dict[str, str]:
+    """The Kafka source option that reads every ``(topics, topic_pattern)`` selection:
+    ``subscribe`` when each names its topics, else ``subscribePattern`` (the patterns and
+    escaped topic names as one alternation, matched against whole names)."""
+    selections = list(selections)
+    if all(pattern is None for _, pattern in selections):
+        return {"subscribe": ",".join(t for topics, _ in selections for t in topics)}
+    parts = [
+        f"(?:{pattern})" if pattern is not None else "|".join(re.escape(t) for t in topics)
+        for topics, pattern in selections
+    ]
+    return {"subscribePattern": "|".join(parts)}
 
 
 def topic_named_twice(sources: Iterable[tuple[str, Iterable[str]]]) -> str | None:
@@ -144,18 +158,8 @@ class TopicRouting:
         return None if route is None else route.name
 
     def subscription(self) -> dict[str, str]:
-        """The Kafka source option that reads every source's topics: ``subscribe`` when
-        every source names its topics, else ``subscribePattern`` (the sources' patterns
-        and escaped topic names as one alternation, matched against whole names)."""
-        if all(r.topic_pattern is None for r in self.routes):
-            return {"subscribe": ",".join(t for r in self.routes for t in r.topics)}
-        parts = [
-            f"(?:{r.topic_pattern})"
-            if r.topic_pattern is not None
-            else "|".join(re.escape(t) for t in r.topics)
-            for r in self.routes
-        ]
-        return {"subscribePattern": "|".join(parts)}
+        """The Kafka source option that reads every source's topics (:func:`subscription`)."""
+        return subscription((r.topics, r.topic_pattern) for r in self.routes)
 
     def split(self, events: pa.Table) -> dict[str, pa.Table]:
         """A micro-batch's event rows by source (by their ``topic`` column); sources
