@@ -24,6 +24,14 @@ Example (every key with its default where it has one)::
         topics: [pg.public.customers]   # or topic_pattern: 'pg\\..*'
         options:                   # the format's options
           primary_keys: {customers: [id]}
+        include: []                # regexes over database.schema.table; [] = every table
+        exclude: []                # ... left out (skipped on purpose: TABLE_EXCLUDED)
+        routes:                    # first match wins; else target_template
+          - source_table: 'shop\\.public\\.orders_(\\d+)'
+            target_table: shop.public.orders   # \\1, \\g<name>: the match's groups
+            shard_column: _shard   # each row's source table; a key in two shards: dead letter
+        table_prefix: ""           # around the last part of every target name
+        table_suffix: ""
     tables:                        # per-table rules, in order; later matches override
       - match: "*"                 # fnmatch pattern over target table names
         mode: mirror               # mirror (SCD type 1) | history (SCD type 2)
@@ -32,6 +40,12 @@ Example (every key with its default where it has one)::
         ignore_null_updates: false
         sequence_by: []            # tie-break columns after the source sequence
         track_history: null        # history mode: columns that open a new version
+        change_feed: false         # Delta Change Data Feed (readChangeFeed, load_cdf)
+        columns: null              # {include: [..]} or {exclude: [card_number]}; keys always land
+        computed_columns: {}       # name: expression, e.g. order_date: date(created_at)
+        metadata_columns: {}       # name: field, e.g. src_table: source_table (or a list)
+        type_overrides: {}         # column: logical type, e.g. amount: decimal(38,10)
+        filter: null               # e.g. "status <> 'test'": other rows skipped (ROW_FILTERED)
     apply:
       tombstone_retention_hours: 168   # deleted keys remembered this long (0: forever)
       table_budget_s: 600          # a table whose apply of one batch takes longer stops (0: off)
@@ -85,6 +99,7 @@ from pydantic import (
 )
 
 from cdcflow.apply.options import TableRule, TableRules
+from cdcflow.apply.router import RouteRule, Routing
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.secrets import RedactedDict, redact, resolve_references
@@ -262,6 +277,12 @@ class SourceConfig(_Strict):
         topics: the topics, or empty when ``topic_pattern`` is set.
         topic_pattern: a regular expression matched against whole topic names.
         options: the format's options, checked by the format's options class at load.
+        include, exclude: regular expressions over whole source names
+            ``database.schema.table``: only included tables land, excluded ones do not
+            (their events are skipped on purpose: ``TABLE_EXCLUDED``).
+        routes: rules sending matching source tables to a named target, sharded tables
+            merged (:class:`~cdcflow.apply.router.RouteRule`).
+        table_prefix, table_suffix: around the last part of every target's name.
     """
 
     name: str = ""
@@ -269,6 +290,34 @@ class SourceConfig(_Strict):
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    routes: tuple[RouteRule, ...] = ()
+    table_prefix: str = ""
+    table_suffix: str = ""
+
+    def routing(self) -> Routing:
+        """The source's table selection and routing (:class:`~cdcflow.apply.router.Routing`)."""
+        return Routing(
+            include=self.include,
+            exclude=self.exclude,
+            routes=self.routes,
+            table_prefix=self.table_prefix,
+            table_suffix=self.table_suffix,
+        )
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _table_patterns(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"{pattern!r} is not a valid regular expression: {exc}; patterns match "
+                    "whole names database.schema.table, e.g. 'shop\\.public\\..*'"
+                ) from None
+        return v
 
     def subscription(self) -> dict[str, str]:
         """The Kafka source option that reads this source's topics (``subscribe`` or

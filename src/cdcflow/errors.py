@@ -52,6 +52,12 @@ class Code(StrEnum):
     SCHEMA_CHANGE = "SCHEMA_CHANGE"  # a schema change the table's policy does not apply
     TABLE_STOPPED = "TABLE_STOPPED"  # the target table was stopped by an earlier change
     MISSING_SEQ = "MISSING_SEQ"  # a history (SCD type 2) table needs a source sequence
+    SHARD_KEY_COLLISION = (
+        "SHARD_KEY_COLLISION"  # a key another source table of a merged target holds
+    )
+    EXPRESSION_FAILED = (
+        "EXPRESSION_FAILED"  # a computed column, row filter or type override failed for the row
+    )
     INCOMPLETE_APPLY = "INCOMPLETE_APPLY"  # a micro-batch holds part of an interrupted apply
     PIPELINE_RUNNING = "PIPELINE_RUNNING"  # another run of the pipeline holds its lease
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops
@@ -77,6 +83,8 @@ class SkipReason(StrEnum):
     BEGIN = "BEGIN"  # a transaction start marker
     COMMIT = "COMMIT"  # a transaction end marker
     MESSAGE = "MESSAGE"  # a logical-decoding message (Debezium op m)
+    TABLE_EXCLUDED = "TABLE_EXCLUDED"  # a change of a table the source's include/exclude leaves out
+    ROW_FILTERED = "ROW_FILTERED"  # a change its table's filter is not true for
     JOINED = "JOINED"  # not a skip: an update half whose change its partner's event carries
 
 

@@ -104,15 +104,16 @@ class RunSummary:
 def applier_for(
     config: PipelineConfig,
     warehouse: DeltaWarehouse,
+    source: SourceConfig,
     fence: Callable[[], None] | None = None,
     expiry_clock: ExpiryClock | None = None,
 ) -> BatchApplier:
-    """The :class:`BatchApplier` of one source's warehouse view, with the configuration's
-    tables, apply and maintenance settings (the pipeline's, and ``cdcflow dead-letters
-    replay``'s)."""
+    """The :class:`BatchApplier` of one source's warehouse view, with the source's
+    routing and the configuration's tables, apply and maintenance settings (the
+    pipeline's, and ``cdcflow dead-letters replay``'s)."""
     return BatchApplier(
         warehouse,
-        Router(config.target_template),
+        Router(config.target_template, source.routing()),
         tables=config.tables,
         tombstone_retention_hours=config.apply.tombstone_retention_hours,
         transactions=config.apply.transaction_policy(),
@@ -352,6 +353,7 @@ class Pipeline:
         return applier_for(
             self.config,
             self.warehouse_for(source),
+            source,
             fence=self.fence,
             expiry_clock=self._expiry_clock,
         )

@@ -187,7 +187,9 @@ def _run(
         merge_engine=config.apply.merge_engine,
     )
     events, gone = _events(config, source, identity, view, rows)
-    applied = applier_for(config, view, fence=fence).apply(events) if events.num_rows else None
+    applied = (
+        applier_for(config, view, source, fence=fence).apply(events) if events.num_rows else None
+    )
     report.events += 0 if applied is None else applied.events
     again = _failed_again(view, rows, started_ms)
     outcomes = [
@@ -267,7 +269,7 @@ def _events(
     )
     events = pa.Table.from_batches(list(decode(iter(table.to_batches()))), schema=EVENT_SCHEMA)
     if targets and events.num_rows:
-        events = _only_refused(events, targets, Router(config.target_template))
+        events = _only_refused(events, targets, Router(config.target_template, source.routing()))
     return events, gone
 
 

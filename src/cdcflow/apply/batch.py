@@ -52,9 +52,17 @@ from cdcflow.apply.accounting import (
 )
 from cdcflow.apply.offsets import IncompleteApply, OffsetLedger, TopicPartition, offset_ranges
 from cdcflow.apply.options import TableOptions
-from cdcflow.apply.router import TABLE_OPS, Router, by_target, declarations_on_every_row
+from cdcflow.apply.router import (
+    TABLE_OPS,
+    Router,
+    by_target,
+    declarations_on_every_row,
+    split_excluded,
+)
 from cdcflow.apply.schema_log import SchemaLog
-from cdcflow.apply.schema_policy import SchemaStop
+from cdcflow.apply.schema_policy import SchemaStop, stored_types
+from cdcflow.apply.shape import shape, shapes
+from cdcflow.apply.shards import refuse_collisions
 from cdcflow.apply.tables import TableApplier, TableFault
 from cdcflow.apply.transactions import (
     TransactionPolicy,
@@ -65,7 +73,7 @@ from cdcflow.apply.transactions import (
 )
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
-from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult
+from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult, arrow_schema
 from cdcflow.sinks.maintenance import (
     ExpiryClock,
     Maintainer,
@@ -102,6 +110,14 @@ _SYSTEM = (
     SCHEMA_CHANGES,
     TOMBSTONES,
 )
+
+
+def _declared_types(part: pa.Table) -> dict[str, str]:
+    """Column -> logical type, as the part's events declare them (later ones win)."""
+    types: dict[str, str] = {}
+    for text in pc.unique(part["columns"]).drop_null().to_pylist():
+        types.update(orjson.loads(text))
+    return types
 
 
 def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool) -> pa.Table:
@@ -286,6 +302,8 @@ class BatchApplier:
         if self.transactions is not None:
             # first commit of the batch after the decoder state: what waits for the next one
             ready, report.transactions = self._whole_transactions(rows, batch_id)
+        # routing and shaping: tables left out, rows filtered, columns added and dropped
+        ready, parts = self._route(ready, batch_id, report, letters)
         # 3. the changelog
         if self.changelog and ready.num_rows:
             wh.append(wh.system_path(CHANGELOG), changelog_rows(ready, batch_id), batch_id)
@@ -294,11 +312,12 @@ class BatchApplier:
         self.schema_log.start()  # re-read once a batch: `cdcflow resume` may have written
         stopped = self.schema_log.stopped()
         wh.tombstones.begin()
-        parts = list(by_target(ready, self.router))
-        for (target, part), outcome in zip(
+        for (target, part), (outcome, collided) in zip(
             parts, self._apply_tables(parts, batch_id, stopped), strict=True
         ):
             letters.extend(self._account_table(target, part, batch_id, outcome, report))
+            if collided is not None:
+                letters.append(self._collisions(target, collided, batch_id, report))
         wh.tombstones.flush(batch_id)  # every mirror's deleted keys, in one commit
         self.schema_log.write(batch_id)
         self._maybe_purge_tombstones()
@@ -332,12 +351,100 @@ class BatchApplier:
         report.maintenance += [e.describe() for e in self.maintainer.expire_due()]
         return report
 
+    def _route(
+        self, ready: pa.Table, batch_id: int, report: BatchReport, letters: list[pa.Table]
+    ) -> tuple[pa.Table, list[tuple[str, pa.Table]]]:
+        """The events to record and apply, and their parts per target, after the
+        source's routing and each target's shaping (:mod:`cdcflow.apply.router`,
+        :mod:`cdcflow.apply.shape`).
+
+        Events of tables left out are counted as skipped (``TABLE_EXCLUDED``), rows a
+        filter leaves out too (``ROW_FILTERED``); events a target cannot shape become
+        dead letters in ``letters``. The events keep their order.
+        """
+        ready, excluded = split_excluded(ready, self.router)
+        if excluded.num_rows:
+            changes = pc.sum(pc.cast(pc.is_in(excluded["op"], TABLE_OPS), pa.int64())).as_py()
+            if changes:
+                report.skipped[SkipReason.TABLE_EXCLUDED] += changes
+        parts = list(by_target(ready, self.router))
+        shaping = [
+            (target, self.router.shard_column(target))
+            for target, _ in parts
+            if shapes(self.tables(target), self.router.shard_column(target))
+        ]
+        if not shaping:
+            return ready, parts
+        position = "__cdcflow_position"
+        numbered = ready.append_column(position, pa.array(range(ready.num_rows), pa.int64()))
+        shaped_parts: list[tuple[str, pa.Table]] = []
+        gone: list[pa.Array] = []
+        to_shape = dict(shaping)
+        for target, part in by_target(numbered, self.router):
+            if target not in to_shape:
+                shaped_parts.append((target, part))
+                continue
+            table = self.warehouse.open(self.warehouse.table_path(target))
+            stored = stored_types(None if table is None else arrow_schema(table))
+            out = shape(part, self.tables(target), to_shape[target], stored)
+            shaped_parts.append((target, out.rows))
+            gone += [
+                out.filtered[position].combine_chunks(),
+                out.refused[position].combine_chunks(),
+            ]
+            if out.filtered.num_rows:
+                report.skipped[SkipReason.ROW_FILTERED] += out.filtered.num_rows
+            if out.refused.num_rows:
+                report.dead_letters[Code.EXPRESSION_FAILED] += out.refused.num_rows
+                letters.append(
+                    dead_letters(
+                        out.refused,
+                        batch_id,
+                        "apply",
+                        Code.EXPRESSION_FAILED,
+                        pa.chunked_array([pa.array(out.messages, pa.string())]),
+                        target,
+                    )
+                )
+        in_parts = pa.concat_arrays(
+            [p[position].combine_chunks() for _, p in by_target(numbered, self.router)]
+        )
+        others = numbered.filter(pc.invert(pc.is_in(numbered[position], in_parts)))
+        every = pa.concat_tables([others, *(p for _, p in shaped_parts)])
+        every = every.take(pc.sort_indices(every[position]))
+        drop = every.schema.get_field_index(position)
+        return every.remove_column(drop), [
+            (t, p.remove_column(p.schema.get_field_index(position))) for t, p in shaped_parts
+        ]
+
+    def _collisions(
+        self, target: str, collided: tuple[pa.Table, list[str]], batch_id: int, report: BatchReport
+    ) -> pa.Table:
+        """The dead letters of a sharded target's changes to keys another shard holds."""
+        rows, messages = collided
+        report.dead_letters[Code.SHARD_KEY_COLLISION] += rows.num_rows
+        log.warning(
+            "table %s: %d change(s) refused, their keys belong to another shard: %s",
+            target,
+            rows.num_rows,
+            messages[0],
+        )
+        return dead_letters(
+            rows,
+            batch_id,
+            "apply",
+            Code.SHARD_KEY_COLLISION,
+            pa.chunked_array([pa.array(messages, pa.string())]),
+            target,
+        )
+
     def _apply_tables(
         self, parts: list[tuple[str, pa.Table]], batch_id: int, stopped: dict[str, str]
-    ) -> list[MirrorResult | ApplyError]:
+    ) -> list[tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]]:
         """Apply each target's part, up to :attr:`parallel_tables` at once; per part, in
         order, what its apply gave: the mirror's result, or the ``ApplyError`` that
-        stopped it (its events become dead letters).
+        stopped it (its events become dead letters); and a sharded target's changes
+        refused for keys another shard holds (``None``: none).
 
         Every table's commit carries the apply's application transaction, so which ones
         committed before a crash does not matter: the apply's replay skips those and
@@ -357,10 +464,12 @@ class BatchApplier:
 
     def _apply_table(
         self, target: str, part: pa.Table, batch_id: int, stopped: dict[str, str]
-    ) -> MirrorResult | ApplyError:
+    ) -> tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]:
         """Apply one target's part (:class:`~cdcflow.apply.tables.TableApplier`); the
-        ``ApplyError`` that stopped it is returned, not raised (runs on a worker thread:
-        touches nothing of the batch but the table's own Delta tables)."""
+        ``ApplyError`` that stopped it is returned, not raised, beside the changes a
+        sharded target refused (runs on a worker thread: touches nothing of the batch
+        but the table's own Delta tables)."""
+        collided = None
         try:
             if target in stopped:
                 raise ApplyError(
@@ -368,9 +477,17 @@ class BatchApplier:
                     "(see _cdcflow/schema_changes; docs/semantics.md#schema-changes)",
                     Code.TABLE_STOPPED,
                 )
-            return self.table_applier.apply(target, part, batch_id, self.tables(target))
+            shard_column = self.router.shard_column(target)
+            if shard_column is not None:
+                types = _declared_types(part)
+                part, refused, messages = refuse_collisions(
+                    self.warehouse, target, part, shard_column, types
+                )
+                if refused.num_rows:
+                    collided = (refused, messages)
+            return self.table_applier.apply(target, part, batch_id, self.tables(target)), collided
         except ApplyError as exc:
-            return exc
+            return exc, collided
 
     def _account_table(
         self,

@@ -29,7 +29,9 @@ disagree. See docs/semantics.md for what each option does.
 from __future__ import annotations
 
 import fnmatch
+import zoneinfo
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
@@ -42,12 +44,18 @@ from pydantic import (
     model_validator,
 )
 
+from cdcflow.types import parse_type
+
 __all__ = [
+    "METADATA_FIELDS",
     "SCHEMA_POLICIES",
+    "ColumnSelection",
     "TableMaintenanceOptions",
     "TableOptions",
     "TableRule",
     "TableRules",
+    "TypeOverride",
+    "parse_override",
 ]
 
 #: What a schema change does to a table (Flink CDC's schema-change behaviours):
@@ -87,6 +95,130 @@ class TableMaintenanceOptions(BaseModel):
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
+#: What a metadata column may hold (``tables[].metadata_columns``), each from the event:
+#: the source table's names, the change's op, the source commit time (epoch ms), the
+#: source sequence, the transaction id, the Kafka record's coordinates and the format.
+METADATA_FIELDS = {
+    "database": "string",
+    "schema": "string",
+    "table": "string",
+    "source_table": "string",  # database.schema.table, empty parts left out
+    "op": "string",
+    "ts_ms": "int64",
+    "seq": "string",
+    "txn_id": "string",
+    "topic": "string",
+    "partition": "int32",
+    "offset": "int64",
+    "format": "string",
+}
+
+
+def _named_metadata(value: Any) -> Any:
+    """``[table, op]`` is ``{table: table, op: op}``: a list names each column after its field."""
+    if isinstance(value, list | tuple):
+        return {str(v): v for v in value}
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TypeOverride:
+    """One ``type_overrides`` value: the logical type a column is stored as, and for
+    timestamps the zone a naive wall clock is read in (``timestamptz(Asia/Shanghai)``) or
+    written for (``timestamp(Asia/Shanghai)``)."""
+
+    logical: str
+    zone: str | None = None
+
+
+def parse_override(text: str) -> TypeOverride:
+    """A ``type_overrides`` value: a logical type (``int64``, ``decimal(38,10)``,
+    ``string``, ``date``, ...), or ``timestamptz(ZONE)`` / ``timestamp(ZONE)`` with an
+    IANA zone name.
+
+    Raises:
+        ValueError: not a logical type, or an unknown zone.
+    """
+    text = text.strip()
+    for base in ("timestamptz", "timestamp"):
+        if text.startswith(f"{base}(") and text.endswith(")"):
+            zone = text[len(base) + 1 : -1].strip()
+            try:
+                zoneinfo.ZoneInfo(zone)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"{zone!r} is not a time zone; use an IANA name, e.g. 'Asia/Shanghai'"
+                ) from None
+            return TypeOverride(base, zone)
+    try:
+        parse_type(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a logical type; use boolean, int32, int64, float32, float64, "
+            "decimal(P,S), string, json, binary, date, time, timestamp, timestamptz or "
+            "timestamptz(ZONE)"
+        ) from None
+    return TypeOverride(text)
+
+
+class ColumnSelection(BaseModel):
+    """``tables[].columns``: ``include`` (only these land) or ``exclude`` (these do not);
+    names are exact column names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one(self) -> ColumnSelection:
+        if self.include is not None and self.exclude:
+            raise ValueError("columns: set include or exclude, not both")
+        return self
+
+    def keeps(self, column: str) -> bool:
+        """Whether ``column`` lands."""
+        if self.include is not None:
+            return column in self.include
+        return column not in self.exclude
+
+
+def _check_shaping(options: Any) -> None:
+    """The shaping options of a table or rule, checked when the configuration loads.
+
+    Raises:
+        ValueError: naming the option and the fix (an expression that does not parse,
+            an unknown metadata field or logical type).
+    """
+    for name, field in (getattr(options, "metadata_columns", None) or {}).items():
+        if field not in METADATA_FIELDS:
+            raise ValueError(
+                f"metadata_columns.{name}: unknown metadata {field!r}; use one of "
+                f"{sorted(METADATA_FIELDS)}"
+            )
+    for name, text in (getattr(options, "type_overrides", None) or {}).items():
+        try:
+            parse_override(text)
+        except ValueError as exc:
+            raise ValueError(f"type_overrides.{name}: {exc}") from None
+    computed = getattr(options, "computed_columns", None) or {}
+    condition = getattr(options, "filter", None)
+    if not computed and condition is None:
+        return
+    from cdcflow.apply.expressions import parse_expression, parse_filter
+
+    for name, text in computed.items():
+        try:
+            parse_expression(text)
+        except ValueError as exc:
+            raise ValueError(f"computed_columns.{name}: {exc}") from None
+    if condition is not None:
+        try:
+            parse_filter(condition)
+        except ValueError as exc:
+            raise ValueError(f"filter: {exc}") from None
+
+
 class TableOptions(BaseModel):
     """How changes are applied to one target table.
 
@@ -110,6 +242,21 @@ class TableOptions(BaseModel):
             one folder per value), set when cdcflow creates the table; an existing
             table keeps its layout. ``()``: unpartitioned, clustered by key (the
             default, and what most tables want: docs/decisions.md 50).
+        change_feed: the table records a change data feed (Delta's Change Data Feed:
+            ``delta.enableChangeDataFeed``), so ``readChangeFeed`` in Spark and
+            ``DeltaTable.load_cdf`` in delta-rs read what each commit changed.
+        columns: which columns land (:class:`ColumnSelection`: ``include`` or
+            ``exclude``); the key columns always do.
+        computed_columns: ``name -> expression`` (:mod:`cdcflow.apply.expressions`),
+            evaluated in Arrow over each image, in order (a later one may use an earlier).
+        metadata_columns: ``name -> metadata`` (one of :data:`METADATA_FIELDS`): a column
+            filled from the event, not the row (source table, op, Kafka position, ...).
+        type_overrides: ``column -> logical type`` the column is stored as, over the type
+            its messages declare (``decimal(38,10)``, ``string``, ``timestamptz(Asia/Shanghai)``:
+            a naive wall-clock time read in that zone).
+        filter: a boolean expression over the after image; rows it is not true for are
+            skipped on purpose (``ROW_FILTERED``), and a row that stops matching is
+            deleted (docs/configuration.md#row-filters).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -122,11 +269,31 @@ class TableOptions(BaseModel):
     track_history: tuple[str, ...] | None = None
     maintenance: TableMaintenanceOptions | None = None
     partition_by: tuple[str, ...] = ()
+    change_feed: bool = False
+    columns: ColumnSelection | None = None
+    computed_columns: Mapping[str, str] = Field(default_factory=dict)
+    metadata_columns: Annotated[Mapping[str, str], BeforeValidator(_named_metadata)] = Field(
+        default_factory=dict
+    )
+    type_overrides: Mapping[str, str] = Field(default_factory=dict)
+    filter: str | None = None
 
     @model_validator(mode="after")
     def _distinct_partition_columns(self) -> TableOptions:
         _check_partition_by(self.partition_by)
+        _check_shaping(self)
         return self
+
+    @property
+    def shapes(self) -> bool:
+        """Whether any shaping option is set (columns, computed, metadata, types, filter)."""
+        return bool(
+            self.columns
+            or self.computed_columns
+            or self.metadata_columns
+            or self.type_overrides
+            or self.filter
+        )
 
 
 def _check_partition_by(columns: Sequence[str] | None) -> None:
@@ -146,6 +313,7 @@ class _RuleBase(BaseModel):
     def _consistent(self) -> _RuleBase:
         given = self.overrides()
         _check_partition_by(given.get("partition_by"))
+        _check_shaping(self)
         if "track_history" in given and given.get("mode") == "mirror":
             raise ValueError("track_history applies to mode: history only; remove one of them")
         if given.get("soft_delete") and given.get("mode") == "history":

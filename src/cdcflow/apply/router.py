@@ -1,17 +1,39 @@
 """Which target table each event goes to, and a micro-batch's events grouped per target.
 
 A source table is named by ``(format, database, schema, table)``; :class:`Router` turns
-that into the target's name (``inventory.public.customers``), and :func:`by_target`
-splits a batch's table events (row changes, truncates, DDL) into one part per target,
-in target order. Heartbeats, transaction markers and messages go to no table.
+that into the target's name (``inventory.public.customers``) or leaves it out, and
+:func:`by_target` splits a batch's table events (row changes, truncates, DDL) into one
+part per target, in target order. Heartbeats, transaction markers and messages go to no
+table.
+
+A source's routing (:class:`Routing`, its ``sources[]`` keys) decides, per source table
+named ``database.schema.table`` (empty parts left out, as in the default template):
+
+1. ``include`` / ``exclude``: regular expressions matched against the whole name (as
+   Paimon's ``--including_tables`` / ``--excluding_tables`` and Flink CDC's ``tables``);
+   a table no ``include`` matches, or one an ``exclude`` matches, is left out: its
+   events are skipped on purpose (``TABLE_EXCLUDED``), never dead letters.
+2. ``routes``: the first rule whose ``source_table`` regex matches the whole name gives
+   the target, ``target_table`` expanded with the match's groups (``\\1``,
+   ``\\g<name>``), as Flink CDC's ``route`` (``source-table`` -> ``sink-table``). Several
+   source tables routed to one target are merged into it (sharded tables); the rule's
+   ``shard_column`` names the column that records each row's source table, and a key
+   two shards hold at once is refused (``SHARD_KEY_COLLISION``).
+3. otherwise ``target_template``.
+4. ``table_prefix`` / ``table_suffix`` around the target's last part (Paimon's
+   ``--table_prefix`` / ``--table_suffix``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from cdcflow.model import Op
 
@@ -20,8 +42,13 @@ __all__ = [
     "ROUTED_OPS",
     "ROW_CHANGE_OPS",
     "TABLE_OPS",
+    "Route",
+    "RouteRule",
     "Router",
+    "Routing",
     "by_target",
+    "qualified_name",
+    "split_excluded",
     "declarations_on_every_row",
     "source_ids",
 ]
@@ -40,24 +67,171 @@ ROUTED_OPS = pa.array([*TABLE_OPS.to_pylist(), Op.DDL.value])
 _SEP = "\x1f"
 
 
+def qualified_name(database: str | None, schema: str | None, table: str | None) -> str:
+    """``database.schema.table`` with the empty parts (and their dots) left out."""
+    return ".".join(p for p in (database, schema, table) if p)
+
+
+def _compiled(pattern: str, key: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{key}: {pattern!r} is not a valid regular expression: {exc}") from None
+
+
+#: a group reference in ``target_table``: ``\1`` or ``\g<1>`` / ``\g<name>``
+_GROUP_REF = re.compile(r"\\(?:(\d+)|g<(\w+)>)")
+
+
+class RouteRule(BaseModel):
+    """One ``routes:`` rule (Flink CDC's ``route``).
+
+    Attributes:
+        source_table: a regular expression matched against the whole source name
+            ``database.schema.table``.
+        target_table: the target's name; ``\\1`` or ``\\g<name>`` insert the match's groups.
+        shard_column: when set, a column of this name records each row's source table
+            (``database.schema.table``), and a key held by two source tables at once is a
+            ``SHARD_KEY_COLLISION`` dead letter; unset, the last change of a key wins.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source_table: str
+    target_table: str
+    shard_column: str | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> RouteRule:
+        pattern = _compiled(self.source_table, "source_table")
+        for number, name in _GROUP_REF.findall(self.target_table):
+            if number and int(number) > pattern.groups:
+                raise ValueError(
+                    f"target_table {self.target_table!r} refers to group {number}, but "
+                    f"source_table {self.source_table!r} has {pattern.groups} group(s)"
+                )
+            if name and not name.isdigit() and name not in pattern.groupindex:
+                raise ValueError(
+                    f"target_table {self.target_table!r} refers to group {name!r}, which "
+                    f"source_table {self.source_table!r} does not name"
+                )
+        if not self.target_table.strip("."):
+            raise ValueError("target_table: name the target table, e.g. 'shop.public.orders'")
+        if self.shard_column is not None and not self.shard_column:
+            raise ValueError("shard_column: name a column, or leave the key out")
+        return self
+
+
+class Routing(BaseModel):
+    """One source's table selection and routing (the ``sources[]`` keys of the same
+    names; see the module docstring for the order they apply in)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    routes: tuple[RouteRule, ...] = ()
+    table_prefix: str = ""
+    table_suffix: str = ""
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, v: tuple[str, ...], info: Any) -> tuple[str, ...]:
+        for i, pattern in enumerate(v):
+            _compiled(pattern, f"{info.field_name}[{i}]")
+        return v
+
+    @property
+    def selects(self) -> bool:
+        """Whether anything but the template decides (the default routes every table)."""
+        return bool(
+            self.include or self.exclude or self.routes or self.table_prefix or self.table_suffix
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one source table's events go.
+
+    Attributes:
+        target: the target table's name.
+        shard_column: the column naming the source table in a sharded target (``None``:
+            not sharded, or the route names none).
+        source: the source table's ``database.schema.table``.
+    """
+
+    target: str
+    shard_column: str | None
+    source: str
+
+
 class Router:
-    """Source table -> target table name.
+    """Source table -> target table name, or nothing (left out).
 
     Args:
         template: ``str.format`` template over ``database``, ``schema``, ``table``,
             ``format``; empty parts and the dots around them are dropped. Default
             ``"{database}.{schema}.{table}"`` (``inventory.public.customers``; MySQL
             sources without a schema give ``inventory.customers``).
+        routing: the source's selection and routing rules (:class:`Routing`; default:
+            every table, by the template).
     """
 
-    def __init__(self, template: str = "{database}.{schema}.{table}") -> None:
+    def __init__(
+        self, template: str = "{database}.{schema}.{table}", routing: Routing | None = None
+    ) -> None:
         self.template = template
+        self.routing = routing or Routing()
+        r = self.routing
+        self._include = [re.compile(p) for p in r.include]
+        self._exclude = [re.compile(p) for p in r.exclude]
+        self._routes = [(re.compile(rule.source_table), rule) for rule in r.routes]
+        self._cache: dict[tuple[str, str, str, str], Route | None] = {}
 
-    def target(self, fmt: str, database: str, schema: str, table: str) -> str:
-        name = self.template.format(
-            format=fmt or "", database=database or "", schema=schema or "", table=table or ""
-        )
-        return ".".join(p for p in name.split(".") if p)
+    @property
+    def selects(self) -> bool:
+        """Whether some table may be left out or renamed beyond the template."""
+        return self.routing.selects
+
+    def route(self, fmt: str, database: str, schema: str, table: str) -> Route | None:
+        """The route of one source table; ``None`` when it is left out."""
+        combo = (fmt or "", database or "", schema or "", table or "")
+        if combo not in self._cache:
+            self._cache[combo] = self._route(*combo)
+        return self._cache[combo]
+
+    def _route(self, fmt: str, database: str, schema: str, table: str) -> Route | None:
+        name = qualified_name(database, schema, table)
+        if self._include and not any(p.fullmatch(name) for p in self._include):
+            return None
+        if any(p.fullmatch(name) for p in self._exclude):
+            return None
+        shard_column = None
+        for pattern, rule in self._routes:
+            m = pattern.fullmatch(name)
+            if m is not None:
+                target = m.expand(rule.target_table)
+                shard_column = rule.shard_column
+                break
+        else:
+            target = self.template.format(format=fmt, database=database, schema=schema, table=table)
+        parts = [p for p in target.split(".") if p]
+        r = self.routing
+        if parts and (r.table_prefix or r.table_suffix):
+            parts[-1] = f"{r.table_prefix}{parts[-1]}{r.table_suffix}"
+        return Route(".".join(parts), shard_column, name)
+
+    def shard_column(self, target: str) -> str | None:
+        """The shard column of a target some routed source table was sent to with one."""
+        for route in self._cache.values():
+            if route is not None and route.target == target and route.shard_column:
+                return route.shard_column
+        return None
+
+    def target(self, fmt: str, database: str, schema: str, table: str) -> str | None:
+        """The target table's name (``None``: the table is left out)."""
+        route = self.route(fmt, database, schema, table)
+        return None if route is None else route.target
 
 
 def source_ids(rows: pa.Table) -> pa.ChunkedArray:
@@ -67,23 +241,49 @@ def source_ids(rows: pa.Table) -> pa.ChunkedArray:
     )
 
 
-def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
-    """``(target, rows)`` per target table, in target order, for the row changes,
-    truncates and DDL of ``rows`` (events without a table name go nowhere)."""
+def _table_rows(rows: pa.Table) -> pa.Table:
+    """The rows that belong to a table: row changes, truncates and DDL with a table name."""
     is_table_op = pc.and_(
         pc.is_in(rows["op"], ROUTED_OPS),
         pc.invert(pc.equal(pc.fill_null(rows["table"], ""), "")),
     )
-    if not pc.all(is_table_op).as_py():
-        rows = rows.filter(is_table_op)
+    if pc.all(is_table_op).as_py():
+        return rows
+    return rows.filter(is_table_op)
+
+
+def split_excluded(rows: pa.Table, router: Router) -> tuple[pa.Table, pa.Table]:
+    """``(kept, excluded)``: ``rows`` without the events of tables the router leaves
+    out, and those events (both keep the rows' order)."""
+    if not router.selects or rows.num_rows == 0:
+        return rows, rows.slice(0, 0)
+    source = source_ids(rows)
+    out = [
+        combo
+        for combo in pc.unique(source).drop_null().to_pylist()
+        if combo.split(_SEP)[3] and router.route(*combo.split(_SEP)) is None
+    ]
+    if not out:
+        return rows, rows.slice(0, 0)
+    is_out = pc.fill_null(pc.is_in(source, pa.array(out, pa.string())), False)
+    return rows.filter(pc.invert(is_out)), rows.filter(is_out)
+
+
+def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
+    """``(target, rows)`` per target table, in target order, for the row changes,
+    truncates and DDL of ``rows`` (events without a table name, and those of tables the
+    router leaves out, go nowhere)."""
+    rows = _table_rows(rows)
     if rows.num_rows == 0:
         return
     source = source_ids(rows)
     targets: dict[str, list[str]] = {}
-    for combo in pc.unique(source).to_pylist():
+    combos = pc.unique(source).to_pylist()
+    for combo in combos:
         target = router.target(*combo.split(_SEP))
-        targets.setdefault(target, []).append(combo)
-    if len(targets) == 1:
+        if target is not None:
+            targets.setdefault(target, []).append(combo)
+    if len(targets) == 1 and len(next(iter(targets.values()))) == len(combos):
         yield next(iter(targets)), rows
         return
     for target in sorted(targets):
