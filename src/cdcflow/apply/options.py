@@ -44,6 +44,7 @@ from pydantic import (
     model_validator,
 )
 
+from cdcflow.apply.expressions import parse_expression, parse_filter
 from cdcflow.types import parse_type
 
 __all__ = [
@@ -203,10 +204,6 @@ def _check_shaping(options: Any) -> None:
             raise ValueError(f"type_overrides.{name}: {exc}") from None
     computed = getattr(options, "computed_columns", None) or {}
     condition = getattr(options, "filter", None)
-    if not computed and condition is None:
-        return
-    from cdcflow.apply.expressions import parse_expression, parse_filter
-
     for name, text in computed.items():
         try:
             parse_expression(text)

@@ -37,21 +37,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.apply.expressions import Expression, parse_expression, parse_filter
 from cdcflow.apply.options import METADATA_FIELDS, TableOptions, TypeOverride, parse_override
 from cdcflow.apply.router import qualified_name
 from cdcflow.errors import ApplyError
 from cdcflow.images import arrow_column, logical_from_arrow
 from cdcflow.model import Op, dumps
 from cdcflow.types import arrow_type, infer_type
-
-if TYPE_CHECKING:
-    from cdcflow.apply.expressions import Expression
 
 __all__ = ["Shaped", "shape", "shapes"]
 
@@ -321,8 +319,6 @@ def shape(
         _apply_overrides(img, overrides)
         added.update({c: o.logical for c, o in overrides.items()})
     if options.computed_columns:
-        from cdcflow.apply.expressions import parse_expression
-
         computed = {c: parse_expression(t) for c, t in options.computed_columns.items()}
         _apply_computed(img, computed, added)
     extra = _metadata(part, options.metadata_columns)
@@ -338,8 +334,6 @@ def shape(
                 image[name] = values[i]
     skip, to_delete = [False] * n, []
     if options.filter is not None:
-        from cdcflow.apply.expressions import parse_filter
-
         skip, to_delete = _apply_filter(img, parse_filter(options.filter), part)
 
     keys = part.filter(pc.is_valid(part["key"]))["key"]

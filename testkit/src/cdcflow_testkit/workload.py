@@ -220,6 +220,8 @@ class Workload:
         database, schema: source identity of every table.
         seed: random seed; the same seed gives the same changes.
         start_seq: first source sequence number.
+        first_keys: table name -> its first key (default 1): shards of one table given
+            disjoint key ranges, as a sharded application's tables have.
 
     Attributes:
         state: table name -> key tuple -> current row (column -> typed value).
@@ -232,6 +234,7 @@ class Workload:
     schema: str = "public"
     seed: int = 7
     start_seq: int = 1_000
+    first_keys: Mapping[str, int] = field(default_factory=dict)
     state: dict[str, dict[tuple, dict[str, Any]]] = field(default_factory=dict)
     added_columns: list[tuple[int, str, str, str]] = field(default_factory=list)
 
@@ -245,7 +248,7 @@ class Workload:
         for t in self.tables:
             self.state.setdefault(t.name, {})
             self._order[t.name] = _KeyOrder(self.state[t.name])
-            self._next_id[t.name] = 1
+            self._next_id[t.name] = self.first_keys.get(t.name, 1)
             self._columns[t.name] = dict(t.columns)
 
     def columns(self, table: str) -> dict[str, str]:
