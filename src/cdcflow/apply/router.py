@@ -187,6 +187,7 @@ class Router:
         self._exclude = [re.compile(p) for p in r.exclude]
         self._routes = [(re.compile(rule.source_table), rule) for rule in r.routes]
         self._cache: dict[tuple[str, str, str, str], Route | None] = {}
+        self._shard_columns: dict[str, str] = {}  # target -> the shard column routed to it
 
     @property
     def selects(self) -> bool:
@@ -197,7 +198,9 @@ class Router:
         """The route of one source table; ``None`` when it is left out."""
         combo = (fmt or "", database or "", schema or "", table or "")
         if combo not in self._cache:
-            self._cache[combo] = self._route(*combo)
+            route = self._cache[combo] = self._route(*combo)
+            if route is not None and route.shard_column:
+                self._shard_columns.setdefault(route.target, route.shard_column)
         return self._cache[combo]
 
     def _route(self, fmt: str, database: str, schema: str, table: str) -> Route | None:
@@ -223,10 +226,7 @@ class Router:
 
     def shard_column(self, target: str) -> str | None:
         """The shard column of a target some routed source table was sent to with one."""
-        for route in self._cache.values():
-            if route is not None and route.target == target and route.shard_column:
-                return route.shard_column
-        return None
+        return self._shard_columns.get(target)
 
     def target(self, fmt: str, database: str, schema: str, table: str) -> str | None:
         """The target table's name (``None``: the table is left out)."""
