@@ -201,6 +201,7 @@ class TableApplier:
             soft_delete=options.soft_delete,
             full_row_identity=full_row,
             partition_by=options.partition_by,
+            change_feed=options.change_feed,
         )
         wh.tombstones.stage(target, net, batch_id)  # committed with the batch's others
         if decision.copies:
@@ -226,6 +227,7 @@ class TableApplier:
             batch_id,
             options.track_history,
             partition_by=options.partition_by,
+            change_feed=options.change_feed,
         )
         return MirrorResult(
             target=target,

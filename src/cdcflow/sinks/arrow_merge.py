@@ -20,6 +20,14 @@ The rules are the SQL merge's (:func:`cdcflow.sinks.merge.merge_expressions`,
 docs/semantics.md): a stored row is overwritten or deleted only by a row with a sequence
 >= its own (or either NULL); a column a partial image lacks keeps its stored value; a
 soft-deleting mirror flags ``_deleted``; a keyless table matches NULL-safely.
+
+A mirror with a change data feed (docs/decisions.md 58) takes two things from here:
+:func:`insert_actions` (a batch whose keys no stored file can hold is a blind append of
+new files, which the feed's readers read as inserts) and :func:`effective_rows` (the
+rows of any other batch that change something, which delta-rs's or Spark's MERGE then
+applies, writing the feed's ``_change_data`` files). A rewrite committed here has no
+``cdc`` actions: the feed's readers would see every row of each rewritten file deleted
+and inserted again.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ from cdcflow.sinks.refresh import local_path
 __all__ = [
     "TARGET_FILE_BYTES",
     "TARGET_FILE_ROWS",
+    "effective_rows",
+    "insert_actions",
     "rewrite_actions",
     "rows_per_file",
     "table_filesystem",
@@ -146,6 +156,138 @@ def rewrite_actions(
     metrics["num_target_files_removed"] = len(rewritten)
     metrics["num_target_files_added"] = len(actions) - len(rewritten)
     return actions, metrics
+
+
+def insert_actions(
+    table: DeltaTable,
+    source: pa.Table,
+    spec: MergeSpec,
+    storage_options: Mapping[str, str] | None = None,
+    target_file_rows: int = TARGET_FILE_ROWS,
+) -> tuple[list[AddAction], dict[str, Any]] | None:
+    """The merge of ``source`` into ``table`` as add actions alone, when it inserts only:
+    no stored file can hold one of the source's keys by the bounds of its first key
+    column in the Delta log (no file is read). ``None`` otherwise: some file may hold
+    one (or the keys cannot be pruned: a NULL-safe match, a type without bounds).
+
+    Exact: a key outside every file's bounds is in no stored row (a bound is never
+    narrower than the data, :mod:`cdcflow.sinks.file_stats`), so each source upsert is
+    an insert and each source delete removes nothing. The files are written in the
+    table's folder, as :func:`rewrite_actions` writes new keys (sorted by key); the
+    small-table path's whole rewrite is not taken.
+
+    Args:
+        table: the mirror, refreshed; unpartitioned.
+        source: the checked merge source, at least one row.
+        spec: columns, keys, soft delete.
+        storage_options: the warehouse's, to write the table's files.
+        target_file_rows: most rows per data file written.
+
+    Returns:
+        ``(adds, metrics)`` (no adds when the source holds deletes only) or ``None``;
+        metrics named as :func:`rewrite_actions` names them.
+    """
+    schema = pa.schema(table.schema().to_arrow())
+    source = _cast_like(source, schema)
+    files = pa.table(table.get_add_actions(flatten=True))
+    if _candidate_files(files, source, spec, schema):
+        return None
+    inserts = _new_rows(source, schema, np.zeros(source.num_rows, dtype=bool), spec)
+    filesystem = table_filesystem(table.table_uri, storage_options)
+    adds = write_data_files(filesystem, inserts, int(time.time() * 1000), target_file_rows)
+    metrics: dict[str, Any] = {
+        **dict.fromkeys(_COUNTS, 0),
+        "num_source_rows": source.num_rows,
+        "num_target_rows_inserted": inserts.num_rows,
+        "num_target_files_scanned": 0,
+        "num_target_files_skipped": files.num_rows,
+        "num_target_files_removed": 0,
+        "num_target_files_added": len(adds),
+    }
+    return adds, metrics
+
+
+def effective_rows(
+    table: DeltaTable,
+    source: pa.Table,
+    spec: MergeSpec,
+    storage_options: Mapping[str, str] | None = None,
+) -> np.ndarray:
+    """Which rows of the checked merge source change the mirror: one bool per row.
+
+    A row changes nothing when it is a delete of a key no stored row has, when its
+    sequence is older than the stored row's (the guard), or when what it would write is
+    what the row holds (a change delivered twice; a soft delete of a row flagged by the
+    same delete). The rules are :func:`merged_rows`'s. The stored rows of the source's
+    keys are read from the files the first key column's bounds leave
+    (:func:`_candidate_files`), filtered to its values; a partitioned table's through
+    delta-rs's dataset (pruned by partition values); a NULL-safe match (a keyless
+    table) reads every row.
+
+    A change data feed's merges take only these rows (docs/decisions.md 58), for two
+    bugs measured here: delta-rs 1.6.6 with ``delta.enableChangeDataFeed`` fails a MERGE
+    that inserts a row while another source row meets no clause ("Invalid data found:
+    1 rows failed validation check": the left out row, all NULL, meets the NOT NULL key);
+    Delta Spark 4.4's MERGE that changes nothing still rewrites the files of the rows
+    it matched, with no ``cdc`` files, so the feed's readers see those rows deleted and
+    inserted again.
+    """
+    schema = pa.schema(table.schema().to_arrow())
+    source = _cast_like(source, schema)
+    keys = list(spec.key_columns)
+    wanted = None
+    if not spec.null_safe:
+        wanted = pc.field(keys[0]).isin(pc.drop_null(pc.unique(source[keys[0]].combine_chunks())))
+    if table.metadata().partition_columns:
+        stored = table.to_pyarrow_dataset().to_table(filter=wanted)
+    else:
+        files = pa.table(table.get_add_actions(flatten=True))
+        paths = [path for path, _ in _candidate_files(files, source, spec, schema)]
+        filesystem = table_filesystem(table.table_uri, storage_options)
+        dataset = pads.FileSystemDataset.from_paths(
+            paths, schema, pads.ParquetFileFormat(), filesystem
+        )
+        stored = dataset.to_table(filter=wanted)
+    stored = pa.table({f.name: stored[f.name].cast(f.type) for f in schema}, schema=schema)
+    is_delete = _delete_flags(source)
+    effective = ~is_delete  # no stored row: an upsert inserts, a delete removes nothing
+    i, j = _matches(stored, source, spec.key_columns, spec.null_safe)
+    if not len(j):
+        return effective
+    stored_seq = stored[SEQ_COLUMN].combine_chunks().take(pa.array(i))
+    source_seq = source[SEQ_COLUMN].combine_chunks().take(pa.array(j))
+    newer = pc.fill_null(pc.greater_equal(source_seq, stored_seq), True).to_numpy(
+        zero_copy_only=False
+    )
+    effective[j] = newer  # a hard delete of a stored row always changes it
+    updating = newer & ~is_delete[j]
+    flagging = newer & is_delete[j] if spec.soft_delete else np.zeros(len(j), dtype=bool)
+    for rows, pairs in (
+        (_updated_rows(stored, source, schema, i[updating], j[updating], spec), updating),
+        (_soft_deleted_rows(stored, source, schema, i[flagging], j[flagging]), flagging),
+    ):
+        if rows.num_rows:
+            same = _same_rows(rows, stored.take(pa.array(i[pairs], pa.int64())))
+            effective[j[pairs][same]] = False
+    return effective
+
+
+def _same_rows(left: pa.Table, right: pa.Table) -> np.ndarray:
+    """Row by row, whether two tables of one schema hold equal values in every column
+    (NULL equals NULL; a NaN never equals, so such a row counts as changed)."""
+    same = np.ones(left.num_rows, dtype=bool)
+    for name in left.column_names:
+        a, b = left[name].combine_chunks(), right[name].combine_chunks()
+        try:
+            equal = pc.fill_null(pc.equal(a, b), False)
+            both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+            column = pc.or_(equal, both_null).to_numpy(zero_copy_only=False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
+            column = np.array(
+                [x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool
+            )
+        same &= column
+    return same
 
 
 def _rewrite_small_table(

@@ -16,6 +16,15 @@ Mirror rows carry ``_cdc_seq`` (the source sequence, :func:`cdcflow.model.seq_ke
 sequence is >= the stored one, and an upsert whose sequence is <= a tombstone of its key
 (or below the table's last truncate) is dropped, so late and replayed events never undo
 newer ones. See docs/semantics.md.
+
+Change data feed (``change_feed`` per table, docs/decisions.md 58): the table is created
+with ``delta.enableChangeDataFeed = true`` (an existing one gets the property before its
+next merge). Whatever the option says, a table with the property is merged so that the
+feed is exact: a batch of new keys alone is appended in Arrow
+(:func:`~cdcflow.sinks.arrow_merge.insert_actions`, read as inserts), every other batch
+goes through delta-rs's MERGE, whose commit carries the ``cdc`` files of the rows it
+changed, with only the source rows that change something
+(:func:`~cdcflow.sinks.arrow_merge.effective_rows`).
 """
 
 from __future__ import annotations
@@ -38,16 +47,23 @@ from deltalake.transaction import RemoveAction
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
 from cdcflow.model import NetChange, dumps
-from cdcflow.sinks.arrow_merge import TARGET_FILE_ROWS, rewrite_actions
+from cdcflow.sinks.arrow_merge import (
+    TARGET_FILE_ROWS,
+    effective_rows,
+    insert_actions,
+    rewrite_actions,
+)
 from cdcflow.sinks.faults import storage_error
 from cdcflow.sinks.merge import (
     BOOKKEEPING_COLUMNS,
+    CHANGE_FEED_PROPERTY,
     DELETE_FLAG,
     PRESENT_PREFIX,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
     TS_COLUMN,
     MergeSpec,
+    feeds_changes,
     merge_condition,
     merge_expressions,
     quote_column,
@@ -67,6 +83,7 @@ __all__ = [
     "DeltaWarehouse",
     "MirrorResult",
     "arrow_schema",
+    "table_feeds_changes",
 ]
 
 #: With ``merge_engine="delta-rs"``, from this many data columns a mirror's batch is still
@@ -94,6 +111,11 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 def arrow_schema(table: DeltaTable) -> pa.Schema:
     """The table's schema as a pyarrow schema (delta-rs returns an arro3 one)."""
     return pa.schema(table.schema().to_arrow())
+
+
+def table_feeds_changes(table: DeltaTable) -> bool:
+    """Whether the table records a change data feed (``delta.enableChangeDataFeed``)."""
+    return feeds_changes(table.metadata().configuration)
 
 
 def _images_read(
@@ -421,6 +443,7 @@ class DeltaWarehouse:
         soft_delete: bool = False,
         full_row_identity: bool = False,
         partition_by: Sequence[str] = (),
+        change_feed: bool = False,
     ) -> MirrorResult:
         """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
 
@@ -436,6 +459,8 @@ class DeltaWarehouse:
                 key): key columns may be NULL and are matched NULL-safely.
             partition_by: partition columns of the mirror if this creates it (every
                 one a column of ``types``); an existing mirror keeps its layout.
+            change_feed: the mirror records a change data feed: created with the
+                property, or given it before this batch's merge (never turned off).
 
         Raises:
             ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
@@ -472,7 +497,13 @@ class DeltaWarehouse:
             system.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
         version = None if table is None else table.version()
         columns = self.ensure_table(
-            path, table, types, () if full_row_identity else key_columns, system, partition_by
+            path,
+            table,
+            types,
+            () if full_row_identity else key_columns,
+            system,
+            partition_by,
+            change_feed=change_feed,
         )
         if table is None or table.version() != version:
             table = self.open(path)  # created, or columns added
@@ -557,9 +588,16 @@ class DeltaWarehouse:
         key_columns: Sequence[str],
         system_fields: Sequence[pa.Field],
         partition_by: Sequence[str] = (),
+        change_feed: bool = False,
     ) -> list[str]:
         """Create a table (data columns, then ``system_fields``, partitioned by the
         columns ``partition_by`` names, each one of ``types``) or add what it lacks.
+
+        With ``change_feed`` the table records a change data feed
+        (:data:`~cdcflow.sinks.merge.CHANGE_FEED_PROPERTY`): a new table is created with
+        the property, an existing one without it gets it in a commit of its own (delta-rs
+        raises the writer protocol to 4), so the feed starts at that version. The
+        property is never turned off here.
 
         ``key_columns`` are created NOT NULL. A missing data or system column is added as
         nullable, *before* any merge, never via ``merge_schema=True``: delta-rs 1.6.6 copies
@@ -573,15 +611,20 @@ class DeltaWarehouse:
             fields = [
                 pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
             ]
+            configuration = dict(self.table_configuration)
+            if change_feed:
+                configuration[CHANGE_FEED_PROPERTY] = "true"
             DeltaTable.create(
                 path,
                 pa.schema([*fields, *system_fields]),
                 mode="ignore",
                 partition_by=list(partition_by) or None,
-                configuration=self.table_configuration or None,
+                configuration=configuration or None,
                 storage_options=self.storage_options or None,
             )
             return list(types)
+        if change_feed and not table_feeds_changes(table):
+            table.alter.set_table_properties({CHANGE_FEED_PROPERTY: "true"})
         existing = [f.name for f in arrow_schema(table)]
         new = [c for c in types if c not in existing]
         missing = [pa.field(c, arrow_type(types[c])) for c in new]
@@ -749,6 +792,7 @@ class DeltaWarehouse:
             f"{quote_column(SEQ_COLUMN)} IS NULL OR {quote_column(SEQ_COLUMN)} < '{truncate_seq}'"
         )
         props = self._commit(batch_id) if batch_id is not None else None
+        before = table.version()
         if soft_delete:
             table.update(
                 updates={
@@ -760,25 +804,50 @@ class DeltaWarehouse:
             )
         else:
             table.delete(predicate, commit_properties=props)
+        if batch_id is not None and table.version() == before:
+            # delta-rs commits nothing when no row matched: the batch is recorded alone
+            self._mark(table, batch_id)
 
     def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         """Merge the checked merge source into the mirror in one commit that carries the
         batch's transaction; the merge's metrics (delta-rs's names, plus ``merge_s``)."""
+        partitioned = bool(table.metadata().partition_columns)
+        if table_feeds_changes(table):
+            # the feed: new keys alone are an append (read as inserts); any other batch
+            # is delta-rs's MERGE, which writes the cdc files (docs/decisions.md 58)
+            if not partitioned:
+                appended = self._append_new_keys(table, source, spec)
+                if appended is not None:
+                    return appended
+            return self._merge(table, source, spec)
         wide = len(spec.columns) >= REWRITE_MIN_COLUMNS
         arrow = self.merge_engine == "arrow" or wide
-        if arrow and not table.metadata().partition_columns:
+        if arrow and not partitioned:
             return self._rewrite_merge(table, source, spec)
         # a partitioned mirror: delta-rs writes each row into its partition's folder, and
         # prunes partitions when the key holds the partition columns (decision 50)
         return self._merge(table, source, spec)
 
     def _merge(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
+        """delta-rs's MERGE of the checked merge source, in one commit with the batch's
+        transaction (an empty one when nothing changed); its metrics, plus ``merge_s``.
+
+        Into a table with a change data feed only the source rows that change something
+        are merged (:meth:`_effective_source`).
+        """
+        started = time.perf_counter()
+        unchanged_rows = 0
+        if table_feeds_changes(table):
+            source, unchanged_rows = self._effective_source(table, source, spec)
+            if not source.num_rows:
+                took = round(time.perf_counter() - started, 4)
+                return {"num_source_rows_unchanged": unchanged_rows, "merge_s": took}
         partitions = table.metadata().partition_columns
         on = merge_condition(spec, source, partitions, "IS NOT DISTINCT FROM")
         newer, updates, inserts = merge_expressions(source, spec.columns, spec.soft_delete)
         updates = {quote_column(c): v for c, v in updates.items()}
         inserts = {quote_column(c): v for c, v in inserts.items()}
-        started = time.perf_counter()
+        before = table.version()
         merger = table.merge(
             source,
             predicate=on,
@@ -808,6 +877,52 @@ class DeltaWarehouse:
             )
             .execute()
         )
+        if table.version() == before:
+            # delta-rs commits nothing when no row changed: the batch is recorded alone
+            self._mark(table, spec.batch_id)
+        if unchanged_rows:
+            metrics["num_source_rows_unchanged"] = unchanged_rows
+        metrics["merge_s"] = round(time.perf_counter() - started, 4)
+        return metrics
+
+    def _effective_source(
+        self, table: DeltaTable, source: pa.Table, spec: MergeSpec
+    ) -> tuple[pa.Table, int]:
+        """The source rows of a merge into a table with a change data feed that change
+        something (:func:`~cdcflow.sinks.arrow_merge.effective_rows` says what and why),
+        and how many were left out; when none is left the batch is recorded by an empty
+        commit, so the caller merges nothing."""
+        effective = effective_rows(table, source, spec, self.storage_options)
+        left_out = int((~effective).sum())
+        if left_out:
+            source = source.filter(pa.array(effective))
+        if not source.num_rows:
+            self._mark(table, spec.batch_id)
+        return source, left_out
+
+    def _append_new_keys(
+        self, table: DeltaTable, source: pa.Table, spec: MergeSpec
+    ) -> dict[str, Any] | None:
+        """The merge of a batch whose keys no stored file can hold, as a blind append of
+        Arrow-written files (:func:`~cdcflow.sinks.arrow_merge.insert_actions`): a commit
+        of ``add`` actions alone, which change data feed readers read as inserts (Delta
+        protocol, "Change Data Files"); one with the batch's application transaction.
+
+        Returns:
+            The merge metrics (delta-rs's names, plus ``merge_s``), or ``None`` when a
+            stored file may hold one of the keys (the caller merges with delta-rs).
+        """
+        started = time.perf_counter()
+        planned = insert_actions(table, source, spec, self.storage_options, self.target_file_rows)
+        if planned is None:
+            return None
+        adds, metrics = planned
+        if adds:
+            table.create_write_transaction(
+                list(adds), "append", table.schema(), commit_properties=self._commit(spec.batch_id)
+            )
+        else:  # deletes of keys the table never held
+            self._mark(table, spec.batch_id)
         metrics["merge_s"] = round(time.perf_counter() - started, 4)
         return metrics
 

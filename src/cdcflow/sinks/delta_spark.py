@@ -20,6 +20,13 @@ The merge has the delta-rs sink's conditions (``cdcflow.sinks.delta``): a stored
 overwritten or deleted only by a row with a sequence >= its own; a partial image keeps
 the stored values of the columns it lacks; keyless tables match NULL-safely (``<=>``).
 
+Change data feed: Delta's Spark commands write the ``_change_data`` files themselves
+when the table has ``delta.enableChangeDataFeed`` (set by the shared
+:meth:`~cdcflow.sinks.delta.DeltaWarehouse.ensure_table` at creation, or before the next
+merge of a table ``change_feed`` was turned on for). The merge then takes only the source
+rows that change something, as the delta-rs sink's, and a truncate that removes nothing
+records the batch by an empty commit (docs/decisions.md 58).
+
 Deletion vectors stay off: delta-rs 1.x, which cdcflow reads every table with, cannot
 read a table with the ``deletionVectors`` reader feature (docs/decisions.md, 39).
 
@@ -38,7 +45,7 @@ import orjson
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.delta import DeltaWarehouse, table_feeds_changes
 from cdcflow.sinks.merge import (
     DELETE_FLAG,
     SEQ_COLUMN,
@@ -103,6 +110,7 @@ class SparkDeltaWarehouse(DeltaWarehouse):
         seq = quote_column(SEQ_COLUMN)
         before = f"({seq} IS NULL OR {seq} < '{truncate_seq}')"
         session = self._session(batch_id)
+        version = table.version()
         if soft_delete:
             flag = quote_column(SOFT_DELETE_COLUMN)
             session.sql(
@@ -111,12 +119,27 @@ class SparkDeltaWarehouse(DeltaWarehouse):
             )
         else:
             session.sql(f"DELETE FROM {self._target(table)} WHERE {before}")
+        if batch_id is not None:
+            table.update_incremental()
+            if table.version() == version:
+                # Spark commits nothing when no row matched: the batch is recorded alone
+                self._mark(table, batch_id)
 
     def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
         """One ``MERGE INTO`` of ``source`` (the checked merge source of
         :meth:`~cdcflow.sinks.delta.DeltaWarehouse.apply_mirror`) run by Spark; the
         metrics under delta-rs's names, plus ``merge_s``."""
         started = time.perf_counter()
+        if table_feeds_changes(table):
+            # the rows that change something alone: a Spark MERGE that changes nothing
+            # still rewrites the files it matched, without cdc files (decision 58)
+            source, unchanged_rows = self._effective_source(table, source, spec)
+            if not source.num_rows:
+                return {
+                    "num_source_rows_unchanged": unchanged_rows,
+                    "engine": "delta-spark",
+                    "merge_s": round(time.perf_counter() - started, 4),
+                }
         session = self._session(spec.batch_id)
         view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)

@@ -64,6 +64,14 @@ batch already committed to the table is skipped. The log append (same transactio
 own table) comes first; a batch replayed after a crash between the two treats the log's rows
 of its own batch id as new again, so the table catches up.
 
+Change data feed (``change_feed``, docs/decisions.md 58): the table is created with
+``delta.enableChangeDataFeed`` (or given it before its next merge), and the merge is
+delta-rs's, which writes the feed: a version opened is an ``insert``, a version closed
+or updated in place an ``update_preimage``/``update_postimage`` pair, a version a late
+event made redundant a ``delete``. A version the fold writes back with the values it
+holds (a re-filled partial image) is left alone, so the feed holds no update that
+changes nothing.
+
 Cost: the log holds every applied change (the size of the table's change stream) and is
 read for the touched keys; delta-rs merges rewrite every file holding a touched key.
 """
@@ -85,8 +93,15 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.event_schema import KIND_EVENT
 from cdcflow.images import logical_from_arrow, rows_to_arrow
 from cdcflow.model import Op, json_default
-from cdcflow.sinks.delta import DeltaWarehouse, arrow_schema
-from cdcflow.sinks.merge import DELETE_FLAG, SEQ_COLUMN, TS_COLUMN, key_match, quote_column
+from cdcflow.sinks.delta import DeltaWarehouse, arrow_schema, table_feeds_changes
+from cdcflow.sinks.merge import (
+    DELETE_FLAG,
+    SEQ_COLUMN,
+    TS_COLUMN,
+    key_match,
+    quote_column,
+    unchanged,
+)
 from cdcflow.sinks.system_tables import HISTORY_LOG, HISTORY_LOG_SCHEMA
 
 __all__ = [
@@ -472,9 +487,13 @@ def _ensure_table(
     types: Mapping[str, str],
     key_columns: Sequence[str],
     partition_by: Sequence[str] = (),
+    change_feed: bool = False,
 ) -> DeltaTable:
-    """Create the history table or add new data columns (:meth:`DeltaWarehouse.ensure_table`)."""
-    warehouse.ensure_table(path, table, types, key_columns, _SYSTEM_FIELDS, partition_by)
+    """Create the history table or add new data columns, with a change data feed when
+    ``change_feed`` (:meth:`DeltaWarehouse.ensure_table`)."""
+    warehouse.ensure_table(
+        path, table, types, key_columns, _SYSTEM_FIELDS, partition_by, change_feed=change_feed
+    )
     opened = warehouse.open(path)
     assert opened is not None
     return opened
@@ -517,6 +536,7 @@ def apply_history(
     batch_id: int,
     track_history: Sequence[str] | None = None,
     partition_by: Sequence[str] = (),
+    change_feed: bool = False,
 ) -> HistoryResult:
     """Apply one batch of one table's events to its SCD type 2 history table.
 
@@ -533,6 +553,8 @@ def apply_history(
         track_history: columns whose change opens a version; a change of other columns
             only updates the covering version in place. ``None``: every column.
         partition_by: partition columns of the history table if this creates it.
+        change_feed: the table records a change data feed (created with the property,
+            or given it before this batch's merge; never turned off).
 
     Returns:
         A :class:`HistoryResult`; keys whose values do not fit their columns, and events
@@ -635,7 +657,9 @@ def apply_history(
     write, gone = _plan(recomputed, stored, touched, result)
 
     if write or gone:
-        table = _ensure_table(warehouse, path, table, all_types, key_columns, partition_by)
+        table = _ensure_table(
+            warehouse, path, table, all_types, key_columns, partition_by, change_feed
+        )
     source = None
     if table is not None and (write or gone):
         schema = arrow_schema(table)
@@ -749,11 +773,19 @@ def _merge(
     key_columns: Sequence[str],
     batch_id: int,
 ) -> dict[str, Any]:
+    """One delta-rs MERGE on (key columns, ``__start_at``) with the batch's transaction:
+    ``source`` rows flagged ``_cdc_delete`` delete their version, the others update or
+    insert it. With a change data feed, a version written back with the values it holds
+    is left alone (no update of nothing in the feed); a merge that so changes nothing
+    still records the batch (an empty commit)."""
     on = key_match([*key_columns, START_AT])
-    columns = {
-        quote_column(n): f"s.{quote_column(n)}" for n in source.column_names if n != DELETE_FLAG
-    }
+    written = {n: f"s.{quote_column(n)}" for n in source.column_names if n != DELETE_FLAG}
+    columns = {quote_column(n): v for n, v in written.items()}
+    update_if = f"NOT s.{quote_column(DELETE_FLAG)}"
+    if table_feeds_changes(table):
+        update_if += f" AND NOT ({unchanged(written, 'IS NOT DISTINCT FROM')})"
     started = time.perf_counter()
+    before = table.version()
     metrics = (
         table.merge(
             source,
@@ -763,9 +795,11 @@ def _merge(
             commit_properties=warehouse.commit_properties(batch_id),
         )
         .when_matched_delete(predicate=f"s.{quote_column(DELETE_FLAG)}")
-        .when_matched_update(updates=columns, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
+        .when_matched_update(updates=columns, predicate=update_if)
         .when_not_matched_insert(updates=columns, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
         .execute()
     )
+    if table.version() == before:
+        warehouse._mark(table, batch_id)  # the batch recorded by an empty commit
     metrics["merge_s"] = round(time.perf_counter() - started, 4)
     return metrics

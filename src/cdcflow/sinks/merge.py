@@ -6,28 +6,37 @@ The rules (docs/semantics.md): a stored row is overwritten or deleted only by a 
 sequence >= its own (or either NULL); a column a partial image lacks keeps its stored
 value (a ``_cdc_present__<column>`` flag in the source); a soft-deleting mirror flags
 ``_deleted`` instead of removing rows; a keyless table matches its key columns NULL-safely.
+
+A table whose Delta property ``delta.enableChangeDataFeed`` is true records what each
+commit changed (:data:`CHANGE_FEED_PROPERTY`, :func:`feeds_changes`); its merges write
+no row back with the values it holds, so the feed holds no update whose before and
+after images are equal (mirrors: :func:`cdcflow.sinks.arrow_merge.effective_rows`;
+history tables: :func:`unchanged`; docs/decisions.md 58).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
+    "CHANGE_FEED_PROPERTY",
     "DELETE_FLAG",
     "PRESENT_PREFIX",
     "SEQ_COLUMN",
     "SOFT_DELETE_COLUMN",
     "TS_COLUMN",
     "MergeSpec",
+    "feeds_changes",
     "key_match",
     "merge_condition",
     "merge_expressions",
     "partition_pruning",
     "quote_column",
+    "unchanged",
 ]
 
 SEQ_COLUMN = "_cdc_seq"
@@ -40,6 +49,16 @@ PRESENT_PREFIX = "_cdc_present__"
 SOFT_DELETE_COLUMN = "_deleted"
 #: Mirror columns that are not source data.
 BOOKKEEPING_COLUMNS = (SEQ_COLUMN, TS_COLUMN, SOFT_DELETE_COLUMN)
+
+#: The Delta table property that makes writers record a change data feed (Delta
+#: protocol, "Change Data Files": https://github.com/delta-io/delta/blob/master/PROTOCOL.md#add-cdc-file)
+CHANGE_FEED_PROPERTY = "delta.enableChangeDataFeed"
+
+
+def feeds_changes(configuration: Mapping[str, str | None]) -> bool:
+    """Whether a table with these Delta properties records a change data feed (the
+    protocol reads the property case-insensitively)."""
+    return str(configuration.get(CHANGE_FEED_PROPERTY) or "").strip().lower() == "true"
 
 
 def quote_column(name: str) -> str:
@@ -128,6 +147,22 @@ def merge_expressions(
     if soft_delete:
         updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
     return newer, updates, inserts
+
+
+def unchanged(assignments: Mapping[str, str], null_safe_equals: str) -> str:
+    """A condition, on a matched pair of target ``t`` and source ``s``, that is true when
+    every assignment (unquoted column -> expression, as :func:`merge_expressions` gives
+    them) would write back the value the column holds: an update that changes nothing.
+
+    A change feed records an update that rewrites a row with its own values as a
+    change; a merge into a history table with a feed excludes such rows (a version
+    recomputed as it was) from its updates with ``NOT (unchanged)``.
+    ``null_safe_equals`` is ``IS NOT DISTINCT FROM`` for delta-rs, ``<=>`` for Spark;
+    each comparison is parenthesised (:func:`key_match` says why).
+    """
+    return " AND ".join(
+        f"(t.{quote_column(c)} {null_safe_equals} ({value}))" for c, value in assignments.items()
+    )
 
 
 @dataclass(frozen=True, slots=True)
