@@ -24,6 +24,14 @@ from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, Workload, compare_w
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
+
+@pytest.fixture
+def broker(tansu_broker):
+    """tansu alone: routing and shaping happen after the read, the same on every broker
+    (the e2e folder's other tests run on Apache Kafka too; the suite's time is bounded)."""
+    return tansu_broker
+
+
 SHARDS = 16
 _customers, _orders, _lines = DEMO_TABLES
 TABLES = [
