@@ -57,6 +57,7 @@ from cdcflow.apply.router import (
     Router,
     by_target,
     declarations_on_every_row,
+    declared_types,
     split_excluded,
 )
 from cdcflow.apply.schema_log import SchemaLog
@@ -110,14 +111,6 @@ _SYSTEM = (
     SCHEMA_CHANGES,
     TOMBSTONES,
 )
-
-
-def _declared_types(part: pa.Table) -> dict[str, str]:
-    """Column -> logical type, as the part's events declare them (later ones win)."""
-    types: dict[str, str] = {}
-    for text in pc.unique(part["columns"]).drop_null().to_pylist():
-        types.update(orjson.loads(text))
-    return types
 
 
 def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool) -> pa.Table:
@@ -479,7 +472,7 @@ class BatchApplier:
                 )
             shard_column = self.router.shard_column(target)
             if shard_column is not None:
-                types = _declared_types(part)
+                types = declared_types(part)
                 part, refused, messages = refuse_collisions(
                     self.warehouse, target, part, shard_column, types
                 )

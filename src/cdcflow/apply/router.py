@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -47,7 +48,9 @@ __all__ = [
     "Router",
     "Routing",
     "by_target",
+    "declared_types",
     "qualified_name",
+    "source_names",
     "split_excluded",
     "declarations_on_every_row",
     "source_ids",
@@ -70,6 +73,28 @@ _SEP = "\x1f"
 def qualified_name(database: str | None, schema: str | None, table: str | None) -> str:
     """``database.schema.table`` with the empty parts (and their dots) left out."""
     return ".".join(p for p in (database, schema, table) if p)
+
+
+def source_names(rows: pa.Table) -> list[str]:
+    """Each row's source table as :func:`qualified_name` gives it (``database.schema.table``)."""
+    return [
+        qualified_name(d, s, t)
+        for d, s, t in zip(
+            rows["database"].to_pylist(),
+            rows["schema"].to_pylist(),
+            rows["table"].to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def declared_types(rows: pa.Table) -> dict[str, str]:
+    """Column -> logical type, as the rows' ``columns`` declarations state them (a later
+    declaration's type wins)."""
+    types: dict[str, str] = {}
+    for text in pc.unique(rows["columns"]).drop_null().to_pylist():
+        types.update(orjson.loads(text))
+    return types
 
 
 def _compiled(pattern: str, key: str) -> re.Pattern[str]:

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from cdcflow.apply.expressions import Expression, parse_expression, parse_filter
 from cdcflow.apply.options import METADATA_FIELDS, TableOptions, TypeOverride, parse_override
-from cdcflow.apply.router import qualified_name
+from cdcflow.apply.router import declared_types, source_names
 from cdcflow.errors import ApplyError
 from cdcflow.images import arrow_column, logical_from_arrow
 from cdcflow.model import Op, dumps
@@ -84,10 +84,7 @@ def _loads(texts: Sequence[str | None]) -> list[dict[str, Any] | None]:
 
 def _types_of(part: pa.Table, stored: Mapping[str, str]) -> dict[str, str]:
     """Column -> logical type: the stored table's, then what the part declares."""
-    types = dict(stored)
-    for text in pc.unique(part["columns"]).drop_null().to_pylist():
-        types.update(orjson.loads(text))
-    return types
+    return {**stored, **declared_types(part)}
 
 
 def _typed(name: str, values: list[Any], logical: str | None) -> tuple[pa.Array, list[str | None]]:
@@ -223,15 +220,7 @@ def _metadata(part: pa.Table, fields: Mapping[str, str]) -> dict[str, list[Any]]
     out = {}
     for name, what in fields.items():
         if what == "source_table":
-            out[name] = [
-                qualified_name(d, s, t)
-                for d, s, t in zip(
-                    part["database"].to_pylist(),
-                    part["schema"].to_pylist(),
-                    part["table"].to_pylist(),
-                    strict=True,
-                )
-            ]
+            out[name] = source_names(part)
         else:
             out[name] = part[what].to_pylist()
     return out

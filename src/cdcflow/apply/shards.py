@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.router import ROW_CHANGE_OPS, qualified_name
+from cdcflow.apply.router import ROW_CHANGE_OPS, source_names
 from cdcflow.images import rows_to_arrow
 from cdcflow.model import Op
 from cdcflow.sinks.delta import DeltaWarehouse
@@ -104,15 +104,7 @@ def refuse_collisions(
     )
     if not pc.any(is_change).as_py():
         return part, part.slice(0, 0), []
-    shards = [
-        qualified_name(d, s, t)
-        for d, s, t in zip(
-            part["database"].to_pylist(),
-            part["schema"].to_pylist(),
-            part["table"].to_pylist(),
-            strict=True,
-        )
-    ]
+    shards = source_names(part)
     keys = part["key"].to_pylist()
     old_keys = part["old_key"].to_pylist()
     ops = part["op"].to_pylist()
