@@ -202,7 +202,7 @@ def check(table_path: str, state: dict) -> str:
 def reference_child(bootstrap: str, root: Path, batch: int) -> int:
     """The reference pipeline, run in a child process: writes its batch times to
     ``root/reference.json``."""
-    from cdcflow.spark import get_or_create_session
+    from cdcflow.runtime.spark import get_or_create_session
 
     spark = get_or_create_session(app_name="cdcflow-bench-reference")
     ref = run_reference(spark, bootstrap, root, batch)

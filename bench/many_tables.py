@@ -97,8 +97,8 @@ def apply_all(
     the first, and the profile of the ``profile_batch``-th of those (or ``None``; the
     profile sees the calling thread only, so profile with ``parallel_tables=1``)."""
     from cdcflow.apply.batch import BatchApplier
-    from cdcflow.apply.router import Router
     from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.transform.router import Router
 
     with tempfile.TemporaryDirectory(prefix="cdcflow-many-") as root:
         warehouse = DeltaWarehouse(root, pipeline_id="bench", merge_engine=merge_engine)

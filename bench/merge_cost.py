@@ -36,10 +36,10 @@ import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from cdcflow.runtime.spark import get_or_create_session
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
 from cdcflow.sinks.merge import MergeSpec
-from cdcflow.spark import get_or_create_session
 
 UPDATES = 1000
 COLUMNS = ["id", "name", "qty", "price"]

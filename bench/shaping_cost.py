@@ -3,7 +3,7 @@
     python bench/shaping_cost.py                 # 50,000 inserts of a 5-column table
     python bench/shaping_cost.py --events 200000
 
-Times :func:`cdcflow.apply.shape.shape` alone (no Delta, no Kafka, no Spark) over one
+Times :func:`cdcflow.transform.shape.shape` alone (no Delta, no Kafka, no Spark) over one
 target's part of a micro-batch, once per set of options, on one core: events/s and
 microseconds per event, the best of three runs. An unshaped table does not call it
 (``shapes()`` is false), so the reference is zero.
@@ -17,10 +17,10 @@ import time
 import pyarrow as pa
 
 from cdcflow.apply.options import TableOptions
-from cdcflow.apply.shape import shape
 from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
+from cdcflow.transform.shape import shape
 
 TABLE = SourceTable("bench", "shop", "", "orders")
 COLUMNS = {

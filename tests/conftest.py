@@ -28,7 +28,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 def spark():
     """A real local SparkSession (2 cores, few shuffle partitions), shared by all tests;
     with Delta Lake's Spark jars and extension, for the ``delta-spark`` sink's tests."""
-    from cdcflow.spark import get_or_create_session
+    from cdcflow.runtime.spark import get_or_create_session
 
     session = get_or_create_session(app_name="cdcflow-tests", delta_spark=True)
     yield session

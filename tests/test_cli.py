@@ -496,9 +496,9 @@ def _replay_after_the_fix(cfg: Path, w, tmp_path: Path, capsys) -> None:
     """``cdcflow dead-letters replay`` after the source's format is corrected: a replay
     killed between its tables and its completion is finished by the next one, every
     record is applied once, and the mirrors equal the source (issue 19, item 4)."""
+    from cdcflow.commands.replay import replay
     from cdcflow.config import load_config
     from cdcflow.errors import CdcflowError
-    from cdcflow.replay import replay
     from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow_testkit.workload import compare_with_mirror
 

@@ -40,8 +40,8 @@ def test_codes_are_their_own_names():
 
 
 def test_every_event_that_changes_no_rows_has_its_skip_reason():
-    from cdcflow.apply.router import TABLE_OPS
     from cdcflow.model import Op
+    from cdcflow.transform.router import TABLE_OPS
 
     for op in set(Op) - {Op(o) for o in TABLE_OPS.to_pylist()}:
         assert SkipReason(op.upper()) == op.upper()

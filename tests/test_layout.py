@@ -57,19 +57,19 @@ def test_the_product_imports_no_test_code(tmp_path):
 
 
 #: the product's layers, lowest first: a module imports its own layer and those below,
-#: never one above (decode -> apply -> store -> core, and the composition on top)
+#: never one above (source -> decode -> apply -> transform -> store -> formats -> core, and
+#: the composition on top: configuration, the run, the operator commands, the entry points)
 LAYERS = {
     "core": {"errors", "model", "types", "event_schema", "images", "secrets"},
+    "formats": {"formats"},
     "store": {"sinks"},
-    "apply": {"apply"},
-    "decode": {"formats", "decode", "source"},
-    "top": {
-        "config", "pipeline", "runner", "cli", "files", "reset_sources", "checkpoint",
-        "warehouse_maintenance", "preflight", "progress", "status", "dead_letters",
-        "metrics", "api", "report", "topic_inspect", "replay",
-        "spark", "submit", "__init__",
-    },
-}  # fmt: skip
+    "apply": {"apply", "transform"},
+    "decode": {"decode", "source"},
+    "config": {"config"},
+    "runtime": {"runtime"},
+    "commands": {"commands"},
+    "top": {"cli", "api", "submit", "__init__"},
+}
 ORDER = list(LAYERS)
 
 
@@ -150,7 +150,7 @@ def test_the_wheel_holds_the_product_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == {"cdcflow"}
-    assert "cdcflow/pipeline.py" in names  # the product is there
+    assert "cdcflow/runtime/pipeline.py" in names  # the product is there
     leaked = [n for n in names if "/testing/" in n or n.endswith(("demo.py", "broker.py"))]
     assert leaked == []
 

@@ -8,8 +8,8 @@ import pytest
 from deltalake import DeltaTable
 
 import cdcflow
-from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.errors import ConfigError, LeaseHeld
+from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.sinks.lease import PipelineLease
 
 CASES = Path(__file__).parent / "formats" / "cases"
@@ -18,9 +18,9 @@ UPDATE = CASES / "dataworks-json" / "paimon-aliyun-update-in-one.input.jsonl"
 
 
 def test_the_exports_are_the_functions_the_commands_call():
-    from cdcflow.files import apply_files, decode_files
-    from cdcflow.reset_sources import plan_reset, reset
-    from cdcflow.runner import run
+    from cdcflow.commands.files import apply_files, decode_files
+    from cdcflow.commands.reset import plan_reset, reset
+    from cdcflow.runtime.runner import run
 
     assert (cdcflow.run, cdcflow.reset, cdcflow.plan_reset) == (run, reset, plan_reset)
     assert (cdcflow.apply_files, cdcflow.decode_files) == (apply_files, decode_files)

@@ -14,7 +14,7 @@ light):
   decoded change stream as a streaming DataFrame (:mod:`cdcflow.api`);
 - :func:`status` -- what ``cdcflow status`` shows, as data.
 
-``cdcflow.pipeline.Pipeline`` is the bare engine under :func:`run`, without the lease.
+``cdcflow.runtime.pipeline.Pipeline`` is the bare engine under :func:`run`, without the lease.
 
 See README.md for the two commands, and docs/ for formats, semantics and decisions.
 """
@@ -32,16 +32,16 @@ except PackageNotFoundError:  # a source tree that was not installed
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "run": "cdcflow.runner",
+    "run": "cdcflow.runtime.runner",
     "load_config": "cdcflow.config",
-    "reset": "cdcflow.reset_sources",
-    "maintain": "cdcflow.warehouse_maintenance",
-    "plan_reset": "cdcflow.reset_sources",
-    "decode_files": "cdcflow.files",
-    "apply_files": "cdcflow.files",
+    "reset": "cdcflow.commands.reset",
+    "maintain": "cdcflow.commands.maintain",
+    "plan_reset": "cdcflow.commands.reset",
+    "decode_files": "cdcflow.commands.files",
+    "apply_files": "cdcflow.commands.files",
     "Pipeline": "cdcflow.api",
     "read_changes": "cdcflow.api",
-    "status": "cdcflow.status",
+    "status": "cdcflow.commands.status",
 }
 
 __all__ = ["__version__", *_EXPORTS]

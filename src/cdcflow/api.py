@@ -15,7 +15,7 @@ Both run on the user's SparkSession. Spark starts its Python workers with the se
 interpreter (``PYSPARK_PYTHON``, else ``python3`` on the PATH); on local Spark, when that
 interpreter cannot import cdcflow (a virtual environment that is not activated), the
 workers are pointed at this interpreter instead
-(:func:`cdcflow.spark.workers_import_cdcflow`).
+(:func:`cdcflow.runtime.spark.workers_import_cdcflow`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.config import PipelineConfig, load_config
-from cdcflow.pipeline import RunSummary
-from cdcflow.progress import ProgressReporter
+from cdcflow.runtime.pipeline import RunSummary
+from cdcflow.runtime.progress import ProgressReporter
 
 __all__ = ["Pipeline", "read_changes"]
 
@@ -76,7 +76,7 @@ class Pipeline:
         self.progress = ProgressReporter(write)
 
     def run(self, once: bool = False) -> RunSummary:
-        """Run under the pipeline's lease (:func:`cdcflow.runner.run`): with ``once``,
+        """Run under the pipeline's lease (:func:`cdcflow.runtime.runner.run`): with ``once``,
         drain what the topics hold now and return; else run until stopped (Ctrl-C in a
         notebook interrupts it; the lease is released on the way out).
 
@@ -84,15 +84,15 @@ class Pipeline:
             LeaseHeld: another run of the pipeline holds the lease (before Spark work).
             ConfigError, SourceError, StorageError, LeaseLost: as ``cdcflow run``.
         """
-        from cdcflow.runner import run
+        from cdcflow.runtime.runner import run
 
         self.progress = ProgressReporter(self.progress.write)
         return run(self.config, once=once, progress=self.progress, spark=self.spark)
 
     def status(self) -> Any:
-        """The warehouse's view of the pipeline (:class:`cdcflow.status.Status`), without
+        """The warehouse's view of the pipeline (:class:`cdcflow.commands.status.Status`), without
         asking the brokers."""
-        from cdcflow.status import status
+        from cdcflow.commands.status import status
 
         return status(self.config.warehouse, self.config.pipeline_id)
 
@@ -117,7 +117,7 @@ def read_changes(
     Raises:
         ConfigError: the configuration is invalid, or names no such source.
     """
-    from cdcflow.pipeline import Pipeline as Engine
+    from cdcflow.runtime.pipeline import Pipeline as Engine
 
     config, path = _config(config)
     if sources is not None:

@@ -91,7 +91,7 @@ def _key_delimiter(args: argparse.Namespace) -> bytes | None:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from cdcflow.files import decode_files
+    from cdcflow.commands.files import decode_files
     from cdcflow.model import dumps, event_to_json_dict
 
     result = decode_files(args.format, args.files, _format_options(args), _key_delimiter(args))
@@ -119,7 +119,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from cdcflow.files import apply_files
+    from cdcflow.commands.files import apply_files
     from cdcflow.sinks.delta import DeltaWarehouse
 
     warehouse = str(Path(args.warehouse).resolve())
@@ -201,7 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """The warehouse's view of a pipeline (and, with CONFIG, the records behind)."""
     import json
 
-    from cdcflow.status import describe, status
+    from cdcflow.commands.status import describe, status
 
     config, warehouse, pipeline_id = _warehouse_of(args, "status")
     log_ends, brokers = None, "give CONFIG to ask the brokers"
@@ -223,7 +223,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     """list | show | export the dead letters of a pipeline's warehouse."""
     import json
 
-    from cdcflow.dead_letters import (
+    from cdcflow.commands.dead_letters import (
         LetterFilter,
         export_lines,
         read_letters,
@@ -280,8 +280,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     them."""
     import json
 
+    from cdcflow.commands.inspect import as_dicts, describe, inspect
     from cdcflow.config import load_config
-    from cdcflow.topic_inspect import as_dicts, describe, inspect
 
     config = load_config(args.config)
     found = inspect(config, topic=args.topic, n=args.n, last=args.last)
@@ -295,8 +295,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """One self-contained HTML file of the run's history (``cdcflow.report``)."""
-    from cdcflow.report import write_report
+    """One self-contained HTML file of the run's history (``cdcflow.commands.report``)."""
+    from cdcflow.commands.report import write_report
 
     _, warehouse, pipeline_id = _warehouse_of(args, "report")
     done = write_report(warehouse, args.output, pipeline_id)
@@ -328,8 +328,8 @@ def cmd_broker(args: argparse.Namespace | list[str]) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     """``dead-letters replay CONFIG [--source S] [--code C] --yes``."""
+    from cdcflow.commands.replay import replay
     from cdcflow.config import load_config
-    from cdcflow.replay import replay
 
     if args.config is None:
         raise ConfigError("cdcflow dead-letters replay needs CONFIG: its sources' formats decode")
@@ -361,7 +361,7 @@ def _log_ends(config) -> tuple[dict | None, str | None]:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Start sources over: delete their checkpoints (and, with --warehouse, the tables)."""
-    from cdcflow.reset_sources import plan_reset, reset
+    from cdcflow.commands.reset import plan_reset, reset
 
     plan = plan_reset(args.config, args.source, args.warehouse)
     if not plan.steps:
@@ -377,7 +377,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from cdcflow.warehouse_maintenance import maintain
+    from cdcflow.commands.maintain import maintain
 
     report = maintain(args.config)
     for expired in report.expired:
@@ -412,7 +412,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
     from cdcflow.config import load_config
-    from cdcflow.preflight import preflight, raise_first_failure
+    from cdcflow.runtime.preflight import preflight, raise_first_failure
 
     started = time.monotonic()
     config = load_config(args.config)  # a bad configuration: one line, exit 2
@@ -438,8 +438,8 @@ def _console(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cdcflow.progress import ProgressReporter
-    from cdcflow.runner import run
+    from cdcflow.runtime.progress import ProgressReporter
+    from cdcflow.runtime.runner import run
 
     _interrupt_on_sigterm()
     reporter = ProgressReporter(write=(lambda line: None) if args.quiet else _console)

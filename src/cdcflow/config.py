@@ -57,7 +57,7 @@ Example (every key with its default where it has one)::
         max_wait_ms: 60000         # an open transaction is applied anyway after this
         max_events: 100000         # ... or when more events than this are held
     monitoring:
-      prometheus_port: null        # e.g. 9108: Prometheus metrics at /metrics (cdcflow.metrics)
+      prometheus_port: null        # e.g. 9108: Prometheus metrics at /metrics (cdcflow.runtime.metrics)
       prometheus_host: 127.0.0.1   # 0.0.0.0 for a scraper on another machine
       spark_ui: false              # Spark's web UI on the session cdcflow creates
     maintenance:                   # after micro-batches, within a budget; `cdcflow maintain`
@@ -99,12 +99,12 @@ from pydantic import (
 )
 
 from cdcflow.apply.options import TableRule, TableRules
-from cdcflow.apply.router import RouteRule, Routing
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
+from cdcflow.transform.router import RouteRule, Routing
 
 __all__ = [
     "SINKS",
@@ -182,7 +182,7 @@ class KafkaConfig(_Strict):
         outage_budget_s: seconds transient broker errors are retried before the run
             stops (exit 69); 0 stops at the first error.
         startup_timeout_s: seconds the brokers are waited for before Spark starts
-            (:mod:`cdcflow.preflight`); past it the run stops (exit 69).
+            (:mod:`cdcflow.runtime.preflight`); past it the run stops (exit 69).
         read_tasks: the most Spark tasks a micro-batch is read and decoded with on the
             Python Kafka source; topic-partitions are packed into them (decision 54).
             ``None``: twice Spark's default parallelism (the cores of local Spark).
@@ -281,7 +281,7 @@ class SourceConfig(_Strict):
             ``database.schema.table``: only included tables land, excluded ones do not
             (their events are skipped on purpose: ``TABLE_EXCLUDED``).
         routes: rules sending matching source tables to a named target, sharded tables
-            merged (:class:`~cdcflow.apply.router.RouteRule`).
+            merged (:class:`~cdcflow.transform.router.RouteRule`).
         table_prefix, table_suffix: around the last part of every target's name.
     """
 
@@ -297,7 +297,7 @@ class SourceConfig(_Strict):
     table_suffix: str = ""
 
     def routing(self) -> Routing:
-        """The source's table selection and routing (:class:`~cdcflow.apply.router.Routing`)."""
+        """The source's table selection and routing (:class:`~cdcflow.transform.router.Routing`)."""
         return Routing(
             include=self.include,
             exclude=self.exclude,
@@ -322,7 +322,7 @@ class SourceConfig(_Strict):
     def subscription(self) -> dict[str, str]:
         """The Kafka source option that reads this source's topics (``subscribe`` or
         ``subscribePattern``)."""
-        from cdcflow.source.routing import subscription
+        from cdcflow.source.subscription import subscription
 
         return subscription([(self.topics, self.topic_pattern)])
 
@@ -505,7 +505,7 @@ class MonitoringConfig(_Strict):
 
     Attributes:
         prometheus_port: serve Prometheus metrics on this port (``/metrics``, counters and
-            gauges per source and table: :mod:`cdcflow.metrics`); ``None``: off.
+            gauges per source and table: :mod:`cdcflow.runtime.metrics`); ``None``: off.
         prometheus_host: the address to listen on (``127.0.0.1``: this machine only;
             ``0.0.0.0`` for a scraper elsewhere).
         spark_ui: Spark's web UI (port 4040 and up) on a session cdcflow creates.
@@ -554,7 +554,7 @@ class PipelineConfig(_Strict):
 
     def subscription(self) -> dict[str, str]:
         """The Kafka source option that reads every source's topics."""
-        from cdcflow.source.routing import subscription
+        from cdcflow.source.subscription import subscription
 
         return subscription((s.topics, s.topic_pattern) for s in self.sources)
 
@@ -584,7 +584,7 @@ class PipelineConfig(_Strict):
                 raise ValueError(
                     f"sources: two sources are called {name!r}; give each a distinct 'name'"
                 )
-        from cdcflow.source.routing import topic_named_twice
+        from cdcflow.source.subscription import topic_named_twice
 
         twice = topic_named_twice((s.name, s.topics) for s in self.sources)
         if twice is not None:

@@ -1,5 +1,5 @@
 """Applies beside Spark's next micro-batch (decision 32): when an apply says its records
-are durable, what the pipeline's :class:`~cdcflow.pipeline.ApplyLane` lets run meanwhile,
+are durable, what the pipeline's :class:`~cdcflow.runtime.pipeline.ApplyLane` lets run meanwhile,
 and where a failure surfaces. Real Delta tables; the lane's threads are real threads."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.apply.helpers import ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import OffsetLedger
-from cdcflow.pipeline import ApplyLane
+from cdcflow.runtime.pipeline import ApplyLane
 from cdcflow.sinks.delta import DeltaWarehouse
 
 ITEMS = "db.items"

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdcflow.config import parse_config
-from cdcflow.pipeline import Pipeline
+from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 
 GOLDEN = Path(__file__).parent / "golden"

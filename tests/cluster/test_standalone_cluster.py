@@ -21,8 +21,8 @@ import pytest
 import yaml
 from tests.e2e.helpers import Scenario, check_accounting
 
+from cdcflow.runtime.spark import SUBMIT_MAIN, delta_submit_args
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.spark import SUBMIT_MAIN, delta_submit_args
 from cdcflow_testkit.services.spark_cluster import StandaloneCluster, spark_kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -179,7 +179,7 @@ def test_spark_submit_runs_cdcflow_on_the_cluster_with_the_delta_spark_sink(
     cluster, apache_kafka, tmp_path
 ):
     """What the README tells a user to run on their own cluster: ``spark-submit`` with the
-    cluster's master, Delta Lake's jars and settings (``python -m cdcflow.spark``), Spark's
+    cluster's master, Delta Lake's jars and settings (``python -m cdcflow.runtime.spark``), Spark's
     Kafka connector with ``--jars``, and cdcflow's command line as the application. Its
     master, packages and settings stand (cdcflow does not replace them); the mirrors are
     merged by Delta Lake on the executors and equal the source."""
@@ -208,7 +208,7 @@ def test_spark_submit_runs_cdcflow_on_the_cluster_with_the_delta_spark_sink(
             str(submit),
             *("--master", cluster.master_url),
             *("--jars", ",".join(spark_kafka_jars())),
-            *delta_submit_args(),  # python -m cdcflow.spark prints them, then SUBMIT_MAIN
+            *delta_submit_args(),  # python -m cdcflow.runtime.spark prints them, then SUBMIT_MAIN
             str(SUBMIT_MAIN),
             *("run", "--once", str(config)),
         ],

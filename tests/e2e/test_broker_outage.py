@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 FORMAT = "debezium-json"
 TOPIC = "outage.debezium"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-#: a micro-batch's line on the console (cdcflow.progress)
+#: a micro-batch's line on the console (cdcflow.runtime.progress)
 PROGRESS_LINE = re.compile(r"batch \d+ \S+: [\d,]+ records -> ")
 JVM_BANNER = "WARNING: Using incubator modules: jdk.incubator.vector"  # every Spark 4 JVM
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} |\d\d/\d\d/\d\d \d\d:\d\d:\d\d )")

@@ -15,7 +15,7 @@ import pytest
 from tests.brokers import DURABLE_BROKERS, durable_broker
 
 from cdcflow.config import parse_config
-from cdcflow.pipeline import Pipeline
+from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow_testkit.demo import _target
 from cdcflow_testkit.encoders import encoder_for

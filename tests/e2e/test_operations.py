@@ -31,7 +31,7 @@ from cdcflow.cli import EXIT_PIPELINE_RUNNING
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable
-from cdcflow.pipeline import Pipeline
+from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow_testkit.encoders import Message, SourceChange, encoder_for

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
 from cdcflow.formats import embedded_formats
-from cdcflow.pipeline import Pipeline
+from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow_testkit.encoders import Message
 
@@ -286,8 +286,8 @@ def test_a_source_added_or_removed_starts_the_checkpoint_over_where_each_source_
 
     from tests.e2e.helpers import config_dict
 
-    from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint
     from cdcflow.config import parse_config
+    from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint
 
     a = Scenario(broker, "debezium-json", seed=3)
     a.produce(200)

@@ -1,4 +1,4 @@
-"""The report (``cdcflow.report``) drawn by a real headless Chromium, driven by Selenium:
+"""The report (``cdcflow.commands.report``) drawn by a real headless Chromium, driven by Selenium:
 the page loads from a file with no network, plotly.js draws every plot with the points
 the warehouse holds, the browser logs no error, and a screenshot is taken.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.report_warehouse import SourcePlan, build_warehouse, default_sources
 
-from cdcflow.report import PLOT_IDS, write_report
+from cdcflow.commands.report import PLOT_IDS, write_report
 
 pytestmark = [pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, 
 from tests.volumes import fill, tmpfs, truncate_last_commit
 
 from cdcflow.errors import Code
-from cdcflow.pipeline import Pipeline
+from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow_testkit.demo import _target
 from cdcflow_testkit.workload import compare_with_mirror

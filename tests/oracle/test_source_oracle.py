@@ -62,12 +62,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.router import Router
 from cdcflow.decode.batches import DecodeFunction, flatten
 from cdcflow.formats import decoder_for, embedded_formats
 from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.transform.router import Router
 from cdcflow_testkit.delivery import KafkaRecord, kafka_batch, micro_batches, produce
 from cdcflow_testkit.encoders import Message, SourceChange, encoder_for
 from cdcflow_testkit.workload import (

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from cdcflow.errors import Code, ConfigError, SourceError
-from cdcflow.pipeline import source_error_of
+from cdcflow.runtime.pipeline import source_error_of
 from cdcflow.source.kafka import is_transient, parse_options
 from cdcflow.source.outage import OutageBudget, backoff_s
 

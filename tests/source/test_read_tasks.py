@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from tests.source.test_routing import CANAL, MAXWELL  # vendor messages (Paimon's tests)
+from tests.source.test_subscription import CANAL, MAXWELL  # vendor messages (Paimon's tests)
 
 from cdcflow.config import KafkaConfig
 from cdcflow.decode.batches import DecodeFunction
@@ -28,7 +28,7 @@ from cdcflow.source.kafka import (
     parse_options,
     ranges_of,
 )
-from cdcflow.source.routing import SourceRoute, TopicRouting
+from cdcflow.source.subscription import SourceTopics, Subscription
 
 
 def _ranges(sizes: dict[str, int]) -> list[KafkaInputPartition]:
@@ -130,10 +130,10 @@ def test_a_task_decodes_each_topic_in_its_sources_format_and_stages_one_file(bro
     for topic in canal:
         broker.create_topic(topic)
         broker.produce(topic, [(None, CANAL), (None, MAXWELL)])  # the second: a dead letter
-    routing = TopicRouting(
+    routing = Subscription(
         [
-            SourceRoute("mw", tuple(maxwell), None, _CountingDecode("maxwell-json")),
-            SourceRoute("cn", tuple(canal), None, _CountingDecode("canal-json")),
+            SourceTopics("mw", tuple(maxwell), None, _CountingDecode("maxwell-json")),
+            SourceTopics("cn", tuple(canal), None, _CountingDecode("canal-json")),
         ]
     )
     opts = parse_options(

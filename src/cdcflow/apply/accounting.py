@@ -19,7 +19,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.router import ROW_CHANGE_OPS, TABLE_OPS
 from cdcflow.errors import Code
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
 from cdcflow.sinks.delta import MirrorResult
@@ -29,6 +28,7 @@ from cdcflow.sinks.system_tables import (
     DEAD_LETTER_SCHEMA,
     PROGRESS_SCHEMA,
 )
+from cdcflow.transform.router import ROW_CHANGE_OPS, TABLE_OPS
 
 __all__ = [
     "BatchReport",

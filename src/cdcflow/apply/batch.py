@@ -21,7 +21,7 @@ Every record of the batch is accounted for: ``records = records with events + jo
 skipped + dead`` (``joined``: an update half whose change its partner's event carries).
 
 This module is the script of those writes; the pieces are elsewhere: which table each
-event goes to (:mod:`cdcflow.apply.router`), one table's apply and its faults
+event goes to (:mod:`cdcflow.transform.router`), one table's apply and its faults
 (:mod:`cdcflow.apply.tables`) under its schema policy (:mod:`cdcflow.apply.schema_policy`,
 recorded by :mod:`cdcflow.apply.schema_log`), the rows of the bookkeeping tables
 (:mod:`cdcflow.apply.accounting`), the offsets (:mod:`cdcflow.apply.offsets`) and the
@@ -52,18 +52,8 @@ from cdcflow.apply.accounting import (
 )
 from cdcflow.apply.offsets import IncompleteApply, OffsetLedger, TopicPartition, offset_ranges
 from cdcflow.apply.options import TableOptions
-from cdcflow.apply.router import (
-    TABLE_OPS,
-    Router,
-    by_target,
-    declarations_on_every_row,
-    declared_types,
-    split_excluded,
-)
 from cdcflow.apply.schema_log import SchemaLog
 from cdcflow.apply.schema_policy import SchemaStop, stored_types
-from cdcflow.apply.shape import shape, shapes
-from cdcflow.apply.shards import refuse_collisions
 from cdcflow.apply.tables import TableApplier, TableFault
 from cdcflow.apply.transactions import (
     TransactionPolicy,
@@ -92,6 +82,16 @@ from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     TOMBSTONES,
 )
+from cdcflow.transform.router import (
+    TABLE_OPS,
+    Router,
+    by_target,
+    declarations_on_every_row,
+    declared_types,
+    split_excluded,
+)
+from cdcflow.transform.shape import shape, shapes
+from cdcflow.transform.shards import refuse_collisions
 
 __all__ = ["BatchApplier", "IncompleteApply"]
 
@@ -348,8 +348,8 @@ class BatchApplier:
         self, ready: pa.Table, batch_id: int, report: BatchReport, letters: list[pa.Table]
     ) -> tuple[pa.Table, list[tuple[str, pa.Table]]]:
         """The events to record and apply, and their parts per target, after the
-        source's routing and each target's shaping (:mod:`cdcflow.apply.router`,
-        :mod:`cdcflow.apply.shape`).
+        source's routing and each target's shaping (:mod:`cdcflow.transform.router`,
+        :mod:`cdcflow.transform.shape`).
 
         Events of tables left out are counted as skipped (``TABLE_EXCLUDED``), rows a
         filter leaves out too (``ROW_FILTERED``); events a target cannot shape become

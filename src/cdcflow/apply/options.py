@@ -44,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from cdcflow.apply.expressions import parse_expression, parse_filter
+from cdcflow.transform.expressions import parse_expression, parse_filter
 from cdcflow.types import parse_type
 
 __all__ = [
@@ -244,7 +244,7 @@ class TableOptions(BaseModel):
             ``DeltaTable.load_cdf`` in delta-rs read what each commit changed.
         columns: which columns land (:class:`ColumnSelection`: ``include`` or
             ``exclude``); the key columns always do.
-        computed_columns: ``name -> expression`` (:mod:`cdcflow.apply.expressions`),
+        computed_columns: ``name -> expression`` (:mod:`cdcflow.transform.expressions`),
             evaluated in Arrow over each image, in order (a later one may use an earlier).
         metadata_columns: ``name -> metadata`` (one of :data:`METADATA_FIELDS`): a column
             filled from the event, not the row (source table, op, Kafka position, ...).

@@ -22,13 +22,13 @@ import pyarrow.compute as pc
 
 from cdcflow.apply.accounting import origin
 from cdcflow.apply.ddl import column_renames
-from cdcflow.apply.router import IMAGE_OPS
 from cdcflow.apply.schema import SchemaPlan, plan_schema
 from cdcflow.errors import ApplyError, Code
 from cdcflow.images import logical_from_arrow
 from cdcflow.model import Op
 from cdcflow.sinks.history import SYSTEM_COLUMNS as HISTORY_SYSTEM_COLUMNS
 from cdcflow.sinks.merge import BOOKKEEPING_COLUMNS
+from cdcflow.transform.router import IMAGE_OPS
 
 __all__ = ["SchemaChange", "SchemaDecision", "SchemaStop", "decide_schema", "stored_types"]
 

@@ -28,7 +28,7 @@ Example::
     with PipelineLease("s3://lake/warehouse", "orders", storage_options=opts) as lease:
         ...  # check lease.lost before each commit
 
-This module is storage only: it imports nothing from ``cdcflow.apply`` or ``cdcflow.pipeline``.
+This module is storage only: it imports nothing from ``cdcflow.apply`` or ``cdcflow.runtime.pipeline``.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ OFFSETS_SCHEMA = pa.schema(
 )
 
 #: ``_cdcflow/replays``: per dead letter a replay took, its intent (``outcome`` null,
-#: written before the apply) and then its outcome (:mod:`cdcflow.replay`). A dead letter
+#: written before the apply) and then its outcome (:mod:`cdcflow.commands.replay`). A dead letter
 #: is named by its row: topic, partition, offset, stage and commit time.
 REPLAYS_SCHEMA = pa.schema(
     [

@@ -9,7 +9,7 @@ Offsets, admission control, ``Trigger.AvailableNow`` and data-loss checks are th
 source's own: only ``read`` differs.
 
 Options: those of ``cdcflow_kafka``, plus either ``cdcflow.sources`` (a JSON list of
-sources, :meth:`~cdcflow.source.routing.SourceRoute.as_json`: each topic is decoded by
+sources, :meth:`~cdcflow.source.subscription.SourceTopics.as_json`: each topic is decoded by
 the format of the source it belongs to), or for one format of every topic
 ``cdcflow.format`` (format identifier), ``cdcflow.formatOptions`` (the format's options as
 JSON, default ``{}``) and ``cdcflow.statePath``/``cdcflow.stateKey`` (where decoder state
@@ -39,7 +39,7 @@ from cdcflow.source.kafka import (
     read_records,
     register_once,
 )
-from cdcflow.source.routing import SourceRoute, TopicRouting
+from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["ChangesDataSource", "FORMAT", "STAGED_SCHEMA", "read_staged", "register"]
 
@@ -71,18 +71,18 @@ def read_staged(manifest: pa.Table) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], TopicRouting]:
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Subscription]:
     """The Kafka source's options and the sources whose formats decode the topics:
-    ``cdcflow.sources`` (a JSON list, :meth:`SourceRoute.as_json`), or one source of every
+    ``cdcflow.sources`` (a JSON list, :meth:`SourceTopics.as_json`), or one source of every
     topic read (``cdcflow.format`` and its companions)."""
     kafka = {k: v for k, v in options.items() if not str(k).lower().startswith("cdcflow.")}
     own = {str(k).lower(): v for k, v in options.items() if str(k).lower().startswith("cdcflow.")}
     if own.get(_SOURCES_OPTION):
         try:
-            routes = [SourceRoute.from_json(r) for r in orjson.loads(own[_SOURCES_OPTION])]
+            routes = [SourceTopics.from_json(r) for r in orjson.loads(own[_SOURCES_OPTION])]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise ConfigError(f"option 'cdcflow.sources' is not a list of sources: {exc}") from exc
-        return kafka, TopicRouting(routes)
+        return kafka, Subscription(routes)
     fmt = own.get(_FORMAT_OPTION)
     if not fmt:
         raise ConfigError(
@@ -98,14 +98,14 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], TopicRouting]:
         state_path=own.get("cdcflow.statepath") or None,
         state_key=own.get("cdcflow.statekey") or "",
     )
-    return kafka, TopicRouting([SourceRoute(str(fmt), (), ".*", decode)])
+    return kafka, Subscription([SourceTopics(str(fmt), (), ".*", decode)])
 
 
 class ChangesStreamReader(KafkaStreamReader):
     """The Kafka stream reader whose ``read`` yields decoded event batches, each
     partition decoded by the format of its topic's source."""
 
-    def __init__(self, opts: Any, routing: TopicRouting, staging: str | None = None) -> None:
+    def __init__(self, opts: Any, routing: Subscription, staging: str | None = None) -> None:
         super().__init__(opts)
         self.routing = routing
         self.staging = staging
@@ -122,7 +122,7 @@ class ChangesStreamReader(KafkaStreamReader):
         ranges = ranges_of(partition)
         routes = []
         for part in ranges:
-            route = self.routing.route_of(part.topic)
+            route = self.routing.source_topics_of(part.topic)
             if route is None:
                 raise ConfigError(f"topic {part.topic!r} was read but belongs to no source")
             routes.append(route)
@@ -131,7 +131,7 @@ class ChangesStreamReader(KafkaStreamReader):
             return batches
         return self._stage(ranges, batches)
 
-    def _decode(self, ranges: Sequence[Any], routes: Sequence[SourceRoute]) -> Iterator[Any]:
+    def _decode(self, ranges: Sequence[Any], routes: Sequence[SourceTopics]) -> Iterator[Any]:
         states: dict[str, list[Any]] = {}
         for part, route in zip(ranges, routes, strict=True):
             if route.name not in states:

@@ -3,7 +3,7 @@
 
 It lives in a folder of its own because Python puts the script's folder first on
 ``sys.path``: run from inside the package, cdcflow's ``types.py`` would hide the
-standard library's ``types``. ``python -m cdcflow.spark`` prints its path after the
+standard library's ``types``. ``python -m cdcflow.runtime.spark`` prints its path after the
 options the ``delta-spark`` sink needs.
 """
 

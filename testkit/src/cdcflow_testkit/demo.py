@@ -40,10 +40,10 @@ def _partition(message: Message) -> int:
 
 def _target(fmt: str, workload: Workload, spec, options: dict) -> str:
     """The mirror a table lands in: encode one insert, decode it, route its source."""
-    from cdcflow.apply.router import Router
     from cdcflow.formats import decoder_for
     from cdcflow.formats.base import Record
     from cdcflow.model import Op
+    from cdcflow.transform.router import Router
     from cdcflow_testkit.encoders import SourceChange
 
     key = {c: 1 for c in spec.key_columns}
@@ -75,7 +75,7 @@ def run_demo(
     """Run the demo; returns ``True`` when every table matches its source. ``sink``: who
     merges the mirrors (``delta-rs`` or ``delta-spark``, the YAML's ``sink``)."""
     from cdcflow.config import parse_config
-    from cdcflow.pipeline import Pipeline
+    from cdcflow.runtime.pipeline import Pipeline
     from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow_testkit.services.broker import EmbeddedBroker
 

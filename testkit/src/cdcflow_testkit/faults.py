@@ -675,8 +675,8 @@ def run_with_kills(
         FaultHarnessError: a killed-to-be process exited on its own, made no progress
             within ``timeout_s``, or the drain timed out; the message has its log's tail.
     """
-    from cdcflow.checkpoint import QUERY_FOLDER
     from cdcflow.config import load_config
+    from cdcflow.runtime.checkpoint import QUERY_FOLDER
     from cdcflow.sinks.delta import DeltaWarehouse
 
     config = load_config(config_path)

@@ -4,7 +4,7 @@ PySpark, for tests of cdcflow's cluster path.
 :class:`StandaloneCluster` runs ``spark-class org.apache.spark.deploy.master.Master`` and
 ``...deploy.worker.Worker`` (PySpark's own ``bin/spark-class``) with free ports and no web
 UI; each worker offers ``cores`` cores and ``memory`` of memory to executors. A pipeline
-reaches it with ``CDCFLOW_SPARK_MASTER=<master_url>`` (``cdcflow.spark``). Executors run
+reaches it with ``CDCFLOW_SPARK_MASTER=<master_url>`` (``cdcflow.runtime.spark``). Executors run
 the driver's Python (``PYSPARK_PYTHON``), so cdcflow must be importable there: on one
 machine it is.
 

@@ -1,7 +1,7 @@
 """Sharded source tables merged into one target: a key two shards hold is refused.
 
 A route may send many source tables (``orders_0`` .. ``orders_15``) to one target and
-name a ``shard_column`` that records each row's source table (:mod:`cdcflow.apply.router`).
+name a ``shard_column`` that records each row's source table (:mod:`cdcflow.transform.router`).
 The shards' keys must not overlap: a row of the target belongs to the shard that wrote
 it until that shard deletes it. :func:`refuse_collisions` walks one target's part of a
 batch in order, key by key, from the owners the stored table records: a change of a key
@@ -22,12 +22,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.router import ROW_CHANGE_OPS, source_names
 from cdcflow.images import rows_to_arrow
 from cdcflow.model import Op
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.history import END_AT
 from cdcflow.sinks.merge import SOFT_DELETE_COLUMN
+from cdcflow.transform.router import ROW_CHANGE_OPS, source_names
 
 __all__ = ["refuse_collisions"]
 

@@ -159,7 +159,7 @@ class ProgressReporter:
 
     Args:
         write: takes one line (no newline); e.g. a print to stderr.
-        source_of: the source a topic belongs to (``TopicRouting.source_of``), to add up
+        source_of: the source a topic belongs to (``Subscription.source_of``), to add up
             the records behind per source.
         formats: source name -> its format, named in the dead-letter warning.
         topics: source name -> a topic (or the pattern) to name in the warning.

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 #: the application file for ``spark-submit`` (cdcflow's command line)
-SUBMIT_MAIN = Path(__file__).with_name("submit") / "cdcflow_main.py"
+SUBMIT_MAIN = Path(__file__).parents[1] / "submit" / "cdcflow_main.py"
 
 #: Delta Lake's Spark jars for ``sink: delta-spark`` (the installed delta-spark's version,
 #: built for Spark 4.2)
@@ -61,7 +61,7 @@ def get_or_create_session(
     ui: bool = False,
 ):
     """A SparkSession tuned for a small machine (cdcflow's data sources are registered
-    where they are used: :class:`~cdcflow.pipeline.Pipeline`, :func:`cdcflow.source.kafka.read_stream`).
+    where they are used: :class:`~cdcflow.runtime.pipeline.Pipeline`, :func:`cdcflow.source.kafka.read_stream`).
 
     Args:
         app_name: Spark application name.
@@ -88,7 +88,7 @@ def get_or_create_session(
     # and --conf stand, and only an explicit master here overrides them
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     master = master or os.environ.get("CDCFLOW_SPARK_MASTER") or (None if submitted else "local[2]")
-    log4j = Path(__file__).with_name("log4j2.properties")
+    log4j = Path(__file__).parents[1] / "log4j2.properties"
     java_opts = f"-Dlog4j.configurationFile=file:{log4j}"
     builder = SparkSession.builder.appName(app_name)
     if master:
@@ -147,8 +147,8 @@ def delta_submit_args() -> list[str]:
 
 
 if __name__ == "__main__":
-    # python -m cdcflow.spark: the spark-submit arguments of a delta-spark run, then the
-    # application file, so that `spark-submit --master URL $(python -m cdcflow.spark) run
+    # python -m cdcflow.runtime.spark: the spark-submit arguments of a delta-spark run, then the
+    # application file, so that `spark-submit --master URL $(python -m cdcflow.runtime.spark) run
     # pipeline.yaml` runs cdcflow
     print(" ".join([*delta_submit_args(), str(SUBMIT_MAIN)]))
 
@@ -162,7 +162,7 @@ def workers_import_cdcflow(spark: Any) -> None:
     master whose worker interpreter is not this one and cannot import cdcflow, the
     session's worker interpreter becomes ``sys.executable`` (for the Python functions
     registered from now on). A cluster's workers are left alone: install cdcflow there
-    (``python -m cdcflow.spark`` prints spark-submit's arguments).
+    (``python -m cdcflow.runtime.spark`` prints spark-submit's arguments).
     """
     sc = spark.sparkContext
     if not sc.master.startswith("local") or sc.pythonExec == sys.executable:

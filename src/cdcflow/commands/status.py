@@ -231,7 +231,7 @@ def _lease(wh: DeltaWarehouse, warehouse: str, pipeline_id: str | None) -> str:
 
 
 def _ago(ms: int) -> str:
-    from cdcflow.progress import human_duration
+    from cdcflow.runtime.progress import human_duration
 
     return human_duration(max(0, ms) / 1000)
 
@@ -245,7 +245,7 @@ def _when(ms: int | None, now_ms: int) -> str:
 
 def describe(s: Status, now_ms: int | None = None) -> list[str]:
     """The lines ``cdcflow status`` prints."""
-    from cdcflow.progress import counts, human_duration
+    from cdcflow.runtime.progress import counts, human_duration
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     lines = [f"warehouse {s.warehouse}", f"lease     {s.lease}"]

@@ -1,4 +1,4 @@
-"""The expression language of computed columns and row filters (cdcflow.apply.expressions)."""
+"""The expression language of computed columns and row filters (cdcflow.transform.expressions)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from cdcflow.apply.expressions import (
+from cdcflow.transform.expressions import (
     Expression,
     ExpressionError,
     parse_expression,

@@ -9,7 +9,7 @@ One Structured Streaming query reads every configured source's topics (decision 
 Exactly once: the warehouse records, per source, the Kafka offsets it applied
 (:mod:`cdcflow.apply.offsets`) and skips records below them whatever micro-batch carries
 them. Before the query starts, the pipeline checks that the checkpoint belongs to these
-sources (:mod:`cdcflow.checkpoint`), finishes the applies a crash interrupted by
+sources (:mod:`cdcflow.runtime.checkpoint`), finishes the applies a crash interrupted by
 re-reading their exact offset ranges from Kafka, and starts a new (or deleted)
 checkpoint at the warehouse's offsets, so losing the checkpoint loses and duplicates
 nothing.
@@ -35,16 +35,16 @@ from typing import Any
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import PendingApply
-from cdcflow.apply.router import Router
-from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
-from cdcflow.progress import ProgressReporter
+from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
+from cdcflow.runtime.progress import ProgressReporter
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock
-from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
+from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
+from cdcflow.transform.router import Router
 
 __all__ = ["ApplyLane", "Interrupted", "Pipeline", "RunSummary", "applier_for", "source_error_of"]
 
@@ -196,7 +196,7 @@ class Pipeline:
 
     Args:
         config: the validated configuration.
-        spark: a SparkSession; default: :func:`cdcflow.spark.get_or_create_session`.
+        spark: a SparkSession; default: :func:`cdcflow.runtime.spark.get_or_create_session`.
         on_batch: called with ``(source_name, report)`` after every applied batch.
         kafka_engine: ``"auto"`` (Spark's JVM Kafka source if present, else the Python
             source with decoding fused into the read), ``"jvm"``, ``"python"`` (fused), or
@@ -208,7 +208,7 @@ class Pipeline:
             when this run may no longer write (``cdcflow run`` checks its lease here).
         config_path: the configuration file, named in error messages' fixes.
         progress: told every micro-batch's applies and Spark's progress of it (the
-            console lines of ``cdcflow run``: :mod:`cdcflow.progress`); ``None``: silent.
+            console lines of ``cdcflow run``: :mod:`cdcflow.runtime.progress`); ``None``: silent.
     """
 
     def __init__(
@@ -229,11 +229,11 @@ class Pipeline:
         self.kafka_engine = kafka_engine
         self.staging = staging
         if spark is not None:
-            from cdcflow.spark import workers_import_cdcflow
+            from cdcflow.runtime.spark import workers_import_cdcflow
 
             workers_import_cdcflow(spark)  # a notebook's session: its workers find cdcflow
         else:
-            from cdcflow.spark import get_or_create_session
+            from cdcflow.runtime.spark import get_or_create_session
 
             spark = get_or_create_session(
                 app_name=f"cdcflow-{config.pipeline_id}",
@@ -246,7 +246,7 @@ class Pipeline:
             if not delta_spark_ready(spark):
                 raise ConfigError(
                     "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
-                    "give spark-submit the arguments `python -m cdcflow.spark` prints, or "
+                    "give spark-submit the arguments `python -m cdcflow.runtime.spark` prints, or "
                     "set sink: delta-rs"
                 )
         self.spark = spark
@@ -288,20 +288,20 @@ class Pipeline:
             storage_options=wh.storage_options or None,
         )
 
-    def routing(self) -> TopicRouting:
+    def routing(self) -> Subscription:
         """The sources of the pipeline's query and which one each topic belongs to.
 
         Raises:
             ConfigError: two sources name the same topic.
         """
-        return TopicRouting(
+        return Subscription(
             [
-                SourceRoute(s.name, tuple(s.topics), s.topic_pattern, self._decode_function(s))
+                SourceTopics(s.name, tuple(s.topics), s.topic_pattern, self._decode_function(s))
                 for s in self.config.sources
             ]
         )
 
-    def _decoded_stream(self, routing: TopicRouting, options: dict[str, str], staging: str | None):
+    def _decoded_stream(self, routing: Subscription, options: dict[str, str], staging: str | None):
         """Decoded events of every source as one streaming DataFrame of EVENT_SCHEMA rows.
 
         On the Python Kafka source, decoding is fused into the read (``cdcflow_changes``:
@@ -315,7 +315,7 @@ class Pipeline:
         )
         if jvm or self.kafka_engine == "python-mapinarrow":
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
-            return raw.mapInArrow(RoutedDecode(routing), spark_event_schema())
+            return raw.mapInArrow(DecodeByTopic(routing), spark_event_schema())
         from cdcflow.model import dumps
         from cdcflow.source.changes import FORMAT, register
 
@@ -426,7 +426,7 @@ class Pipeline:
         """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""
         monitoring = self.config.monitoring
         if monitoring.prometheus_port is not None:
-            from cdcflow.metrics import Metrics
+            from cdcflow.runtime.metrics import Metrics
 
             try:
                 self._metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
@@ -453,10 +453,10 @@ class Pipeline:
         if group is not None:
             group.close()
 
-    def _follow(self, routing: TopicRouting) -> None:
+    def _follow(self, routing: Subscription) -> None:
         """Let :attr:`progress` follow the query: which source each topic is, and Spark's
         progress events (a ``StreamingQueryListener``, removed when the run ends)."""
-        from cdcflow.progress import attach
+        from cdcflow.runtime.progress import attach
 
         progress = self.progress
         progress.source_of = routing.source_of
@@ -470,7 +470,7 @@ class Pipeline:
         listener, self._listener = getattr(self, "_listener", None), None
         if listener is None:
             return
-        from cdcflow.progress import detach
+        from cdcflow.runtime.progress import detach
 
         detach(self.spark, listener)
         self.progress.flush()
@@ -567,7 +567,7 @@ class Pipeline:
         return Checkpoint(os.path.join(self.config.checkpoint, QUERY_FOLDER))
 
     def _prepare(
-        self, appliers: dict[str, BatchApplier], options: dict, routing: TopicRouting
+        self, appliers: dict[str, BatchApplier], options: dict, routing: Subscription
     ) -> Checkpoint:
         """Before the query starts: the checkpoint is this pipeline's, interrupted applies
         are finished, and a new checkpoint starts at the warehouse's offsets.
@@ -639,7 +639,7 @@ class Pipeline:
         )
 
     def _legacy_positions(
-        self, appliers: dict[str, BatchApplier], routing: TopicRouting
+        self, appliers: dict[str, BatchApplier], routing: Subscription
     ) -> dict[tuple[str, int], int]:
         """Where the per-source checkpoints of cdcflow before 0.4
         (``<checkpoint>/<source>``) ended, for the partitions of their sources.
@@ -709,7 +709,7 @@ class Pipeline:
     def _warehouse_start(
         appliers: dict[str, BatchApplier],
         options: dict,
-        routing: TopicRouting,
+        routing: Subscription,
         carried: dict[tuple[str, int], int] | None = None,
     ) -> str | None:
         """``startingOffsets`` JSON for a new checkpoint: each partition at its source's

@@ -5,7 +5,7 @@ untracked checkpoint is still judged by its offsets."""
 
 from __future__ import annotations
 
-from cdcflow.checkpoint import READ_FILE, Checkpoint
+from cdcflow.runtime.checkpoint import READ_FILE, Checkpoint
 
 HEADER = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1795730091692,"conf":{}}\n'
 READ_AT_LATEST = '{"orders":{"0":120,"1":95}}'  # end offsets of a batch that read nothing

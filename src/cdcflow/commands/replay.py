@@ -113,7 +113,7 @@ def _replay_source(
     codes: Sequence[str] | None,
     fence: Callable[[], None],
 ) -> ReplayReport:
-    from cdcflow.dead_letters import LetterFilter, read_letters
+    from cdcflow.commands.dead_letters import LetterFilter, read_letters
 
     started = time.perf_counter()
     identity = f"{config.pipeline_id}.{source.name}"
@@ -176,7 +176,7 @@ def _run(
     report: ReplayReport,
 ) -> None:
     """Decode and apply one generation's letters, then record their outcomes."""
-    from cdcflow.pipeline import applier_for
+    from cdcflow.runtime.pipeline import applier_for
 
     if not rows:
         return
@@ -223,9 +223,9 @@ def _events(
 ) -> tuple[pa.Table, set[LetterKey]]:
     """The letters' records decoded as configured now, in Kafka order; and the keys of
     apply letters whose record Kafka no longer holds."""
-    from cdcflow.apply.router import Router
     from cdcflow.decode.batches import DecodeFunction
     from cdcflow.source.kafka import ARROW_SCHEMA
+    from cdcflow.transform.router import Router
 
     raw: dict[tuple[str, int, int], dict[str, Any]] = {}
     targets: dict[tuple[str, int, int], set[str]] = {}  # apply letters: the refusing tables

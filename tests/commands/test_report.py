@@ -1,4 +1,4 @@
-"""``cdcflow.report``: the HTML report of a real (small) warehouse, its ``_cdcflow`` tables
+"""``cdcflow.commands.report``: the HTML report of a real (small) warehouse, its ``_cdcflow`` tables
 written with delta-rs (``tests/report_warehouse.py``) and read back; the plots' points are
 read from the figures' JSON the page embeds. A real browser draws it in
 ``tests/e2e/test_report_browser.py``."""
@@ -20,8 +20,8 @@ from tests.report_warehouse import (
     default_sources,
 )
 
+from cdcflow.commands.report import PLOT_IDS, write_report
 from cdcflow.errors import ConfigError
-from cdcflow.report import PLOT_IDS, write_report
 
 EVENTS, LAG, BEHIND, DEAD = PLOT_IDS
 

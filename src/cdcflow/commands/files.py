@@ -123,10 +123,10 @@ def apply_files(
     import pyarrow as pa
 
     from cdcflow.apply.batch import BatchApplier
-    from cdcflow.apply.router import Router
     from cdcflow.decode.batches import decode_records, load_decoder_state
     from cdcflow.formats import decoder_for
     from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.transform.router import Router
 
     decoder = decoder_for(fmt, dict(options or {}) or None)
     store = DeltaWarehouse(warehouse, pipeline_id=pipeline_id)

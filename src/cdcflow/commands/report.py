@@ -18,7 +18,7 @@ What the page shows, and where each part comes from:
     ``_cdcflow/dead_letters`` by ``batch_id`` and ``code``, matched to its source through
     the ``(batch_id, topic)`` of ``_cdcflow/batches``;
 
-- what :func:`cdcflow.status.status` reads: per table its rows, Delta version, last change
+- what :func:`cdcflow.commands.status.status` reads: per table its rows, Delta version, last change
   and whether it is stopped; dead letters by code; who holds the lease.
 
 Read-only like ``cdcflow status``: it takes no lease and writes only the HTML file, so it
@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.commands.status import Status, status
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
     BATCHES,
@@ -50,7 +51,6 @@ from cdcflow.sinks.system_tables import (
     PROGRESS,
     PROGRESS_SCHEMA,
 )
-from cdcflow.status import Status, status
 
 __all__ = ["DEFAULT_MAX_BATCHES", "ReportSummary", "write_report"]
 
@@ -373,7 +373,7 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from cdcflow.progress import human_duration
+    from cdcflow.runtime.progress import human_duration
 
     x_range = _x_range(sources)
     colour = _colours(sources)
@@ -639,7 +639,7 @@ def _page(st: Status, sources: list[_Source], now_ms: int) -> str:
 
 
 def _sources_section(st: Status, sources: list[_Source]) -> str:
-    from cdcflow.progress import human_duration
+    from cdcflow.runtime.progress import human_duration
 
     if not sources:
         return ""

@@ -9,11 +9,11 @@ from pydantic import ValidationError
 from tests.apply.helpers import dele, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.apply.router import Router, RouteRule, Routing, by_target, split_excluded
 from cdcflow.config import parse_config
 from cdcflow.errors import Code, ConfigError, SkipReason
 from cdcflow.model import SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.transform.router import Router, RouteRule, Routing, by_target, split_excluded
 
 
 def _shard(n: int) -> SourceTable:

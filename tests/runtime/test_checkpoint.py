@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdcflow.checkpoint import FINGERPRINT_FILE, Checkpoint, Fingerprint
 from cdcflow.errors import ConfigError
+from cdcflow.runtime.checkpoint import FINGERPRINT_FILE, Checkpoint, Fingerprint
 
 HEADER = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1795730091692,"conf":{}}\n'
 

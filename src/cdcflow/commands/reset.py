@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdcflow.checkpoint import QUERY_FOLDER, Checkpoint
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import ConfigError
+from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint
 
 __all__ = ["ResetPlan", "plan_reset", "reset"]
 

@@ -2,7 +2,7 @@
 
 Served by ``prometheus-client``'s HTTP server at ``http://HOST:PORT/metrics`` from the
 driver, updated once per applied micro-batch (the same reports the console prints:
-:mod:`cdcflow.progress`). Names follow Prometheus' conventions (``_total`` counters, base
+:mod:`cdcflow.runtime.progress`). Names follow Prometheus' conventions (``_total`` counters, base
 units in names); labels are the source (``<source>`` of the configuration), the table
 (the target name), the dead-letter code and the skip reason::
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 
 from cdcflow.apply.accounting import BatchReport
-from cdcflow.progress import TableCounts
+from cdcflow.runtime.progress import TableCounts
 
 __all__ = ["Metrics"]
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (``cdcflow.metrics``): a real ``prometheus-client`` HTTP server on a
+"""Prometheus metrics (``cdcflow.runtime.metrics``): a real ``prometheus-client`` HTTP server on a
 free port, scraped over HTTP after micro-batches' reports are observed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdcflow.apply.accounting import BatchReport
-from cdcflow.metrics import Metrics
+from cdcflow.runtime.metrics import Metrics
 from cdcflow.sinks.delta import MirrorResult
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 from tests.apply.helpers import ins, table_of, upd
 
-from cdcflow.apply.router import Router, by_target, declarations_on_every_row
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
+from cdcflow.transform.router import Router, by_target, declarations_on_every_row
 
 
 def test_the_template_drops_empty_parts_and_their_dots():

@@ -1,4 +1,4 @@
-"""Checks before Spark starts (``cdcflow.preflight``, ``cdcflow validate``; issue 19,
+"""Checks before Spark starts (``cdcflow.runtime.preflight``, ``cdcflow validate``; issue 19,
 item 3): librdkafka settings, brokers within ``kafka.startup_timeout_s``, the sources'
 topics and the folders a run writes. Real brokers where one is needed (tansu and Apache
 Kafka), real folders; each failure's time to the error is asserted."""
@@ -17,7 +17,7 @@ import pytest
 
 from cdcflow.config import parse_config
 from cdcflow.errors import Code, ConfigError, SourceError, StorageError
-from cdcflow.preflight import preflight, raise_first_failure
+from cdcflow.runtime.preflight import preflight, raise_first_failure
 from cdcflow_testkit.services.process import free_port
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

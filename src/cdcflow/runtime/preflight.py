@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from cdcflow.config import PipelineConfig
 from cdcflow.errors import CdcflowError, ConfigError
-from cdcflow.source.routing import SourceRoute, TopicRouting
+from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["Check", "STARTUP_KEY", "preflight"]
 
@@ -131,10 +131,10 @@ def _kafka(config: PipelineConfig) -> list[Check]:
 
     start = time.monotonic()
     routes = [
-        SourceRoute(s.name, tuple(s.topics), s.topic_pattern, DecodeFunction(s.format))
+        SourceTopics(s.name, tuple(s.topics), s.topic_pattern, DecodeFunction(s.format))
         for s in config.sources
     ]
-    routing = TopicRouting(routes)
+    routing = Subscription(routes)
     options = {**config.kafka.reader_options(), **routing.subscription()}
     budget = config.kafka.startup_timeout_s
     try:

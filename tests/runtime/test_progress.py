@@ -1,4 +1,4 @@
-"""The console of a running pipeline (``cdcflow.progress``): a line per micro-batch and
+"""The console of a running pipeline (``cdcflow.runtime.progress``): a line per micro-batch and
 source once both its apply and Spark's progress are in, records behind the log end from
 the progress's offsets, the mostly-dead-letters warning, the stop line and the summary.
 
@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from cdcflow.apply.accounting import BatchReport
-from cdcflow.progress import ProgressReporter, summary_lines, table_counts
+from cdcflow.runtime.progress import ProgressReporter, summary_lines, table_counts
 from cdcflow.sinks.delta import MirrorResult
 
 

@@ -15,10 +15,10 @@ from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableOptions, TableRules
-from cdcflow.apply.shape import parse_override, shape
 from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.transform.shape import parse_override, shape
 
 ORDERS = SourceTable("test", "shop", "", "orders")
 COLS = {

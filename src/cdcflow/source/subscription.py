@@ -3,9 +3,9 @@
 A pipeline runs one Structured Streaming query over the union of its sources' topics
 (decision 53): one Python source process and one plan per run instead of one per
 source. Each Kafka topic belongs to exactly one source, which gives the format that
-decodes it and the offsets ledger that records it. :class:`TopicRouting` answers that
+decodes it and the offsets ledger that records it. :class:`Subscription` answers that
 question on the driver (to split a micro-batch's events by source) and in the decode
-tasks (to pick the format); :class:`RoutedDecode` is the decode step of Spark's JVM
+tasks (to pick the format); :class:`DecodeByTopic` is the decode step of Spark's JVM
 Kafka source (``mapInArrow``), which reads raw records.
 """
 
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from cdcflow.decode.batches import DecodeFunction, decode_kafka_batch
 from cdcflow.errors import ConfigError
 
-__all__ = ["RoutedDecode", "SourceRoute", "TopicRouting", "subscription", "topic_named_twice"]
+__all__ = ["DecodeByTopic", "SourceTopics", "Subscription", "subscription", "topic_named_twice"]
 
 
 def subscription(selections: Iterable[tuple[Sequence[str], str | None]]) -> dict[str, str]:
@@ -56,7 +56,7 @@ def topic_named_twice(sources: Iterable[tuple[str, Iterable[str]]]) -> str | Non
 
 
 @dataclass(frozen=True)
-class SourceRoute:
+class SourceTopics:
     """One source's topics and how they are decoded.
 
     Attributes:
@@ -94,7 +94,7 @@ class SourceRoute:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SourceRoute:
+    def from_json(cls, data: Mapping[str, Any]) -> SourceTopics:
         """The inverse of :meth:`as_json`."""
         return cls(
             name=str(data["name"]),
@@ -110,7 +110,7 @@ class SourceRoute:
 
 
 @dataclass
-class TopicRouting:
+class Subscription:
     """The sources of one query, and which one each topic belongs to.
 
     Args:
@@ -120,8 +120,8 @@ class TopicRouting:
         ConfigError: two sources name the same topic.
     """
 
-    routes: Sequence[SourceRoute]
-    _owner: dict[str, SourceRoute | None] = field(default_factory=dict, repr=False)
+    routes: Sequence[SourceTopics]
+    _owner: dict[str, SourceTopics | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         twice = topic_named_twice((r.name, r.topics) for r in self.routes)
@@ -133,7 +133,7 @@ class TopicRouting:
         """The sources' names, in configuration order."""
         return [r.name for r in self.routes]
 
-    def route_of(self, topic: str) -> SourceRoute | None:
+    def source_topics_of(self, topic: str) -> SourceTopics | None:
         """The source ``topic`` belongs to (``None``: none reads it).
 
         Raises:
@@ -153,8 +153,8 @@ class TopicRouting:
         return owner
 
     def source_of(self, topic: str) -> str | None:
-        """The name of the source ``topic`` belongs to (see :meth:`route_of`)."""
-        route = self.route_of(topic)
+        """The name of the source ``topic`` belongs to (see :meth:`source_topics_of`)."""
+        route = self.source_topics_of(topic)
         return None if route is None else route.name
 
     def subscription(self) -> dict[str, str]:
@@ -188,7 +188,7 @@ class TopicRouting:
         return out
 
 
-class RoutedDecode:
+class DecodeByTopic:
     """The picklable ``mapInArrow`` function decoding raw Kafka batches of several
     sources: each batch's rows are decoded by the format of their topic's source.
 
@@ -196,7 +196,7 @@ class RoutedDecode:
         routing: the query's sources.
     """
 
-    def __init__(self, routing: TopicRouting) -> None:
+    def __init__(self, routing: Subscription) -> None:
         self.routing = routing
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -207,7 +207,7 @@ class RoutedDecode:
             topics = batch.column(batch.schema.get_field_index("topic"))
             distinct = pc.unique(topics).to_pylist()
             for topic in distinct:
-                route = self.routing.route_of(topic)
+                route = self.routing.source_topics_of(topic)
                 if route is None:
                     raise ConfigError(f"topic {topic!r} was read but belongs to no source")
                 decoder = decoders.get(route.name)

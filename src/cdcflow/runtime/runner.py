@@ -14,9 +14,9 @@ from pathlib import Path
 
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import LeaseLost
-from cdcflow.pipeline import Pipeline, RunSummary
-from cdcflow.preflight import preflight, raise_first_failure
-from cdcflow.progress import ProgressReporter
+from cdcflow.runtime.pipeline import Pipeline, RunSummary
+from cdcflow.runtime.preflight import preflight, raise_first_failure
+from cdcflow.runtime.progress import ProgressReporter
 from cdcflow.sinks.lease import PipelineLease
 
 __all__ = ["run"]
@@ -49,10 +49,10 @@ def run(
         once: drain what the topics hold now, then return (``Trigger.AvailableNow``).
         progress: told every micro-batch (``cdcflow run``'s console lines).
         spark: the SparkSession to run on (a notebook's, a job's); default: one that
-            cdcflow creates (:func:`cdcflow.spark.get_or_create_session`).
+            cdcflow creates (:func:`cdcflow.runtime.spark.get_or_create_session`).
         stop_on_signals: Ctrl-C and SIGTERM stop the run cleanly (from the main thread):
             the running apply ends, the lease is released, then
-            :class:`~cdcflow.pipeline.Interrupted` is raised.
+            :class:`~cdcflow.runtime.pipeline.Interrupted` is raised.
 
     Returns:
         The run's totals per source.
@@ -65,7 +65,7 @@ def run(
             ``kafka.startup_timeout_s`` (before Spark starts).
         StorageError: the warehouse or the checkpoint cannot be written.
         LeaseLost: this run's lease was taken over; its queries were stopped.
-        CdcflowError, SourceError: as :meth:`cdcflow.pipeline.Pipeline.run`.
+        CdcflowError, SourceError: as :meth:`cdcflow.runtime.pipeline.Pipeline.run`.
     """
     config_path = "CONFIG"  # named in the fixes of error messages
     if not isinstance(config, PipelineConfig):

@@ -1,4 +1,4 @@
-"""Which source a topic belongs to (``cdcflow.source.routing``): the pipeline's one query
+"""Which source a topic belongs to (``cdcflow.source.subscription``): the pipeline's one query
 reads every source's topics, decodes each in its source's format and splits the events
 by source for each source's applier (decision 53)."""
 
@@ -15,15 +15,15 @@ from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError
 from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.source.kafka import ARROW_SCHEMA
-from cdcflow.source.routing import RoutedDecode, SourceRoute, TopicRouting
+from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 
 
-def _route(name: str, fmt: str, topics=(), pattern=None) -> SourceRoute:
-    return SourceRoute(name, tuple(topics), pattern, DecodeFunction(fmt))
+def _route(name: str, fmt: str, topics=(), pattern=None) -> SourceTopics:
+    return SourceTopics(name, tuple(topics), pattern, DecodeFunction(fmt))
 
 
 def test_each_topic_belongs_to_the_source_that_names_or_matches_it():
-    routing = TopicRouting(
+    routing = Subscription(
         [_route("pg", "debezium-json", ["pg.orders"]), _route("mysql", "canal-json", (), r"my\..*")]
     )
     assert routing.source_of("pg.orders") == "pg"
@@ -31,15 +31,15 @@ def test_each_topic_belongs_to_the_source_that_names_or_matches_it():
     assert routing.source_of("other") is None
     assert routing.source_of("__consumer_offsets") is None  # internal, as Kafka's own
     assert routing.subscription() == {"subscribePattern": r"pg\.orders|(?:my\..*)"}
-    assert TopicRouting([_route("a", "maxwell-json", ["x", "y"])]).subscription() == {
+    assert Subscription([_route("a", "maxwell-json", ["x", "y"])]).subscription() == {
         "subscribe": "x,y"
     }
 
 
 def test_a_topic_of_two_sources_is_a_configuration_error():
     with pytest.raises(ConfigError, match="both name topic 't'"):
-        TopicRouting([_route("a", "debezium-json", ["t"]), _route("b", "canal-json", ["t"])])
-    overlapping = TopicRouting(
+        Subscription([_route("a", "debezium-json", ["t"]), _route("b", "canal-json", ["t"])])
+    overlapping = Subscription(
         [_route("a", "debezium-json", (), "shop.*"), _route("b", "canal-json", (), ".*orders")]
     )
     assert overlapping.source_of("shop.customers") == "a"
@@ -57,7 +57,7 @@ def _events(topics: list[str]) -> pa.Table:
 
 
 def test_a_micro_batch_splits_by_source_in_order_and_rejects_a_stray_topic():
-    routing = TopicRouting(
+    routing = Subscription(
         [_route("a", "debezium-json", ["t1", "t3"]), _route("b", "canal-json", ["t2"])]
     )
     parts = routing.split(_events(["t1", "t2", "t3", "t1", "t2"]))
@@ -70,7 +70,7 @@ def test_a_micro_batch_splits_by_source_in_order_and_rejects_a_stray_topic():
 
 
 def test_routes_travel_as_json_without_storage_options():
-    route = SourceRoute(
+    route = SourceTopics(
         "pg",
         ("t",),
         None,
@@ -80,7 +80,7 @@ def test_routes_travel_as_json_without_storage_options():
     )
     data = orjson.loads(orjson.dumps(route.as_json()))
     assert "storage_options" not in data
-    back = SourceRoute.from_json(data)
+    back = SourceTopics.from_json(data)
     assert (back.name, back.topics, back.decode.format_name) == ("pg", ("t",), "debezium-json")
     assert (back.decode.state_path, back.decode.state_key) == ("wh/_cdcflow/decoder_state", "p.pg")
 
@@ -117,9 +117,9 @@ def test_routed_decode_decodes_each_topic_in_its_sources_format():
     """Spark's JVM Kafka source hands raw records to ``mapInArrow``: each topic's rows are
     decoded by its source's format, so the same bytes are an event for one source and
     a dead letter for the other."""
-    routing = TopicRouting([_route("mw", "maxwell-json", ["m"]), _route("cn", "canal-json", ["c"])])
+    routing = Subscription([_route("mw", "maxwell-json", ["m"]), _route("cn", "canal-json", ["c"])])
     batch = _kafka_batch([("m", 0, MAXWELL), ("c", 0, CANAL), ("c", 1, MAXWELL)])
-    out = pa.Table.from_batches(list(RoutedDecode(routing)([batch])), schema=EVENT_SCHEMA)
+    out = pa.Table.from_batches(list(DecodeByTopic(routing)([batch])), schema=EVENT_SCHEMA)
     rows = sorted(
         zip(
             out["topic"].to_pylist(),

@@ -6,7 +6,7 @@ rows) and its :class:`~cdcflow.apply.options.TableOptions`, and gives the events
 should land, the events the filter leaves out (skipped on purpose, ``ROW_FILTERED``) and
 the events it cannot shape (dead letters, ``EXPRESSION_FAILED``, the message naming the
 column). The images stay canonical JSON; the values an option reads are typed Arrow
-columns for the time of its evaluation (:mod:`cdcflow.apply.expressions`), with the
+columns for the time of its evaluation (:mod:`cdcflow.transform.expressions`), with the
 types the messages declare, the stored table's, or the JSON's own.
 
 In order, per after image (the before image gets steps 1 and 6 only):
@@ -43,12 +43,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.expressions import Expression, parse_expression, parse_filter
 from cdcflow.apply.options import METADATA_FIELDS, TableOptions, TypeOverride, parse_override
-from cdcflow.apply.router import declared_types, source_names
 from cdcflow.errors import ApplyError
 from cdcflow.images import arrow_column, logical_from_arrow
 from cdcflow.model import Op, dumps
+from cdcflow.transform.expressions import Expression, parse_expression, parse_filter
+from cdcflow.transform.router import declared_types, source_names
 from cdcflow.types import arrow_type, infer_type
 
 __all__ = ["Shaped", "shape", "shapes"]
