@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 from hypothesis import settings
@@ -85,9 +86,38 @@ def broker(tansu_broker):
 
 _exit_status: list[int] = []
 
+#: the whole suite's budget in seconds (`make test` from a fresh clone, issue 33's target)
+SUITE_BUDGET_S = float(os.environ.get("CDCFLOW_SUITE_BUDGET_S", 25 * 60))
+_started_at: list[float] = []
+
+
+def pytest_sessionstart(session):
+    _started_at.append(time.monotonic())
+
 
 def pytest_sessionfinish(session, exitstatus):
     _exit_status.append(int(exitstatus))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The suite's time guard: one line with the wall time against :data:`SUITE_BUDGET_S`.
+
+    It says so (a warning line, not a failure) when a run of the whole suite passes its
+    budget, so the minutes each capability adds are seen where they are added.
+    """
+    if not _started_at:
+        return
+    elapsed_s = time.monotonic() - _started_at[0]
+    whole_suite = not config.option.markexpr and not config.option.keyword
+    line = f"suite time {elapsed_s:.0f} s (budget {SUITE_BUDGET_S:.0f} s for the whole suite)"
+    if whole_suite and elapsed_s > SUITE_BUDGET_S:
+        terminalreporter.write_line(
+            f"WARNING {line}: over by {elapsed_s - SUITE_BUDGET_S:.0f} s; "
+            "see --durations in `make test`'s output for where it goes",
+            yellow=True,
+        )
+    else:
+        terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config):
