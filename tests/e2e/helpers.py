@@ -112,25 +112,74 @@ class Scenario:
             assert problems == [], f"{target}: {problems[:5]}"
 
 
+def _system_rows(wh, name: str) -> list[dict[str, Any]]:
+    """The rows of the system table ``name``, none when it was never written."""
+    if wh.open(wh.system_path(name)) is None:
+        return []
+    return wh.read(name, system=True).to_pylist()
+
+
+#: the changelog's row operations: an offset with one of these changed a mirror
+ROW_OPS = frozenset({"insert", "update", "delete", "snapshot", "truncate"})
+
+
 def check_accounting(wh, produced):
-    """Every offset in ``_cdcflow/batches`` once, in contiguous ranges, and each
-    partition's ranges cover its offsets 0..end with no gap (the helpers' producer is not
-    transactional, so a partition's offsets have no commit markers between them); the
-    total is ``produced``. Returns the rows."""
+    """Every offset accounted for once: the strict check every e2e path ends with.
+
+    - ``_cdcflow/batches`` holds every offset once, in contiguous ranges, and each
+      partition's ranges cover its offsets 0..end with no gap (the helpers' producer is
+      not transactional, so a partition's offsets have no commit markers between them);
+      the total is ``produced``;
+    - per batch row, the records are exactly those with a row change in the changelog,
+      plus those joined into another record's event, skipped on purpose or dead letters
+      (``records == changed + joined + skipped + dead_letters``), and its ``events`` are
+      the changelog's events of that batch and partition;
+    - every changelog event and every dead letter lies inside a range of its batch.
+
+    Returns the batch rows.
+    """
     batches = wh.read("batches", system=True).to_pylist()
     assert sum(b["records"] for b in batches) == produced
+    changelog, dead = (_system_rows(wh, name) for name in ("changelog", "dead_letters"))
     seen: dict[tuple[str, int], set[int]] = {}
+    ranges: dict[tuple[int, str, int], list[range]] = {}
     for b in batches:
         rng = range(b["first_offset"], b["last_offset"] + 1)
         assert b["records"] == len(rng), "a batch's offsets must be contiguous"
+        ranges.setdefault((b["batch_id"], b["topic"], b["partition"]), []).append(rng)
         offsets = seen.setdefault((b["topic"], b["partition"]), set())
         for o in rng:
             assert o not in offsets, f"offset {o} of {b['topic']}[{b['partition']}] applied twice"
             offsets.add(o)
-        assert b["records"] >= b["dead_letters"] + b["skipped"]
     for (topic, partition), offsets in sorted(seen.items()):
         gaps = sorted(set(range(max(offsets) + 1)) - offsets)
         assert not gaps, f"{topic}[{partition}]: offsets {gaps[:5]} were never accounted for"
+
+    def where(row):
+        at = (row["batch_id"], row["topic"], row["partition"])
+        inside = [r for r in ranges.get(at, []) if row["offset"] in r]
+        assert inside, f"{at} offset {row['offset']} lies in no range of its batch"
+        return (*at, inside[0].start)
+
+    changed: dict[tuple, set[int]] = {}
+    events: dict[tuple, int] = {}
+    for e in changelog:
+        at = where(e)
+        events[at] = events.get(at, 0) + 1
+        if e["op"] in ROW_OPS:
+            changed.setdefault(at, set()).add(e["offset"])
+    for d in dead:
+        where(d)
+    for b in batches:
+        at = (b["batch_id"], b["topic"], b["partition"], b["first_offset"])
+        parts = len(changed.get(at, ())) + b["joined"] + b["skipped"] + b["dead_letters"]
+        assert b["records"] == parts, (
+            f"batch {at}: {b['records']} records, but {len(changed.get(at, ()))} changed + "
+            f"{b['joined']} joined + {b['skipped']} skipped + {b['dead_letters']} dead letters"
+        )
+        assert b["events"] == events.get(at, 0), (
+            f"batch {at}: {b['events']} events, {events.get(at, 0)} in the changelog"
+        )
     return batches
 
 
