@@ -17,6 +17,7 @@ from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import DeadLetter, Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA
+from cdcflow_testkit.workload import mirror_by_key
 
 OTHER = SourceTable("test", "db", "", "other")
 
@@ -59,7 +60,7 @@ def _batch() -> pa.Table:
 
 
 def _rows(wh, target):
-    return {r["id"]: r["name"] for r in wh.read(target).to_pylist()}
+    return mirror_by_key(wh.read(target), column="name")
 
 
 def test_the_offsets_record_comes_first_then_the_tables_then_the_bookkeeping(tmp_path):
