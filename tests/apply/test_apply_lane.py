@@ -13,12 +13,13 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import OffsetLedger
 from cdcflow.runtime.pipeline import ApplyLane
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.workload import mirror_by_key
 
 ITEMS = "db.items"
 
 
 def _ids(wh: DeltaWarehouse) -> dict[int, str]:
-    return {r["id"]: r["name"] for r in wh.read(ITEMS).to_pylist()}
+    return mirror_by_key(wh.read(ITEMS), column="name")
 
 
 def test_records_are_durable_once_the_intent_is_written_and_before_any_table(tmp_path):

@@ -20,6 +20,7 @@ from tests.apply.helpers import dele, ins, table_of
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.workload import mirror_by_key
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = 12
@@ -68,7 +69,7 @@ EXPECTED = {1: "updated", 3: "v3", 4: "v4", 5: "v5", 6: "v6"}
 
 def _rows(root: str, i: int) -> dict[int, str]:
     data = DeltaTable(f"{root}/db.t{i:02d}").to_pyarrow_table(columns=["id", "name"])
-    return dict(zip(data["id"].to_pylist(), data["name"].to_pylist(), strict=True))
+    return mirror_by_key(data, column="name")
 
 
 def test_tables_are_applied_at_once_on_worker_threads(tmp_path):
@@ -146,7 +147,12 @@ ap.apply(batches[1], delivery_id=1)
 
 def test_a_sigkill_in_the_middle_of_a_parallel_apply_loses_and_repeats_nothing(tmp_path):
     root = str(tmp_path / "wh")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), str(ROOT / "src"), str(ROOT / "testkit" / "src")]
+        ),
+    }
     child = subprocess.run(
         [sys.executable, "-c", _CHILD, root, "5"], cwd=ROOT, env=env, capture_output=True
     )

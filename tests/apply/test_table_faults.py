@@ -23,6 +23,7 @@ from cdcflow.errors import Code, StorageError
 from cdcflow.model import SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.faults import storage_error
+from cdcflow_testkit.workload import mirror_by_key
 
 ITEMS = "db.items"
 OTHER = SourceTable("test", "db", "", "things")
@@ -36,8 +37,7 @@ def _setup(root: pathlib.Path, **kw) -> tuple[DeltaWarehouse, BatchApplier]:
 
 
 def _ids(wh: DeltaWarehouse, target: str) -> dict[int, str]:
-    rows = wh.read(target).to_pylist()
-    return {r["id"]: r["name"] for r in rows}
+    return mirror_by_key(wh.read(target), column="name")
 
 
 def _system(wh: DeltaWarehouse, name: str):

@@ -18,6 +18,7 @@ from cdcflow.cli import main
 from cdcflow.errors import Code
 from cdcflow.model import Op, SourceTable, seq_key
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 
@@ -139,22 +140,21 @@ def test_soft_delete_flags_the_row_and_a_newer_insert_clears_it(tmp_path, wareho
     wh, ap = _setup(tmp_path, warehouse_factory, soft_delete=True)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=2)), 0)
     ap.apply(table_of(dele(1, seq=3)), 1)
-    rows = wh.read(TARGET).to_pylist()
-    flags = {r["id"]: (r["_deleted"], r["name"]) for r in rows}
+    rows = mirror_by_key(wh.read(TARGET))
+    flags = {k: (r["_deleted"], r["name"]) for k, r in rows.items()}
     assert flags == {1: (True, "a"), 2: (False, "b")}  # values kept, flag set
     ap.apply(table_of(ins(1, "late, older than the delete", seq=2)), 2)
-    assert {r["id"]: r["_deleted"] for r in wh.read(TARGET).to_pylist()}[1] is True
+    assert mirror_by_key(wh.read(TARGET), column="_deleted")[1] is True
     ap.apply(table_of(ins(1, "back", seq=4)), 3)
-    again = {r["id"]: (r["_deleted"], r["name"]) for r in wh.read(TARGET).to_pylist()}
-    assert again[1] == (False, "back")
+    again = mirror_by_key(wh.read(TARGET))
+    assert (again[1]["_deleted"], again[1]["name"]) == (False, "back")
 
 
 def test_soft_delete_truncate_flags_only_rows_before_it(tmp_path, warehouse_factory):
     wh, ap = _setup(tmp_path, warehouse_factory, soft_delete=True)
     ap.apply(table_of(ins(1, "a", seq=1)), 0)
     ap.apply(table_of(ev(Op.TRUNCATE, seq=2), ins(2, "b", seq=3)), 1)
-    flags = {r["id"]: r["_deleted"] for r in wh.read(TARGET).to_pylist()}
-    assert flags == {1: True, 2: False}
+    assert mirror_by_key(wh.read(TARGET), column="_deleted") == {1: True, 2: False}
 
 
 # ---------------------------------------------------------------- ignore_null_updates

@@ -20,6 +20,7 @@ from cdcflow.apply.options import TableOptions
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.file_stats import STRING_PREFIX, file_stats, files_in_range
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 
@@ -37,7 +38,10 @@ PAIRS = SourceTable("test", "db", "", "pairs")
 
 
 def _mirror(wh: DeltaWarehouse, target: str = TARGET) -> list[dict]:
-    rows = wh.read(target).to_pylist()
+    """The mirror's rows sorted by key; a key stored twice fails (``mirror_by_key``)."""
+    table = wh.read(target)
+    mirror_by_key(table, [c for c in ("id", "k2") if c in table.column_names])
+    rows = table.to_pylist()
     return sorted(rows, key=lambda r: json.dumps([r.get("id"), r.get("k2")], default=str))
 
 
@@ -144,7 +148,7 @@ def test_a_merge_rewrites_only_the_files_its_keys_are_in(tmp_path, file_per_batc
     spread = merge(3, [upd(k, "spread", seq=4) for k in (5, 305, 1010)])
     assert spread["num_target_files_removed"] == 3 and spread["num_target_files_scanned"] == 3
 
-    names = {r["id"]: r["name"] for r in wh.read(TARGET).to_pylist()}
+    names = mirror_by_key(wh.read(TARGET), column="name")
     expected = {k: "v" for k in range(1000)} | {k: "new" for k in range(1000, 1050)}
     expected |= {k: "recent" for k in range(950, 1000)} | {
         5: "spread",
@@ -169,7 +173,7 @@ def test_a_warehouse_path_with_spaces_and_hashes(tmp_path):
     ap = BatchApplier(wh)
     ap.apply(table_of(ins(1, "a", seq=1), ins(2, "b", seq=1)), 0)
     ap.apply(table_of(upd(1, "z", seq=2), dele(2, seq=2)), 1)
-    assert {r["id"]: r["name"] for r in wh.read(TARGET).to_pylist()} == {1: "z"}
+    assert mirror_by_key(wh.read(TARGET), column="name") == {1: "z"}
 
 
 # ---------------------------------------------------------------- statistics

@@ -14,6 +14,7 @@ from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import ChangeEvent, DeadLetter, Op, Origin, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 
@@ -35,8 +36,7 @@ def make_wh(warehouse_factory):
 
 
 def _state(wh, target=TARGET):
-    rows = wh.read(target).to_pylist()
-    return {r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdc_")} for r in rows}
+    return mirror_by_key(wh.read(target))
 
 
 def test_insert_update_delete_mirror_the_source(tmp_path, make_wh):

@@ -16,6 +16,7 @@ from cdcflow.model import Op, seq_key
 from cdcflow.sinks import history
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.history import apply_history, log_path
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 
@@ -71,7 +72,7 @@ def test_insert_update_delete_open_and_close_versions(tmp_path):
         _v(2, "b", 1, 2, 4),
     ]
     table = DeltaTable(wh.table_path(TARGET))
-    rows = {(r["id"], r["__start_at"]): r for r in table.to_pyarrow_table().to_pylist()}
+    rows = mirror_by_key(table.to_pyarrow_table(), ("id", "__start_at"))
     # source times of the changes that opened and closed each version
     assert rows[(1, _s(3))]["__start_ts_ms"] == 1003 and rows[(1, _s(3))]["__end_ts_ms"] == 1005
     assert not table.schema().to_arrow().field("id").nullable

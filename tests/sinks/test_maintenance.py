@@ -19,6 +19,7 @@ from cdcflow.sinks import delta as delta_module
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import MaintenancePolicy, small_files
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 
@@ -40,8 +41,7 @@ def _files(path: str) -> int:
 
 
 def _names(wh: DeltaWarehouse) -> dict[int, str]:
-    data = wh.read(TARGET)
-    return dict(zip(data["id"].to_pylist(), data["name"].to_pylist(), strict=True))
+    return mirror_by_key(wh.read(TARGET), column="name")
 
 
 def _new_keys(ap: BatchApplier, batches: int, start: int = 0) -> list:

@@ -22,6 +22,7 @@ from cdcflow.model import DeadLetter, Origin
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock, Maintainer, MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy, expire
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 KEEP_NONE = MaintenancePolicy(enabled=False)
@@ -141,9 +142,7 @@ def test_retention_never_removes_what_exactly_once_needs(tmp_path, clock):
     changelog = again.warehouse.read("changelog", system=True)
     assert sorted(changelog["offset"].to_pylist()) == [17, 18, 19]  # nothing twice
     assert again.ledger.pending() is None
-    names = dict(
-        zip(*(again.warehouse.read(TARGET)[c].to_pylist() for c in ("id", "name")), strict=True)
-    )
+    names = mirror_by_key(again.warehouse.read(TARGET), column="name")
     expected = {k: "a" for k in range(10)} | {3: "b", 0: "d", 20: "e"}
     expected |= {10 + k: "c" for k in range(5)}
     del expected[4]

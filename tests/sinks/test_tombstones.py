@@ -11,11 +11,11 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import seq_key
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import TOMBSTONE_SCHEMA
+from cdcflow_testkit.workload import mirror_by_key
 
 
 def _names(wh: DeltaWarehouse) -> dict[int, str]:
-    data = wh.read("db.items")
-    return dict(zip(data["id"].to_pylist(), data["name"].to_pylist(), strict=True))
+    return mirror_by_key(wh.read("db.items"), column="name")
 
 
 def test_a_tombstone_committed_by_another_process_guards_the_next_batch(tmp_path):

@@ -11,6 +11,7 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import Op
 from cdcflow.sinks import delta
 from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
 WIDTH = 1500
@@ -25,8 +26,7 @@ def _row(key: int, version: int) -> dict:
 
 
 def _state(wh: DeltaWarehouse) -> dict[int, dict]:
-    rows = wh.read(TARGET).to_pylist()
-    return {r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdc_")} for r in rows}
+    return mirror_by_key(wh.read(TARGET))
 
 
 def test_a_wide_row_is_inserted_updated_partially_updated_and_deleted(tmp_path):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import decimal
 
 import pyarrow as pa
+import pytest
 
-from cdcflow_testkit.workload import compare_with_mirror
+from cdcflow_testkit.workload import compare_with_mirror, mirror_by_key
 
 SOURCE = [
     {"id": 1, "name": "a", "balance": decimal.Decimal("1.50"), "active": True},
@@ -65,3 +66,19 @@ def test_values_compare_with_their_type():
 def test_missing_and_unexpected_rows():
     other = mirror([SOURCE[0], {**SOURCE[1], "id": 3}])
     assert compare_with_mirror(SOURCE, other, ["id"]) == ["missing row (2,)", "unexpected row (3,)"]
+
+
+def test_mirror_by_key_fails_on_a_key_stored_twice():
+    assert mirror_by_key(mirror(SOURCE), column="name") == {1: "a", 2: "b"}
+    assert mirror_by_key(mirror(SOURCE, _cdc_seq=[7, 8]))[2] == {
+        "id": 2,
+        "name": "b",
+        "balance": None,
+        "active": False,
+    }
+    doubled = mirror([*SOURCE, {**SOURCE[0], "name": "z"}])
+    with pytest.raises(AssertionError, match=r"keys stored more than once: 1 2 times"):
+        mirror_by_key(doubled, column="name")
+    pairs = [{"id": 1, "k2": "x"}, {"id": 1, "k2": "y"}, {"id": 1, "k2": "x"}]
+    with pytest.raises(AssertionError, match=r"\(1, 'x'\) 2 times"):
+        mirror_by_key(pairs, ("id", "k2"))

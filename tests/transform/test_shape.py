@@ -19,6 +19,7 @@ from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.transform.shape import parse_override, shape
+from cdcflow_testkit.workload import mirror_by_key
 
 ORDERS = SourceTable("test", "shop", "", "orders")
 COLS = {
@@ -43,10 +44,7 @@ def _apply(tmp_path, events, **options):
 
 
 def _rows(wh, target="shop.orders"):
-    table = DeltaTable(wh.table_path(target)).to_pyarrow_table()
-    return {
-        r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdc")} for r in table.to_pylist()
-    }
+    return mirror_by_key(DeltaTable(wh.table_path(target)).to_pyarrow_table())
 
 
 def _schema(wh, target="shop.orders"):

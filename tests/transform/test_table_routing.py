@@ -14,6 +14,7 @@ from cdcflow.errors import Code, ConfigError, SkipReason
 from cdcflow.model import SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.transform.router import Router, RouteRule, Routing, by_target, split_excluded
+from cdcflow_testkit.workload import mirror_by_key
 
 
 def _shard(n: int) -> SourceTable:
@@ -35,10 +36,7 @@ def _applier(tmp_path, routing: Routing) -> tuple[DeltaWarehouse, BatchApplier]:
 
 
 def _by_id(wh: DeltaWarehouse, target: str) -> dict:
-    return {
-        r["id"]: {k: v for k, v in r.items() if not k.startswith("_cdc")}
-        for r in wh.read(target).to_pylist()
-    }
+    return mirror_by_key(wh.read(target))
 
 
 # ---------------------------------------------------------------- the router alone

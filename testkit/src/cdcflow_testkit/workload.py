@@ -36,6 +36,7 @@ __all__ = [
     "Workload",
     "capabilities",
     "compare_with_mirror",
+    "mirror_by_key",
     "tables_for",
 ]
 
@@ -542,3 +543,43 @@ def compare_with_mirror(
             if not _same(v, g.get(c)):
                 problems.append(f"row {k} column {c!r}: expected {v!r}, got {g.get(c)!r}")
     return problems
+
+
+def mirror_by_key(
+    mirror: pa.Table | Sequence[Mapping[str, Any]],
+    key_columns: Sequence[str] = ("id",),
+    column: str | None = None,
+) -> dict[Any, Any]:
+    """A mirror's rows by key, for a test to compare whole: ``{key: row}`` (the row
+    without its ``_cdc_*`` bookkeeping columns) or, with ``column``, ``{key: value}``.
+    The key is the one key column's value, or a tuple of them.
+
+    Unlike a dict built from the rows, which keeps one row of a key stored twice, a
+    repeated key fails.
+
+    Args:
+        mirror: the Delta table read back (or its rows).
+        key_columns: the primary key.
+        column: the one column to keep.
+
+    Raises:
+        AssertionError: a key stands more than once (each such key named).
+    """
+    rows = mirror.to_pylist() if isinstance(mirror, pa.Table) else list(mirror)
+    out: dict[Any, Any] = {}
+    repeated: dict[Any, int] = {}
+    for row in rows:
+        key = tuple(row[k] for k in key_columns)
+        key = key[0] if len(key_columns) == 1 else key
+        if key in out:
+            repeated[key] = repeated.get(key, 1) + 1
+        if column is not None:
+            out[key] = row[column]
+        else:
+            out[key] = {k: v for k, v in row.items() if not k.startswith("_cdc_")}
+    if repeated:
+        raise AssertionError(
+            "keys stored more than once: "
+            + ", ".join(f"{k!r} {n} times" for k, n in sorted(repeated.items(), key=repr))
+        )
+    return out
