@@ -18,7 +18,8 @@ from cdcflow.apply.options import TableOptions, TableRules
 from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.transform.shape import parse_override, shape
+from cdcflow.transform.shape import shape
+from cdcflow.transform.shaping import parse_override
 
 ORDERS = SourceTable("test", "shop", "", "orders")
 COLS = {
@@ -143,7 +144,7 @@ def test_an_instant_overridden_to_a_zone_s_wall_clock():
             columns={"id": "int64", "at": "timestamptz"},
         )
     )
-    out = shape(part, TableOptions(type_overrides={"at": "timestamp(Asia/Shanghai)"}))
+    out = shape(part, TableOptions(type_overrides={"at": "timestamp(Asia/Shanghai)"}).shaping)
     assert orjson.loads(out.rows["after"][0].as_py())["at"] == "2024-03-05T10:30:00"
     assert orjson.loads(out.rows["columns"][0].as_py())["at"] == "timestamp"
 
@@ -264,13 +265,13 @@ def test_an_update_whose_before_image_was_filtered_out_too_is_skipped():
         ev(Op.UPDATE, 1, before=before, after=after, columns=COLS, table=ORDERS, seq=1),
         ev(Op.DELETE, 2, before={**before, "id": 2}, columns=COLS, table=ORDERS, seq=2),
     )
-    out = shape(part, TableOptions(filter="status <> 'test'"))
+    out = shape(part, TableOptions(filter="status <> 'test'").shaping)
     assert out.filtered.num_rows == 2 and out.rows.num_rows == 0
 
 
 def test_a_filtered_update_without_a_before_image_becomes_a_delete():
     part = table_of(_order(Op.UPDATE, 1, status="test", seq=1))
-    out = shape(part, TableOptions(filter="status <> 'test'"))
+    out = shape(part, TableOptions(filter="status <> 'test'").shaping)
     assert out.rows["op"].to_pylist() == ["delete"] and out.rows["after"][0].as_py() is None
 
 

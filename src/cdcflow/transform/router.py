@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,12 +44,14 @@ __all__ = [
     "ROUTED_OPS",
     "ROW_CHANGE_OPS",
     "TABLE_OPS",
+    "Part",
     "Route",
     "RouteRule",
     "Router",
     "Routing",
     "by_target",
     "declared_types",
+    "parts_by_target",
     "qualified_name",
     "source_names",
     "split_excluded",
@@ -266,15 +269,12 @@ def source_ids(rows: pa.Table) -> pa.ChunkedArray:
     )
 
 
-def _table_rows(rows: pa.Table) -> pa.Table:
-    """The rows that belong to a table: row changes, truncates and DDL with a table name."""
-    is_table_op = pc.and_(
+def _is_table_row(rows: pa.Table) -> pa.ChunkedArray:
+    """Per row: a row change, truncate or DDL with a table name."""
+    return pc.and_(
         pc.is_in(rows["op"], ROUTED_OPS),
         pc.invert(pc.equal(pc.fill_null(rows["table"], ""), "")),
     )
-    if pc.all(is_table_op).as_py():
-        return rows
-    return rows.filter(is_table_op)
 
 
 def split_excluded(rows: pa.Table, router: Router) -> tuple[pa.Table, pa.Table]:
@@ -294,25 +294,64 @@ def split_excluded(rows: pa.Table, router: Router) -> tuple[pa.Table, pa.Table]:
     return rows.filter(pc.invert(is_out)), rows.filter(is_out)
 
 
-def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
-    """``(target, rows)`` per target table, in target order, for the row changes,
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One target table's part of a batch.
+
+    Attributes:
+        target: the target table's name.
+        rows: its events, in the batch's order.
+        positions: for each of ``rows``, its row number in the batch (int64, ascending).
+    """
+
+    target: str
+    rows: pa.Table
+    positions: np.ndarray
+
+
+def parts_by_target(rows: pa.Table, router: Router) -> list[Part]:
+    """One :class:`Part` per target table, in target order, for the row changes,
     truncates and DDL of ``rows`` (events without a table name, and those of tables the
-    router leaves out, go nowhere)."""
-    rows = _table_rows(rows)
+    router leaves out, go nowhere). The batch is grouped once: each source table is
+    routed once, and one stable sort by target keeps each part in the batch's order."""
     if rows.num_rows == 0:
-        return
-    source = source_ids(rows)
-    targets: dict[str, list[str]] = {}
-    combos = pc.unique(source).to_pylist()
-    for combo in combos:
-        target = router.target(*combo.split(_SEP))
-        if target is not None:
-            targets.setdefault(target, []).append(combo)
-    if len(targets) == 1 and len(next(iter(targets.values()))) == len(combos):
-        yield next(iter(targets)), rows
-        return
-    for target in sorted(targets):
-        yield target, rows.filter(pc.is_in(source, pa.array(targets[target], pa.string())))
+        return []
+    is_table = _is_table_row(rows)
+    if pc.all(is_table).as_py():
+        table_rows, numbers = rows, np.arange(rows.num_rows, dtype=np.int64)
+    else:
+        table_rows = rows.filter(is_table)
+        numbers = np.flatnonzero(is_table.to_numpy(zero_copy_only=False)).astype(np.int64)
+    if table_rows.num_rows == 0:
+        return []
+    source = source_ids(table_rows)
+    combos = pc.unique(source)
+    routed = [router.target(*combo.split(_SEP)) for combo in combos.to_pylist()]
+    names = sorted({t for t in routed if t is not None})
+    if not names:
+        return []
+    rank = {name: i for i, name in enumerate(names)}
+    if len(names) == 1 and None not in routed:
+        return [Part(names[0], table_rows, numbers)]
+    of_combo = np.array([-1 if t is None else rank[t] for t in routed], dtype=np.int64)
+    group = of_combo[pc.index_in(source, combos).to_numpy(zero_copy_only=False)]
+    order = np.argsort(group, kind="stable")  # left out (-1) first, then target by target
+    counts = np.bincount(group[group >= 0], minlength=len(names))
+    start = int(np.count_nonzero(group < 0))
+    order = order[start:]
+    grouped = table_rows.take(pa.array(order))
+    parts, at = [], 0
+    for name, count in zip(names, counts.tolist(), strict=True):
+        parts.append(Part(name, grouped.slice(at, count), numbers[order[at : at + count]]))
+        at += count
+    return parts
+
+
+def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
+    """``(target, rows)`` per target table, in target order (:func:`parts_by_target`
+    without the row numbers)."""
+    for part in parts_by_target(rows, router):
+        yield part.target, part.rows
 
 
 def declarations_on_every_row(rows: pa.Table) -> pa.Table:
