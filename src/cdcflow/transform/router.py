@@ -9,7 +9,8 @@ table.
 A source's routing (:class:`Routing`, its ``sources[]`` keys) decides, per source table
 named ``database.schema.table`` (empty parts left out, as in the default template):
 
-1. ``include`` / ``exclude``: regular expressions matched against the whole name (as
+1. ``include`` / ``exclude``: regular expressions (RE2 syntax, see below) matched against
+   the whole name (as
    Paimon's ``--including_tables`` / ``--excluding_tables`` and Flink CDC's ``tables``);
    a table no ``include`` matches, or one an ``exclude`` matches, is left out: its
    events are skipped on purpose (``TABLE_EXCLUDED``), never dead letters.
@@ -22,6 +23,14 @@ named ``database.schema.table`` (empty parts left out, as in the default templat
 3. otherwise ``target_template``.
 4. ``table_prefix`` / ``table_suffix`` around the target's last part (Paimon's
    ``--table_prefix`` / ``--table_suffix``).
+
+The regular expressions run on RE2 (google-re2, :func:`compile_pattern`): matching takes
+time linear in the name, whatever the pattern, so a pattern like ``(a+)+$`` cannot stall
+the stream on a table name the source sends (Python's backtracking ``re`` can take
+exponential time). RE2's syntax is Python's less backreferences (``\\1`` in a pattern) and
+lookaround (``(?=``, ``(?!``, ``(?<=``), which are refused when the configuration loads;
+``\\d``, ``\\w`` and ``\\s`` are ASCII (``\\pL`` matches any letter). Source:
+https://github.com/google/re2/wiki/Syntax.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import re2
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from cdcflow.model import Op
@@ -50,6 +60,7 @@ __all__ = [
     "Router",
     "Routing",
     "by_target",
+    "compile_pattern",
     "declared_types",
     "parts_by_target",
     "qualified_name",
@@ -100,11 +111,35 @@ def declared_types(rows: pa.Table) -> dict[str, str]:
     return types
 
 
-def _compiled(pattern: str, key: str) -> re.Pattern[str]:
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error is raised, with the pattern, not logged
+
+
+def compile_pattern(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (google-re2: linear-time matching; ``fullmatch``,
+    ``groups``, ``groupindex`` and ``Match.expand`` as Python's ``re``).
+
+    Raises:
+        ValueError: one line: not a regular expression RE2 accepts (a syntax error, a
+            backreference, lookaround), with RE2's reason.
+    """
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"{key}: {pattern!r} is not a valid regular expression: {exc}") from None
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode(errors="replace")
+        raise ValueError(
+            f"{pattern!r} is not a valid regular expression (RE2 syntax: no backreferences "
+            f"or lookaround): {reason}"
+        ) from None
+
+
+def _compiled(pattern: str, key: str) -> Any:
+    try:
+        return compile_pattern(pattern)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 #: a group reference in ``target_table``: ``\1`` or ``\g<1>`` / ``\g<name>``
@@ -211,9 +246,9 @@ class Router:
         self.template = template
         self.routing = routing or Routing()
         r = self.routing
-        self._include = [re.compile(p) for p in r.include]
-        self._exclude = [re.compile(p) for p in r.exclude]
-        self._routes = [(re.compile(rule.source_table), rule) for rule in r.routes]
+        self._include = [compile_pattern(p) for p in r.include]
+        self._exclude = [compile_pattern(p) for p in r.exclude]
+        self._routes = [(compile_pattern(rule.source_table), rule) for rule in r.routes]
         self._cache: dict[tuple[str, str, str, str], Route | None] = {}
         self._shard_columns: dict[str, str] = {}  # target -> the shard column routed to it
 
