@@ -24,6 +24,11 @@ Example::
 The options are declared once, in :class:`TableOptions`; :class:`TableRule` is derived
 from it (every option optional, plus ``match``), so the YAML and the applier cannot
 disagree. See docs/semantics.md for what each option does.
+
+The shaping options (``columns``, ``computed_columns``, ``metadata_columns``,
+``type_overrides``, ``filter``) are checked and compiled when a rule or options load
+(:mod:`cdcflow.transform.shaping`: the expressions parsed once); resolving a target's
+options merges the rules' compiled parts into :attr:`TableOptions.shaping`.
 """
 
 from __future__ import annotations
