@@ -533,3 +533,21 @@ def _replay_after_the_fix(cfg: Path, w, tmp_path: Path, capsys) -> None:
     assert sorted(changelog["offset"].to_pylist()) == list(range(40))  # each record once
     assert main(["dead-letters", "replay", str(cfg), "--yes"]) == 0
     assert capsys.readouterr().out == "cli.mysql: no dead letter to replay\n"
+
+
+@pytest.mark.parametrize(
+    ("table_rule", "key"),
+    [
+        ('{match: "*", type_overrides: {a: "decimal(99,200)"}}', "tables[0]: type_overrides.a:"),
+        ('{match: "*", filter: "' + "NOT " * 5000 + 'a"}', "tables[0]: filter: cannot parse"),
+    ],
+)
+def test_validate_refuses_bad_shaping_in_one_line(tmp_path, capsys, table_rule, key):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "warehouse: w\ncheckpoint: c\nkafka: {bootstrap_servers: 'x:1'}\n"
+        f"sources: [{{format: debezium-json, topics: [a]}}]\ntables: [{table_rule}]\n"
+    )
+    assert main(["validate", str(cfg), "--no-brokers"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"cdcflow: [BAD_CONFIG] {key}")

@@ -281,3 +281,98 @@ def test_the_dead_letter_limit_is_a_share():
     assert parse_config({**GOOD, "apply": {"dead_letter_limit": 0}}).apply.dead_letter_limit == 0
     with pytest.raises(ConfigError, match=r"apply\.dead_letter_limit: "):
         parse_config({**GOOD, "apply": {"dead_letter_limit": 1.5}})
+
+
+# ---------------------------------------------------------------- bad input, one line
+
+
+def _tables(**rule) -> dict:
+    return {"tables": [{"match": "shop.*", **rule}]}
+
+
+@pytest.mark.parametrize(
+    ("bad", "line"),
+    [
+        (
+            _tables(computed_columns={"d": "(" * 2000 + "a" + ")" * 2000}),
+            "tables[0]: computed_columns.d: cannot parse '((((",
+        ),
+        (_tables(filter="NOT " * 5000 + "flag"), "tables[0]: filter: cannot parse 'NOT NOT"),
+        (_tables(filter=" + ".join(["a"] * 5000) + " > 0"), "tables[0]: filter: cannot parse"),
+        (
+            _tables(computed_columns={"d": "upper(" * 300 + "a" + ")" * 300}),
+            "tables[0]: computed_columns.d: cannot parse 'upper(upper(",
+        ),
+    ],
+)
+def test_an_expression_nested_too_deep_is_one_line_naming_the_key(bad, line):
+    problem = _problem(bad)
+    assert problem.startswith(line)
+    assert "nested more than 64 levels deep" in problem and len(problem) < 400
+
+
+@pytest.mark.parametrize(
+    ("override", "accepted"),
+    [
+        ("decimal(99,200)", False),
+        ("decimal(39,2)", False),
+        ("decimal(10,11)", False),
+        ("decimal(0,0)", False),
+        ("decimal(10,-1)", False),
+        ("decimal(38,38)", True),
+        ("decimal(1,0)", True),
+        ("decimal(38,10)", True),
+    ],
+)
+def test_a_type_override_is_a_decimal_delta_can_store(override, accepted):
+    bad = _tables(type_overrides={"amount": override})
+    if accepted:
+        assert parse_config({**GOOD, **bad}).tables("shop.x").shaping.overrides["amount"]
+        return
+    problem = _problem(bad)
+    assert problem.startswith(f"tables[0]: type_overrides.amount: '{override}' is not a Delta")
+    assert "1 <= P <= 38 and 0 <= S <= P" in problem
+
+
+@pytest.mark.parametrize(
+    ("key", "pattern"),
+    [
+        ("include", r"shop\.(\w+)\.\1"),  # a backreference
+        ("exclude", r"shop\.(?!audit).*"),  # lookaround
+    ],
+)
+def test_a_table_pattern_re2_cannot_run_is_one_line_naming_the_key(key, pattern):
+    problem = _problem(_source(**{key: [pattern]}))
+    assert problem.startswith(f"sources[0].{key}: {pattern!r} is not a valid regular expression")
+    assert "RE2" in problem
+
+
+def test_a_route_re2_cannot_run_is_one_line_naming_the_key():
+    problem = _problem(_source(routes=[{"source_table": r"(a)\1", "target_table": "b"}]))
+    assert problem.startswith("sources[0].routes[0]: source_table: '(a)\\\\1' is not a valid")
+
+
+def test_nested_quantifiers_match_table_names_in_linear_time():
+    """``(a+)+$`` takes Python's backtracking engine exponential time on a name of a's
+    and one other letter; RE2 answers at once."""
+    import time
+
+    from cdcflow.transform.router import Router
+
+    config = parse_config(
+        {
+            **GOOD,
+            **_source(
+                include=["(a+)+$", "shop\\..*"],
+                routes=[{"source_table": "shop\\.(x+x+)+y", "target_table": "t.t"}],
+            ),
+        }
+    )
+    router = Router(routing=config.sources[0].routing())
+    started = time.monotonic()
+    assert router.target("f", "a" * 5000 + "b", "", "") is None  # left out: no include matches
+    assert router.target("f", "a" * 40, "", "") == "a" * 40
+    assert router.target("f", "shop", "", "x" * 5000) == "shop." + "x" * 5000  # no route
+    assert router.target("f", "shop", "", "xxy") == "t.t"
+    assert router.target("f", "shop", "", "orders") == "shop.orders"
+    assert time.monotonic() - started < 2.0

@@ -104,7 +104,7 @@ from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
-from cdcflow.transform.router import RouteRule, Routing
+from cdcflow.transform.router import RouteRule, Routing, compile_pattern
 
 __all__ = [
     "SINKS",
@@ -311,11 +311,11 @@ class SourceConfig(_Strict):
     def _table_patterns(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in v:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                compile_pattern(pattern)
+            except ValueError as exc:
                 raise ValueError(
-                    f"{pattern!r} is not a valid regular expression: {exc}; patterns match "
-                    "whole names database.schema.table, e.g. 'shop\\.public\\..*'"
+                    f"{exc}; patterns match whole names database.schema.table, e.g. "
+                    "'shop\\.public\\..*'"
                 ) from None
         return v
 

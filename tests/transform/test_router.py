@@ -6,7 +6,13 @@ import pyarrow as pa
 from tests.apply.helpers import ins, table_of, upd
 
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
-from cdcflow.transform.router import Router, by_target, declarations_on_every_row
+from cdcflow.transform.router import (
+    Router,
+    Routing,
+    by_target,
+    declarations_on_every_row,
+    parts_by_target,
+)
 
 
 def test_the_template_drops_empty_parts_and_their_dots():
@@ -37,3 +43,24 @@ def test_declarations_are_filled_forward_per_source_table():
     assert len(set(filled["columns"].to_pylist())) == 1
     assert declarations_on_every_row(rows.slice(0, 0)).num_rows == 0
     assert isinstance(filled, pa.Table)
+
+
+def test_parts_carry_their_row_numbers_in_the_batch():
+    other = SourceTable("test", "a_db", "", "things")
+    beat = ChangeEvent(op=Op.HEARTBEAT, source=SourceTable("test"), origin=Origin("t", 0, 99))
+    rows = table_of(
+        ins(1, "a", seq=1), beat, ins(7, "x", seq=1, table=other), upd(1, "b", seq=2),
+        upd(7, "y", seq=2, table=other), beat,
+    )  # fmt: skip
+    parts = parts_by_target(rows, Router())
+    assert [(p.target, p.positions.tolist()) for p in parts] == [
+        ("a_db.things", [2, 4]),
+        ("db.items", [0, 3]),
+    ]
+    for p in parts:
+        assert p.rows.equals(rows.take(pa.array(p.positions)))
+    left_out = Router(routing=Routing(exclude=(r"a_db\..*",)))
+    assert [(p.target, p.positions.tolist()) for p in parts_by_target(rows, left_out)] == [
+        ("db.items", [0, 3])
+    ]
+    assert parts_by_target(rows.slice(0, 0), Router()) == []

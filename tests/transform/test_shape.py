@@ -18,7 +18,8 @@ from cdcflow.apply.options import TableOptions, TableRules
 from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.delta import DeltaWarehouse
-from cdcflow.transform.shape import parse_override, shape
+from cdcflow.transform.shape import shape
+from cdcflow.transform.shaping import parse_override
 from cdcflow_testkit.workload import mirror_by_key
 
 ORDERS = SourceTable("test", "shop", "", "orders")
@@ -141,7 +142,7 @@ def test_an_instant_overridden_to_a_zone_s_wall_clock():
             columns={"id": "int64", "at": "timestamptz"},
         )
     )
-    out = shape(part, TableOptions(type_overrides={"at": "timestamp(Asia/Shanghai)"}))
+    out = shape(part, TableOptions(type_overrides={"at": "timestamp(Asia/Shanghai)"}).shaping)
     assert orjson.loads(out.rows["after"][0].as_py())["at"] == "2024-03-05T10:30:00"
     assert orjson.loads(out.rows["columns"][0].as_py())["at"] == "timestamp"
 
@@ -262,13 +263,13 @@ def test_an_update_whose_before_image_was_filtered_out_too_is_skipped():
         ev(Op.UPDATE, 1, before=before, after=after, columns=COLS, table=ORDERS, seq=1),
         ev(Op.DELETE, 2, before={**before, "id": 2}, columns=COLS, table=ORDERS, seq=2),
     )
-    out = shape(part, TableOptions(filter="status <> 'test'"))
+    out = shape(part, TableOptions(filter="status <> 'test'").shaping)
     assert out.filtered.num_rows == 2 and out.rows.num_rows == 0
 
 
 def test_a_filtered_update_without_a_before_image_becomes_a_delete():
     part = table_of(_order(Op.UPDATE, 1, status="test", seq=1))
-    out = shape(part, TableOptions(filter="status <> 'test'"))
+    out = shape(part, TableOptions(filter="status <> 'test'").shaping)
     assert out.rows["op"].to_pylist() == ["delete"] and out.rows["after"][0].as_py() is None
 
 
@@ -292,3 +293,58 @@ def test_metadata_columns_follow_each_change(tmp_path):
         metadata_columns={"op_kind": "op"},
     )
     assert _rows(wh)[1]["op_kind"] == "update"
+
+
+def test_the_changelog_keeps_the_batch_order_across_shaped_and_plain_targets(tmp_path):
+    """Parts of several targets, shaped and not, interleaved with a heartbeat: the
+    changelog holds the batch's events in the batch's order, less the rows filtered out."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    applier = BatchApplier(
+        wh, tables=TableRules.of([("shop.orders", {"filter": "status <> 'test'"})])
+    )
+    beat = ev(Op.HEARTBEAT, table=SourceTable("test"), columns=None, offset=102)
+    events = [
+        _order(Op.INSERT, 1, seq=1, offset=100),
+        ins(7, "x", seq=1, offset=101),  # db.items: not shaped
+        beat,
+        _order(Op.INSERT, 2, status="test", seq=2, offset=103),  # filtered out
+        upd(7, "y", seq=2, offset=104),
+        _order(Op.UPDATE, 1, status="paid", seq=3, offset=105),
+    ]
+    report = applier.apply(table_of(*events))
+    assert report.skipped[SkipReason.ROW_FILTERED] == 1
+    changelog = wh.read("changelog", system=True)
+    assert changelog["offset"].to_pylist() == [100, 101, 102, 104, 105]
+    assert changelog["op"].to_pylist() == ["insert", "insert", "heartbeat", "update", "update"]
+    assert set(_rows(wh)) == {1} and _rows(wh)[1]["status"] == "paid"
+    assert set(_rows(wh, "db.items")) == {7}
+
+
+def test_a_batch_resolves_each_target_s_options_once(tmp_path):
+    rules = TableRules.of([("shop.*", {"filter": "status <> 'test'"})])
+    asked: list[str] = []
+
+    def tables(target: str) -> TableOptions:
+        asked.append(target)
+        return rules(target)
+
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    events = [_order(Op.INSERT, 1, seq=1), ins(7, "x", seq=1), _order(Op.UPDATE, 1, seq=2)]
+    BatchApplier(wh, tables=tables).apply(table_of(*events))
+    assert sorted(asked) == ["db.items", "shop.orders"]
+
+
+def test_the_rules_compile_their_shaping_once_at_load():
+    rules = TableRules.of(
+        [
+            ("shop.*", {"filter": "amount > 1", "computed_columns": {"d": "date(created_at)"}}),
+            ("shop.orders", {"filter": "amount > 2", "type_overrides": {"amount": "string"}}),
+        ]
+    )
+    first, again, other = rules("shop.orders"), rules("shop.orders"), rules("shop.items")
+    assert first.shaping.filter is again.shaping.filter  # kept, not parsed again
+    assert first.shaping.filter.text == "amount > 2" and other.shaping.filter.text == "amount > 1"
+    assert first.shaping.computed["d"] is other.shaping.computed["d"]
+    assert first.shaping.overrides["amount"] == parse_override("string")
+    assert not rules("crm.people").shaping.shapes
+    assert TableOptions(filter="a = 1").shaping.filter.columns == ("a",)

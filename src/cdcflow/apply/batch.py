@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -85,9 +86,9 @@ from cdcflow.sinks.system_tables import (
 from cdcflow.transform.router import (
     TABLE_OPS,
     Router,
-    by_target,
     declarations_on_every_row,
     declared_types,
+    parts_by_target,
     split_excluded,
 )
 from cdcflow.transform.shape import shape, shapes
@@ -296,7 +297,7 @@ class BatchApplier:
             # first commit of the batch after the decoder state: what waits for the next one
             ready, report.transactions = self._whole_transactions(rows, batch_id)
         # routing and shaping: tables left out, rows filtered, columns added and dropped
-        ready, parts = self._route(ready, batch_id, report, letters)
+        ready, parts, options = self._route(ready, batch_id, report, letters)
         # 3. the changelog
         if self.changelog and ready.num_rows:
             wh.append(wh.system_path(CHANGELOG), changelog_rows(ready, batch_id), batch_id)
@@ -306,9 +307,11 @@ class BatchApplier:
         stopped = self.schema_log.stopped()
         wh.tombstones.begin()
         for (target, part), (outcome, collided) in zip(
-            parts, self._apply_tables(parts, batch_id, stopped), strict=True
+            parts, self._apply_tables(parts, options, batch_id, stopped), strict=True
         ):
-            letters.extend(self._account_table(target, part, batch_id, outcome, report))
+            letters.extend(
+                self._account_table(target, part, options[target], batch_id, outcome, report)
+            )
             if collided is not None:
                 letters.append(self._collisions(target, collided, batch_id, report))
         wh.tombstones.flush(batch_id)  # every mirror's deleted keys, in one commit
@@ -337,7 +340,7 @@ class BatchApplier:
         report.seconds = time.perf_counter() - started
         # 8. maintenance, after the apply is complete and within its own time budget
         touched = [m.path for m in report.mirrors] + [wh.system_path(n) for n in _SYSTEM]
-        own = {m.path: self.tables(m.target).maintenance for m in report.mirrors}
+        own = {m.path: options[m.target].maintenance for m in report.mirrors}
         overrides = {path: o.overrides() for path, o in own.items() if o is not None}
         done = self.maintainer.after_batch(touched, overrides)
         report.maintenance = [m.describe() for m in done]
@@ -346,10 +349,10 @@ class BatchApplier:
 
     def _route(
         self, ready: pa.Table, batch_id: int, report: BatchReport, letters: list[pa.Table]
-    ) -> tuple[pa.Table, list[tuple[str, pa.Table]]]:
-        """The events to record and apply, and their parts per target, after the
-        source's routing and each target's shaping (:mod:`cdcflow.transform.router`,
-        :mod:`cdcflow.transform.shape`).
+    ) -> tuple[pa.Table, list[tuple[str, pa.Table]], dict[str, TableOptions]]:
+        """The events to record and apply, their parts per target, and each target's
+        options (resolved once for the batch), after the source's routing and each
+        target's shaping (:mod:`cdcflow.transform.router`, :mod:`cdcflow.transform.shape`).
 
         Events of tables left out are counted as skipped (``TABLE_EXCLUDED``), rows a
         filter leaves out too (``ROW_FILTERED``); events a target cannot shape become
@@ -360,31 +363,27 @@ class BatchApplier:
             changes = pc.sum(pc.cast(pc.is_in(excluded["op"], TABLE_OPS), pa.int64())).as_py()
             if changes:
                 report.skipped[SkipReason.TABLE_EXCLUDED] += changes
-        parts = list(by_target(ready, self.router))
-        shaping = [
-            (target, self.router.shard_column(target))
-            for target, _ in parts
-            if shapes(self.tables(target), self.router.shard_column(target))
-        ]
-        if not shaping:
-            return ready, parts
-        position = "__cdcflow_position"
-        numbered = ready.append_column(position, pa.array(range(ready.num_rows), pa.int64()))
-        shaped_parts: list[tuple[str, pa.Table]] = []
-        gone: list[pa.Array] = []
-        to_shape = dict(shaping)
-        for target, part in by_target(numbered, self.router):
-            if target not in to_shape:
-                shaped_parts.append((target, part))
+        grouped = parts_by_target(ready, self.router)
+        options = {p.target: self.tables(p.target) for p in grouped}
+        shard_columns = {p.target: self.router.shard_column(p.target) for p in grouped}
+        to_shape = {t for t, o in options.items() if shapes(o.shaping, shard_columns[t])}
+        if not to_shape:
+            return ready, [(p.target, p.rows) for p in grouped], options
+        parts: list[tuple[str, pa.Table]] = []
+        positions: list[np.ndarray] = []
+        for p in grouped:
+            if p.target not in to_shape:
+                parts.append((p.target, p.rows))
+                positions.append(p.positions)
                 continue
-            table = self.warehouse.open(self.warehouse.table_path(target))
+            table = self.warehouse.open(self.warehouse.table_path(p.target))
             stored = stored_types(None if table is None else arrow_schema(table))
-            out = shape(part, self.tables(target), to_shape[target], stored)
-            shaped_parts.append((target, out.rows))
-            gone += [
-                out.filtered[position].combine_chunks(),
-                out.refused[position].combine_chunks(),
-            ]
+            out = shape(p.rows, options[p.target].shaping, shard_columns[p.target], stored)
+            parts.append((p.target, out.rows))
+            kept = p.positions
+            if out.kept is not None:
+                kept = kept[out.kept.to_numpy(zero_copy_only=False)]
+            positions.append(kept)
             if out.filtered.num_rows:
                 report.skipped[SkipReason.ROW_FILTERED] += out.filtered.num_rows
             if out.refused.num_rows:
@@ -396,19 +395,18 @@ class BatchApplier:
                         "apply",
                         Code.EXPRESSION_FAILED,
                         pa.chunked_array([pa.array(out.messages, pa.string())]),
-                        target,
+                        target=p.target,
                     )
                 )
-        in_parts = pa.concat_arrays(
-            [p[position].combine_chunks() for _, p in by_target(numbered, self.router)]
-        )
-        others = numbered.filter(pc.invert(pc.is_in(numbered[position], in_parts)))
-        every = pa.concat_tables([others, *(p for _, p in shaped_parts)])
-        every = every.take(pc.sort_indices(every[position]))
-        drop = every.schema.get_field_index(position)
-        return every.remove_column(drop), [
-            (t, p.remove_column(p.schema.get_field_index(position))) for t, p in shaped_parts
-        ]
+        # the events of no part (markers, messages) and the parts' shaped events, back in
+        # the batch's order
+        in_parts = np.zeros(ready.num_rows, dtype=bool)
+        for p in grouped:
+            in_parts[p.positions] = True
+        others = np.flatnonzero(~in_parts)
+        every = pa.concat_tables([ready.take(pa.array(others)), *(part for _, part in parts)])
+        order = np.argsort(np.concatenate([others, *positions]), kind="stable")
+        return every.take(pa.array(order)), parts, options
 
     def _collisions(
         self, target: str, collided: tuple[pa.Table, list[str]], batch_id: int, report: BatchReport
@@ -432,7 +430,11 @@ class BatchApplier:
         )
 
     def _apply_tables(
-        self, parts: list[tuple[str, pa.Table]], batch_id: int, stopped: dict[str, str]
+        self,
+        parts: list[tuple[str, pa.Table]],
+        options: dict[str, TableOptions],
+        batch_id: int,
+        stopped: dict[str, str],
     ) -> list[tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]]:
         """Apply each target's part, up to :attr:`parallel_tables` at once; per part, in
         order, what its apply gave: the mirror's result, or the ``ApplyError`` that
@@ -446,17 +448,25 @@ class BatchApplier:
         target order.
         """
         if self.parallel_tables <= 1 or len(parts) <= 1:
-            return [self._apply_table(t, p, batch_id, stopped) for t, p in parts]
+            return [self._apply_table(t, p, options[t], batch_id, stopped) for t, p in parts]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.parallel_tables, thread_name_prefix="cdcflow-apply"
             )
-        futures = [self._pool.submit(self._apply_table, t, p, batch_id, stopped) for t, p in parts]
+        futures = [
+            self._pool.submit(self._apply_table, t, p, options[t], batch_id, stopped)
+            for t, p in parts
+        ]
         wait(futures)
         return [f.result() for f in futures]
 
     def _apply_table(
-        self, target: str, part: pa.Table, batch_id: int, stopped: dict[str, str]
+        self,
+        target: str,
+        part: pa.Table,
+        options: TableOptions,
+        batch_id: int,
+        stopped: dict[str, str],
     ) -> tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]:
         """Apply one target's part (:class:`~cdcflow.apply.tables.TableApplier`); the
         ``ApplyError`` that stopped it is returned, not raised, beside the changes a
@@ -478,7 +488,7 @@ class BatchApplier:
                 )
                 if refused.num_rows:
                     collided = (refused, messages)
-            return self.table_applier.apply(target, part, batch_id, self.tables(target)), collided
+            return self.table_applier.apply(target, part, batch_id, options), collided
         except ApplyError as exc:
             return exc, collided
 
@@ -486,6 +496,7 @@ class BatchApplier:
         self,
         target: str,
         part: pa.Table,
+        options: TableOptions,
         batch_id: int,
         outcome: MirrorResult | ApplyError,
         report: BatchReport,
@@ -500,7 +511,7 @@ class BatchApplier:
                     target,
                     batch_id,
                     "stop",
-                    self.tables(target).schema_changes,
+                    options.schema_changes,
                     exc.first,
                     message=exc.message,
                     applied=False,

@@ -24,14 +24,17 @@ Example::
 The options are declared once, in :class:`TableOptions`; :class:`TableRule` is derived
 from it (every option optional, plus ``match``), so the YAML and the applier cannot
 disagree. See docs/semantics.md for what each option does.
+
+The shaping options (``columns``, ``computed_columns``, ``metadata_columns``,
+``type_overrides``, ``filter``) are checked and compiled when a rule or options load
+(:mod:`cdcflow.transform.shaping`: the expressions parsed once); resolving a target's
+options merges the rules' compiled parts into :attr:`TableOptions.shaping`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import zoneinfo
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
@@ -39,13 +42,21 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     RootModel,
     create_model,
     model_validator,
 )
 
-from cdcflow.transform.expressions import parse_expression, parse_filter
-from cdcflow.types import parse_type
+from cdcflow.transform.shaping import (
+    METADATA_FIELDS,
+    SHAPING_OPTIONS,
+    ColumnSelection,
+    Shaping,
+    TypeOverride,
+    compile_shaping,
+    parse_override,
+)
 
 __all__ = [
     "METADATA_FIELDS",
@@ -96,124 +107,11 @@ class TableMaintenanceOptions(BaseModel):
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
-#: What a metadata column may hold (``tables[].metadata_columns``), each from the event:
-#: the source table's names, the change's op, the source commit time (epoch ms), the
-#: source sequence, the transaction id, the Kafka record's coordinates and the format.
-METADATA_FIELDS = {
-    "database": "string",
-    "schema": "string",
-    "table": "string",
-    "source_table": "string",  # database.schema.table, empty parts left out
-    "op": "string",
-    "ts_ms": "int64",
-    "seq": "string",
-    "txn_id": "string",
-    "topic": "string",
-    "partition": "int32",
-    "offset": "int64",
-    "format": "string",
-}
-
-
 def _named_metadata(value: Any) -> Any:
     """``[table, op]`` is ``{table: table, op: op}``: a list names each column after its field."""
     if isinstance(value, list | tuple):
         return {str(v): v for v in value}
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class TypeOverride:
-    """One ``type_overrides`` value: the logical type a column is stored as, and for
-    timestamps the zone a naive wall clock is read in (``timestamptz(Asia/Shanghai)``) or
-    written for (``timestamp(Asia/Shanghai)``)."""
-
-    logical: str
-    zone: str | None = None
-
-
-def parse_override(text: str) -> TypeOverride:
-    """A ``type_overrides`` value: a logical type (``int64``, ``decimal(38,10)``,
-    ``string``, ``date``, ...), or ``timestamptz(ZONE)`` / ``timestamp(ZONE)`` with an
-    IANA zone name.
-
-    Raises:
-        ValueError: not a logical type, or an unknown zone.
-    """
-    text = text.strip()
-    for base in ("timestamptz", "timestamp"):
-        if text.startswith(f"{base}(") and text.endswith(")"):
-            zone = text[len(base) + 1 : -1].strip()
-            try:
-                zoneinfo.ZoneInfo(zone)
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                raise ValueError(
-                    f"{zone!r} is not a time zone; use an IANA name, e.g. 'Asia/Shanghai'"
-                ) from None
-            return TypeOverride(base, zone)
-    try:
-        parse_type(text)
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is not a logical type; use boolean, int32, int64, float32, float64, "
-            "decimal(P,S), string, json, binary, date, time, timestamp, timestamptz or "
-            "timestamptz(ZONE)"
-        ) from None
-    return TypeOverride(text)
-
-
-class ColumnSelection(BaseModel):
-    """``tables[].columns``: ``include`` (only these land) or ``exclude`` (these do not);
-    names are exact column names."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    include: tuple[str, ...] | None = None
-    exclude: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _one(self) -> ColumnSelection:
-        if self.include is not None and self.exclude:
-            raise ValueError("columns: set include or exclude, not both")
-        return self
-
-    def keeps(self, column: str) -> bool:
-        """Whether ``column`` lands."""
-        if self.include is not None:
-            return column in self.include
-        return column not in self.exclude
-
-
-def _check_shaping(options: Any) -> None:
-    """The shaping options of a table or rule, checked when the configuration loads.
-
-    Raises:
-        ValueError: naming the option and the fix (an expression that does not parse,
-            an unknown metadata field or logical type).
-    """
-    for name, field in (getattr(options, "metadata_columns", None) or {}).items():
-        if field not in METADATA_FIELDS:
-            raise ValueError(
-                f"metadata_columns.{name}: unknown metadata {field!r}; use one of "
-                f"{sorted(METADATA_FIELDS)}"
-            )
-    for name, text in (getattr(options, "type_overrides", None) or {}).items():
-        try:
-            parse_override(text)
-        except ValueError as exc:
-            raise ValueError(f"type_overrides.{name}: {exc}") from None
-    computed = getattr(options, "computed_columns", None) or {}
-    condition = getattr(options, "filter", None)
-    for name, text in computed.items():
-        try:
-            parse_expression(text)
-        except ValueError as exc:
-            raise ValueError(f"computed_columns.{name}: {exc}") from None
-    if condition is not None:
-        try:
-            parse_filter(condition)
-        except ValueError as exc:
-            raise ValueError(f"filter: {exc}") from None
 
 
 class TableOptions(BaseModel):
@@ -275,22 +173,27 @@ class TableOptions(BaseModel):
     type_overrides: Mapping[str, str] = Field(default_factory=dict)
     filter: str | None = None
 
+    #: the shaping options compiled (:class:`~cdcflow.transform.shaping.Shaping`)
+    _shaping: Shaping = PrivateAttr(default_factory=Shaping)
+
     @model_validator(mode="after")
     def _distinct_partition_columns(self) -> TableOptions:
         _check_partition_by(self.partition_by)
-        _check_shaping(self)
+        compiled = compile_shaping({name: getattr(self, name) for name in SHAPING_OPTIONS})
+        self._shaping = Shaping.of(compiled)
         return self
+
+    @property
+    def shaping(self) -> Shaping:
+        """The shaping options, compiled once when the options were made (the expressions
+        parsed, the overrides' types split): what :func:`~cdcflow.transform.shape.shape`
+        applies."""
+        return self._shaping
 
     @property
     def shapes(self) -> bool:
         """Whether any shaping option is set (columns, computed, metadata, types, filter)."""
-        return bool(
-            self.columns
-            or self.computed_columns
-            or self.metadata_columns
-            or self.type_overrides
-            or self.filter
-        )
+        return self._shaping.shapes
 
 
 def _check_partition_by(columns: Sequence[str] | None) -> None:
@@ -305,12 +208,14 @@ class _RuleBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     match: str
+    #: the shaping options this rule sets, compiled (option name -> compiled value)
+    _shaping: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> _RuleBase:
         given = self.overrides()
         _check_partition_by(given.get("partition_by"))
-        _check_shaping(self)
+        self._shaping = compile_shaping(given)
         if "track_history" in given and given.get("mode") == "mirror":
             raise ValueError("track_history applies to mode: history only; remove one of them")
         if given.get("soft_delete") and given.get("mode") == "history":
@@ -346,7 +251,11 @@ class TableRules(RootModel[tuple[TableRule, ...]]):  # type: ignore[valid-type]
     root: tuple[TableRule, ...] = ()  # type: ignore[valid-type]
 
     def __call__(self, target: str) -> TableOptions:
+        """The options of ``target``: the defaults, then each matching rule's, in order.
+        The rules' shaping options were compiled when the rules loaded; none is parsed
+        here (a caller resolves a target once per micro-batch)."""
         options = TableOptions()
+        shaping: dict[str, Any] = {}
         for rule in self.root:
             if fnmatch.fnmatchcase(target, rule.match):
                 update = rule.overrides()
@@ -355,6 +264,9 @@ class TableRules(RootModel[tuple[TableRule, ...]]):  # type: ignore[valid-type]
                     merged = options.maintenance.overrides() | update["maintenance"].overrides()
                     update["maintenance"] = TableMaintenanceOptions(**merged)
                 options = options.model_copy(update=update)
+                shaping.update(rule._shaping)
+        if shaping:
+            options._shaping = Shaping.of(shaping)
         return options
 
     @classmethod

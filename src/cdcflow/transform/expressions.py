@@ -185,6 +185,10 @@ _PARAMS: dict[str, tuple[tuple[str, type, int | None, int | None], ...]] = {
 _CAST_TYPES = (
     "boolean int32 int64 float32 float64 decimal(p,s) string binary date timestamp timestamptz"
 )
+#: how deep an expression may nest: parentheses, function calls, NOT and unary minus while
+#: parsing, and operators over operators in the parsed tree (``a + b + c`` is two deep).
+#: Parsing and evaluation recurse once per level, so a bound keeps far from Python's limit.
+MAX_DEPTH = 64
 _RESERVED = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "BETWEEN", "TRUE", "FALSE", "AS"}
 _COMPARISONS = {"=", "<>", "!=", "<", "<=", ">", ">="}
 _TOKEN = re.compile(
@@ -229,10 +233,17 @@ class _Parser:
         self.tokens = _tokenize(text, self.error)
         self.i = 0
         self.columns: dict[str, None] = {}
+        self.depth = 0
 
     # ---- helpers
     def error(self, pos: int, message: str) -> ValueError:
-        return ValueError(f"cannot parse {self.text!r} at character {pos + 1}: {message}")
+        return ValueError(f"cannot parse {_shown(self.text)} at character {pos + 1}: {message}")
+
+    def deeper(self, pos: int) -> None:
+        """One more level of nesting, at ``pos``; refused past :data:`MAX_DEPTH`."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(pos, _TOO_DEEP)
 
     def fail(self, expected: str) -> ValueError:
         tok = self.tok
@@ -275,6 +286,9 @@ class _Parser:
             if self.tok.text in _COMPARISONS:
                 raise self.error(self.tok.pos, "comparisons do not chain; combine them with AND")
             raise self.fail("an operator or the end of the expression")
+        deep = _too_deep(node)
+        if deep is not None:
+            raise self.error(deep.start, _TOO_DEEP)
         return node
 
     def or_(self) -> _Node:
@@ -296,7 +310,9 @@ class _Parser:
     def not_(self) -> _Node:
         if self.is_word(self.tok, "NOT"):
             start = self.advance().pos
+            self.deeper(start)
             operand = self.not_()
+            self.depth -= 1
             return _Op(start, operand.end, "not", (operand,))
         return self.predicate()
 
@@ -372,7 +388,9 @@ class _Parser:
             start = self.advance().pos
             if self.tok.kind == "num":  # a negative literal: -9223372036854775808 fits
                 return self.number(start, negative=True)
+            self.deeper(start)
             operand = self.unary()
+            self.depth -= 1
             return _Op(start, operand.end, "neg", (operand,))
         return self.primary()
 
@@ -391,8 +409,10 @@ class _Parser:
             return self.column(tok, name)
         if self.at_op("("):
             self.advance()
+            self.deeper(tok.pos)
             inner = self.or_()
             close = self.expect_op(")", "')'")
+            self.depth -= 1
             return dataclasses.replace(inner, start=tok.pos, end=close.end)
         if tok.kind != "id":
             raise self.fail("a value (a column, a literal, a function or '(')")
@@ -409,7 +429,10 @@ class _Parser:
         if word in ("DATE", "TIMESTAMP") and nxt.kind == "str":
             return self.typed_literal()
         if nxt.kind == "op" and nxt.text == "(":
-            return self.cast() if word == "CAST" else self.call()
+            self.deeper(tok.pos)
+            node = self.cast() if word == "CAST" else self.call()
+            self.depth -= 1
+            return node
         self.advance()
         return self.column(tok, tok.text)
 
@@ -519,6 +542,29 @@ class _Parser:
                 raise self.error(arg.start, f"{name}()'s {what} must be {wants}")
             params.append(value)
         return _Op(name_tok.pos, end, name, tuple(args[:first_param]), tuple(params))
+
+
+_TOO_DEEP = (
+    f"nested more than {MAX_DEPTH} levels deep (parentheses, functions, NOT, operators over "
+    "operators); split it into computed columns, a later one reading an earlier"
+)
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, its middle left out when long."""
+    return repr(text if len(text) <= 80 else f"{text[:60]}...{text[-10:]}")
+
+
+def _too_deep(root: _Node) -> _Node | None:
+    """The first node below more than :data:`MAX_DEPTH` operators (``None``: none is)."""
+    stack: list[tuple[_Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, _Op):
+            if depth >= MAX_DEPTH:
+                return node
+            stack.extend((arg, depth + 1) for arg in node.args)
+    return None
 
 
 def _unquote(token: str) -> str:

@@ -9,7 +9,8 @@ table.
 A source's routing (:class:`Routing`, its ``sources[]`` keys) decides, per source table
 named ``database.schema.table`` (empty parts left out, as in the default template):
 
-1. ``include`` / ``exclude``: regular expressions matched against the whole name (as
+1. ``include`` / ``exclude``: regular expressions (RE2 syntax, see below) matched against
+   the whole name (as
    Paimon's ``--including_tables`` / ``--excluding_tables`` and Flink CDC's ``tables``);
    a table no ``include`` matches, or one an ``exclude`` matches, is left out: its
    events are skipped on purpose (``TABLE_EXCLUDED``), never dead letters.
@@ -22,6 +23,14 @@ named ``database.schema.table`` (empty parts left out, as in the default templat
 3. otherwise ``target_template``.
 4. ``table_prefix`` / ``table_suffix`` around the target's last part (Paimon's
    ``--table_prefix`` / ``--table_suffix``).
+
+The regular expressions run on RE2 (google-re2, :func:`compile_pattern`): matching takes
+time linear in the name, whatever the pattern, so a pattern like ``(a+)+$`` cannot stall
+the stream on a table name the source sends (Python's backtracking ``re`` can take
+exponential time). RE2's syntax is Python's less backreferences (``\\1`` in a pattern) and
+lookaround (``(?=``, ``(?!``, ``(?<=``), which are refused when the configuration loads;
+``\\d``, ``\\w`` and ``\\s`` are ASCII (``\\pL`` matches any letter). Source:
+https://github.com/google/re2/wiki/Syntax.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import re2
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from cdcflow.model import Op
@@ -43,12 +54,15 @@ __all__ = [
     "ROUTED_OPS",
     "ROW_CHANGE_OPS",
     "TABLE_OPS",
+    "Part",
     "Route",
     "RouteRule",
     "Router",
     "Routing",
     "by_target",
+    "compile_pattern",
     "declared_types",
+    "parts_by_target",
     "qualified_name",
     "source_names",
     "split_excluded",
@@ -97,11 +111,35 @@ def declared_types(rows: pa.Table) -> dict[str, str]:
     return types
 
 
-def _compiled(pattern: str, key: str) -> re.Pattern[str]:
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error is raised, with the pattern, not logged
+
+
+def compile_pattern(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (google-re2: linear-time matching; ``fullmatch``,
+    ``groups``, ``groupindex`` and ``Match.expand`` as Python's ``re``).
+
+    Raises:
+        ValueError: one line: not a regular expression RE2 accepts (a syntax error, a
+            backreference, lookaround), with RE2's reason.
+    """
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"{key}: {pattern!r} is not a valid regular expression: {exc}") from None
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode(errors="replace")
+        raise ValueError(
+            f"{pattern!r} is not a valid regular expression (RE2 syntax: no backreferences "
+            f"or lookaround): {reason}"
+        ) from None
+
+
+def _compiled(pattern: str, key: str) -> Any:
+    try:
+        return compile_pattern(pattern)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 #: a group reference in ``target_table``: ``\1`` or ``\g<1>`` / ``\g<name>``
@@ -208,9 +246,9 @@ class Router:
         self.template = template
         self.routing = routing or Routing()
         r = self.routing
-        self._include = [re.compile(p) for p in r.include]
-        self._exclude = [re.compile(p) for p in r.exclude]
-        self._routes = [(re.compile(rule.source_table), rule) for rule in r.routes]
+        self._include = [compile_pattern(p) for p in r.include]
+        self._exclude = [compile_pattern(p) for p in r.exclude]
+        self._routes = [(compile_pattern(rule.source_table), rule) for rule in r.routes]
         self._cache: dict[tuple[str, str, str, str], Route | None] = {}
         self._shard_columns: dict[str, str] = {}  # target -> the shard column routed to it
 
@@ -266,15 +304,12 @@ def source_ids(rows: pa.Table) -> pa.ChunkedArray:
     )
 
 
-def _table_rows(rows: pa.Table) -> pa.Table:
-    """The rows that belong to a table: row changes, truncates and DDL with a table name."""
-    is_table_op = pc.and_(
+def _is_table_row(rows: pa.Table) -> pa.ChunkedArray:
+    """Per row: a row change, truncate or DDL with a table name."""
+    return pc.and_(
         pc.is_in(rows["op"], ROUTED_OPS),
         pc.invert(pc.equal(pc.fill_null(rows["table"], ""), "")),
     )
-    if pc.all(is_table_op).as_py():
-        return rows
-    return rows.filter(is_table_op)
 
 
 def split_excluded(rows: pa.Table, router: Router) -> tuple[pa.Table, pa.Table]:
@@ -294,25 +329,64 @@ def split_excluded(rows: pa.Table, router: Router) -> tuple[pa.Table, pa.Table]:
     return rows.filter(pc.invert(is_out)), rows.filter(is_out)
 
 
-def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
-    """``(target, rows)`` per target table, in target order, for the row changes,
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One target table's part of a batch.
+
+    Attributes:
+        target: the target table's name.
+        rows: its events, in the batch's order.
+        positions: for each of ``rows``, its row number in the batch (int64, ascending).
+    """
+
+    target: str
+    rows: pa.Table
+    positions: np.ndarray
+
+
+def parts_by_target(rows: pa.Table, router: Router) -> list[Part]:
+    """One :class:`Part` per target table, in target order, for the row changes,
     truncates and DDL of ``rows`` (events without a table name, and those of tables the
-    router leaves out, go nowhere)."""
-    rows = _table_rows(rows)
+    router leaves out, go nowhere). The batch is grouped once: each source table is
+    routed once, and one stable sort by target keeps each part in the batch's order."""
     if rows.num_rows == 0:
-        return
-    source = source_ids(rows)
-    targets: dict[str, list[str]] = {}
-    combos = pc.unique(source).to_pylist()
-    for combo in combos:
-        target = router.target(*combo.split(_SEP))
-        if target is not None:
-            targets.setdefault(target, []).append(combo)
-    if len(targets) == 1 and len(next(iter(targets.values()))) == len(combos):
-        yield next(iter(targets)), rows
-        return
-    for target in sorted(targets):
-        yield target, rows.filter(pc.is_in(source, pa.array(targets[target], pa.string())))
+        return []
+    is_table = _is_table_row(rows)
+    if pc.all(is_table).as_py():
+        table_rows, numbers = rows, np.arange(rows.num_rows, dtype=np.int64)
+    else:
+        table_rows = rows.filter(is_table)
+        numbers = np.flatnonzero(is_table.to_numpy(zero_copy_only=False)).astype(np.int64)
+    if table_rows.num_rows == 0:
+        return []
+    source = source_ids(table_rows)
+    combos = pc.unique(source)
+    routed = [router.target(*combo.split(_SEP)) for combo in combos.to_pylist()]
+    names = sorted({t for t in routed if t is not None})
+    if not names:
+        return []
+    rank = {name: i for i, name in enumerate(names)}
+    if len(names) == 1 and None not in routed:
+        return [Part(names[0], table_rows, numbers)]
+    of_combo = np.array([-1 if t is None else rank[t] for t in routed], dtype=np.int64)
+    group = of_combo[pc.index_in(source, combos).to_numpy(zero_copy_only=False)]
+    order = np.argsort(group, kind="stable")  # left out (-1) first, then target by target
+    counts = np.bincount(group[group >= 0], minlength=len(names))
+    start = int(np.count_nonzero(group < 0))
+    order = order[start:]
+    grouped = table_rows.take(pa.array(order))
+    parts, at = [], 0
+    for name, count in zip(names, counts.tolist(), strict=True):
+        parts.append(Part(name, grouped.slice(at, count), numbers[order[at : at + count]]))
+        at += count
+    return parts
+
+
+def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
+    """``(target, rows)`` per target table, in target order (:func:`parts_by_target`
+    without the row numbers)."""
+    for part in parts_by_target(rows, router):
+        yield part.target, part.rows
 
 
 def declarations_on_every_row(rows: pa.Table) -> pa.Table:

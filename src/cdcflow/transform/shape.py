@@ -2,7 +2,7 @@
 columns, the shard column, the row filter and the column selection.
 
 :func:`shape` takes one target's part of a batch (:data:`~cdcflow.event_schema.EVENT_SCHEMA`
-rows) and its :class:`~cdcflow.apply.options.TableOptions`, and gives the events as they
+rows) and its compiled :class:`~cdcflow.transform.shaping.Shaping`, and gives the events as they
 should land, the events the filter leaves out (skipped on purpose, ``ROW_FILTERED``) and
 the events it cannot shape (dead letters, ``EXPRESSION_FAILED``, the message naming the
 column). The images stay canonical JSON; the values an option reads are typed Arrow
@@ -43,12 +43,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.apply.options import METADATA_FIELDS, TableOptions, TypeOverride, parse_override
 from cdcflow.errors import ApplyError
 from cdcflow.images import arrow_column, logical_from_arrow
 from cdcflow.model import Op, dumps
-from cdcflow.transform.expressions import Expression, parse_expression, parse_filter
+from cdcflow.transform.expressions import Expression
 from cdcflow.transform.router import declared_types, source_names
+from cdcflow.transform.shaping import METADATA_FIELDS, Shaping, TypeOverride
 from cdcflow.types import arrow_type, infer_type
 
 __all__ = ["Shaped", "shape", "shapes"]
@@ -65,17 +65,20 @@ class Shaped:
         filtered: the events the filter leaves out (skipped on purpose, ``ROW_FILTERED``).
         refused: events that could not be shaped (dead letters ``EXPRESSION_FAILED``).
         messages: one message per ``refused`` row, naming the column or the filter.
+        kept: one boolean per row of the part: whether it is in ``rows`` (``None``:
+            every row is).
     """
 
     rows: pa.Table
     filtered: pa.Table
     refused: pa.Table
     messages: list[str] = field(default_factory=list)
+    kept: pa.Array | None = None
 
 
-def shapes(options: TableOptions, shard_column: str | None) -> bool:
-    """Whether :func:`shape` changes anything for a table with these options."""
-    return options.shapes or shard_column is not None
+def shapes(shaping: Shaping, shard_column: str | None) -> bool:
+    """Whether :func:`shape` changes anything for a table with this shaping."""
+    return shaping.shapes or shard_column is not None
 
 
 def _loads(texts: Sequence[str | None]) -> list[dict[str, Any] | None]:
@@ -281,7 +284,7 @@ def _declare(
 
 def shape(
     part: pa.Table,
-    options: TableOptions,
+    shaping: Shaping,
     shard_column: str | None = None,
     stored: Mapping[str, str] | None = None,
 ) -> Shaped:
@@ -289,8 +292,9 @@ def shape(
 
     Args:
         part: EVENT_SCHEMA rows of one target (row changes, truncates, DDL).
-        options: the target's options (``columns``, ``computed_columns``,
-            ``metadata_columns``, ``type_overrides``, ``filter``).
+        shaping: the target's shaping options, compiled
+            (:attr:`cdcflow.apply.options.TableOptions.shaping`: ``columns``,
+            ``computed_columns``, ``metadata_columns``, ``type_overrides``, ``filter``).
         shard_column: the route's shard column (``None``: none).
         stored: the stored table's columns as logical types (for values a batch does
             not declare).
@@ -299,22 +303,21 @@ def shape(
         :class:`Shaped`: every row of ``part`` is in exactly one of its three tables.
     """
     n = part.num_rows
-    if n == 0 or not shapes(options, shard_column):
+    if n == 0 or not shapes(shaping, shard_column):
         return Shaped(part, part.slice(0, 0), part.slice(0, 0))
     img = _Images(part, _types_of(part, stored or {}))
     added: dict[str, str] = {}
-    overrides = {c: parse_override(t) for c, t in options.type_overrides.items()}
+    overrides = shaping.overrides
     if overrides:
         _apply_overrides(img, overrides)
         added.update({c: o.logical for c, o in overrides.items()})
-    if options.computed_columns:
-        computed = {c: parse_expression(t) for c, t in options.computed_columns.items()}
-        _apply_computed(img, computed, added)
-    extra = _metadata(part, options.metadata_columns)
+    if shaping.computed:
+        _apply_computed(img, shaping.computed, added)
+    extra = _metadata(part, shaping.metadata)
     if shard_column is not None:
         extra[shard_column] = _metadata(part, {shard_column: "source_table"})[shard_column]
         added[shard_column] = "string"
-    for name, what in options.metadata_columns.items():
+    for name, what in shaping.metadata.items():
         added[name] = METADATA_FIELDS[what]
     for name, values in extra.items():
         img.types[name] = added[name]
@@ -322,12 +325,12 @@ def shape(
             if image is not None:
                 image[name] = values[i]
     skip, to_delete = [False] * n, []
-    if options.filter is not None:
-        skip, to_delete = _apply_filter(img, parse_filter(options.filter), part)
+    if shaping.filter is not None:
+        skip, to_delete = _apply_filter(img, shaping.filter, part)
 
     keys = part.filter(pc.is_valid(part["key"]))["key"]
     key_columns = set(orjson.loads(keys[0].as_py())) if len(keys) else set()
-    selection = options.columns
+    selection = shaping.columns
 
     def keep(column: str) -> bool:
         return (
@@ -388,4 +391,5 @@ def shape(
         filtered=part.filter(pc.and_(pc.invert(failed), skipped)),
         refused=part.filter(failed),
         messages=[e for e in img.errors if e is not None],
+        kept=kept,
     )
