@@ -349,7 +349,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
-    from cdcflow.source.kafka import log_end_offsets
+    from cdcflow.source.kafka.admin import log_end_offsets
 
     options = {**config.kafka.reader_options(), **config.subscription()}
     try:

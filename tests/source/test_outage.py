@@ -14,7 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdcflow.errors import Code, ConfigError, SourceError
 from cdcflow.runtime.pipeline import source_error_of
-from cdcflow.source.kafka import is_transient, parse_options
+from cdcflow.source.kafka.client import is_transient
+from cdcflow.source.kafka.options import parse_options
 from cdcflow.source.outage import OutageBudget, backoff_s
 
 SERVERS = "b1:9092,b2:9092"

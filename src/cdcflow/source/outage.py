@@ -10,7 +10,7 @@ or the budget -- seconds since the outage began -- is spent. Then it raises
 message: the brokers, how long it tried, the last client error and the fix.
 
 The class knows nothing of Kafka clients: the caller decides which errors are transient
-(see :func:`cdcflow.source.kafka.is_transient`). Clock, sleep and randomness are
+(see :func:`cdcflow.source.kafka.client.is_transient`). Clock, sleep and randomness are
 injectable, so the policy is tested without waiting.
 """
 
