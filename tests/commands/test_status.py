@@ -58,7 +58,9 @@ def test_unreachable_brokers_are_one_line_after_the_startup_timeout(tmp_path, ca
     took = time.monotonic() - started
     out = capsys.readouterr().out
     [line] = [x for x in out.splitlines() if "records behind unknown" in x]
-    assert line.startswith("  (records behind unknown: [SOURCE_UNAVAILABLE] Kafka brokers 127.0.0.1:")
+    assert line.startswith(
+        "  (records behind unknown: [SOURCE_UNAVAILABLE] Kafka brokers 127.0.0.1:"
+    )
     assert "kafka.startup_timeout_s=1" in line
     assert "pg.cdc[0] next offset" in out and "behind)" not in out  # no log end shown
     assert took < 15, took
