@@ -221,6 +221,20 @@ def test_call_raises_errors_that_are_not_transient_at_once():
     assert calls == [30] and clock.slept == [] and not outage.failing
 
 
+def test_call_never_retries_an_interrupt():
+    """Ctrl-C (or SIGTERM, which the CLI turns into one) during a request stops at once,
+    even with a ``transient`` that would call anything retriable."""
+    clock = FakeClock()
+    outage = _budget(clock, budget_s=300)
+
+    def attempt(timeout_s):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        outage.call("listing the topics", attempt, str, 30)
+    assert clock.slept == [] and not outage.failing
+
+
 # --------------------------------------------------------------------------- librdkafka errors
 
 
