@@ -80,12 +80,12 @@ def read_range(
     options: Mapping[str, Any], topic: str, partition: int, first: int, last: int
 ) -> Iterator[Any]:
     """The records ``first..last`` (inclusive) of one partition as Arrow batches of
-    :data:`ARROW_SCHEMA`, read in this process (no Spark).
+    :data:`~cdcflow.source.kafka.schema.ARROW_SCHEMA`, read in this process (no Spark).
 
     Raises:
         SourceError: ``DATA_LOSS`` when records of the range were deleted meanwhile (and
             failOnDataLoss is true), ``SOURCE_UNAVAILABLE`` when the brokers stay
-            unreachable for ``outageBudgetMs`` (see :func:`read_partition`).
+            unreachable for ``outageBudgetMs`` (see :func:`~cdcflow.source.kafka.reader.read_partition`).
     """
     opts = parse_options(options)
     return read_partition(opts, KafkaInputPartition(topic, partition, first, last + 1))

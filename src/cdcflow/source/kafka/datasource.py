@@ -455,8 +455,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class KafkaDataSource(DataSource):
     """The PySpark data source ``cdcflow_kafka`` (streaming reads only).
 
-    Options are validated when the DataFrame is created (``load()``); see the module
-    docstring for the list.
+    Options are validated when the DataFrame is created (``load()``); see
+    :mod:`cdcflow.source.kafka.options` for the list.
     """
 
     @classmethod
@@ -525,7 +525,7 @@ def read_stream(spark: Any, options: Mapping[str, Any], engine: str = "auto") ->
 
     Args:
         spark: ``pyspark.sql.SparkSession``.
-        options: source options (see the module docstring), e.g.
+        options: source options (see :mod:`cdcflow.source.kafka.options`), e.g.
             ``{"kafka.bootstrap.servers": "host:9092", "subscribe": "orders"}``.
         engine: ``"auto"``, ``"jvm"`` or ``"python"``.
 

@@ -106,7 +106,7 @@ class KafkaSourceOptions:
         max_records_per_batch: rows per Arrow record batch.
         outage_budget_s: how long transient broker errors are retried, seconds (0: none).
         max_partitions: the most Spark input partitions (tasks) a micro-batch is read
-            with, or ``None``: one per topic-partition with records (:func:`pack_ranges`).
+            with, or ``None``: one per topic-partition with records (:func:`~cdcflow.source.kafka.planning.pack_ranges`).
         outage_budget_key: the configuration key of ``outage_budget_s`` that warnings
             and errors name (the start-up check's is ``kafka.startup_timeout_s``).
     """
