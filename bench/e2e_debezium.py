@@ -120,7 +120,7 @@ def run_reference(spark, bootstrap: str, root: Path, batch: int) -> dict:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from cdcflow.source.kafka import read_stream
+    from cdcflow.source.kafka.datasource import read_stream
 
     row = "id BIGINT, first_name STRING, last_name STRING, email STRING, balance DOUBLE, visits BIGINT"
     schema = f"before STRUCT<{row}>, after STRUCT<{row}>, source STRUCT<lsn: BIGINT>, op STRING"

@@ -204,13 +204,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     from cdcflow.commands.status import describe, status
 
     config, warehouse, pipeline_id = _warehouse_of(args, "status")
-    log_ends, brokers = None, "give CONFIG to ask the brokers"
+    # the warehouse first: a folder without cdcflow tables is said at once, and the
+    # brokers are asked only for partitions the warehouse has applied records of
+    found = status(warehouse, pipeline_id)
+    brokers = "give CONFIG to ask the brokers"
     if config is not None:
         if args.no_brokers:
             brokers = "--no-brokers"
+        elif not found.partitions():
+            brokers = None  # nothing to ask the brokers about
         else:
             log_ends, brokers = _log_ends(config)
-    found = status(warehouse, pipeline_id, log_ends=log_ends)
+            found.add_log_ends(log_ends or {})
     found.brokers = brokers
     if args.json:
         print(json.dumps(found.as_dict()))
@@ -349,7 +354,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
-    from cdcflow.source.kafka import log_end_offsets
+    from cdcflow.source.kafka.admin import log_end_offsets
 
     options = {**config.kafka.reader_options(), **config.subscription()}
     try:

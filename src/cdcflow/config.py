@@ -235,7 +235,7 @@ class KafkaConfig(_Strict):
     def _client_options(cls, v: Any) -> Any:
         if not isinstance(v, Mapping):
             return v  # pydantic names the type error
-        from cdcflow.source.kafka import FORBIDDEN_KAFKA_KEYS
+        from cdcflow.source.kafka.options import FORBIDDEN_KAFKA_KEYS
 
         out = {}
         for key, value in v.items():

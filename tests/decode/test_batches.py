@@ -9,7 +9,7 @@ import pytest
 
 from cdcflow.decode.batches import records_from_kafka_batch
 from cdcflow.model import Origin
-from cdcflow.source.kafka import ARROW_SCHEMA
+from cdcflow.source.kafka.schema import ARROW_SCHEMA
 
 UTC = dt.UTC
 

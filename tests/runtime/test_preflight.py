@@ -190,7 +190,7 @@ def test_a_metrics_port_that_is_taken_is_named_before_spark_starts(tmp_path):
 def test_refused_credentials_are_named_as_an_authentication_failure(apache_kafka, tmp_path):
     """Found in issue 19: a failed SASL handshake said to fix kafka.bootstrap.servers, after
     the whole start-up budget. Apache Kafka's SASL/PLAIN listener, a wrong password."""
-    from cdcflow.source.kafka import list_partitions
+    from cdcflow.source.kafka.admin import list_partitions
     from cdcflow_testkit.services.apache_kafka import SASL_USERS
 
     [(user, password)] = SASL_USERS.items()

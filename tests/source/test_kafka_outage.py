@@ -13,14 +13,11 @@ import uuid
 import pytest
 
 from cdcflow.errors import Code, SourceError
-from cdcflow.source.kafka import (
-    DATA_LOSS,
-    KafkaInputPartition,
-    KafkaStreamReader,
-    list_partitions,
-    parse_options,
-    read_partition,
-)
+from cdcflow.source.kafka.admin import list_partitions
+from cdcflow.source.kafka.datasource import KafkaStreamReader
+from cdcflow.source.kafka.options import parse_options
+from cdcflow.source.kafka.planning import DATA_LOSS, KafkaInputPartition
+from cdcflow.source.kafka.reader import read_partition
 from cdcflow_testkit.services.apache_kafka import ApacheKafkaBroker
 from cdcflow_testkit.services.broker import EmbeddedBroker
 

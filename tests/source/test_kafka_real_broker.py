@@ -13,13 +13,10 @@ import uuid
 import pytest
 
 from cdcflow.errors import SourceError
-from cdcflow.source.kafka import (
-    DATA_LOSS,
-    KafkaInputPartition,
-    KafkaStreamReader,
-    parse_options,
-    read_partition,
-)
+from cdcflow.source.kafka.datasource import KafkaStreamReader
+from cdcflow.source.kafka.options import parse_options
+from cdcflow.source.kafka.planning import DATA_LOSS, KafkaInputPartition
+from cdcflow.source.kafka.reader import read_partition
 
 pytestmark = [pytest.mark.kafka]
 

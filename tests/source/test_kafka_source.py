@@ -20,20 +20,21 @@ from datetime import UTC, datetime
 import pytest
 
 from cdcflow.errors import ConfigError, SourceError
-from cdcflow.source.kafka import (
-    ARROW_SCHEMA,
-    DATA_LOSS,
+from cdcflow.source.kafka.datasource import (
     FORMAT,
-    KAFKA_SCHEMA,
-    KafkaInputPartition,
     KafkaStreamReader,
     jvm_kafka_available,
-    parse_options,
-    read_partition,
     read_stream,
+)
+from cdcflow.source.kafka.options import parse_options
+from cdcflow.source.kafka.planning import (
+    DATA_LOSS,
+    KafkaInputPartition,
     resolve_start_offset,
     split_fairly,
 )
+from cdcflow.source.kafka.reader import read_partition
+from cdcflow.source.kafka.schema import ARROW_SCHEMA, KAFKA_SCHEMA
 from cdcflow_testkit.encoders import Message
 
 
@@ -338,7 +339,7 @@ def test_starting_offsets_json_must_name_every_partition(broker):
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_registered_and_python_path_chosen(spark):
-    from cdcflow.source.kafka import register
+    from cdcflow.source.kafka.datasource import register
 
     assert not jvm_kafka_available(spark)  # no Spark Kafka jars here
     register(spark)
@@ -525,7 +526,7 @@ def test_recreated_topic_is_data_loss_unless_allowed(spark, broker, tmp_path):
 @pytest.mark.spark
 @pytest.mark.kafka
 def test_bad_config_errors_through_spark_and_read_stream(spark, broker):
-    from cdcflow.source.kafka import register
+    from cdcflow.source.kafka.datasource import register
 
     register(spark)
     with pytest.raises(Exception, match="kafka.bootstrap.servers"):
@@ -597,9 +598,9 @@ class _FakeConsumer:
 
 
 def _read_with(monkeypatch, consumer, start, end, fail_on_data_loss=True):
-    import cdcflow.source.kafka as kafka
+    from cdcflow.source.kafka import reader
 
-    monkeypatch.setattr(kafka, "_make_consumer", lambda opts, role, errors=None: consumer)
+    monkeypatch.setattr(reader, "make_consumer", lambda opts, role, errors=None: consumer)
     opts = parse_options(
         {
             "kafka.bootstrap.servers": "h:1",
@@ -691,7 +692,7 @@ def test_records_read_directly_equal_the_records_of_the_arrow_batch():
     """The fused decode source reads records without an Arrow batch in between
     (``_Columns.to_records``); they must equal what the Arrow path gives."""
     from cdcflow.decode.batches import records_from_kafka_batch
-    from cdcflow.source.kafka import _Columns
+    from cdcflow.source.kafka.reader import _Columns
 
     cols = _Columns()
     cols.keys = [b"k", None, b"k3"]

@@ -14,7 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdcflow.errors import Code, ConfigError, SourceError
 from cdcflow.runtime.pipeline import source_error_of
-from cdcflow.source.kafka import is_transient, parse_options
+from cdcflow.source.kafka.client import is_transient
+from cdcflow.source.kafka.options import parse_options
 from cdcflow.source.outage import OutageBudget, backoff_s
 
 SERVERS = "b1:9092,b2:9092"
@@ -218,6 +219,20 @@ def test_call_raises_errors_that_are_not_transient_at_once():
     with pytest.raises(Denied):
         outage.call("listing the topics", attempt, lambda exc: None, 30)
     assert calls == [30] and clock.slept == [] and not outage.failing
+
+
+def test_call_never_retries_an_interrupt():
+    """Ctrl-C (or SIGTERM, which the CLI turns into one) during a request stops at once,
+    even with a ``transient`` that would call anything retriable."""
+    clock = FakeClock()
+    outage = _budget(clock, budget_s=300)
+
+    def attempt(timeout_s):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        outage.call("listing the topics", attempt, str, 30)
+    assert clock.slept == [] and not outage.failing
 
 
 # --------------------------------------------------------------------------- librdkafka errors

@@ -1,5 +1,5 @@
 """Read tasks: the topic-partition ranges of a micro-batch packed into a bounded number of
-Spark tasks (``maxPartitions``, :func:`cdcflow.source.kafka.pack_ranges`; decision 54).
+Spark tasks (``maxPartitions``, :func:`cdcflow.source.kafka.planning.pack_ranges`; decision 54).
 
 With a topic per table (Debezium's layout) a micro-batch over 500 tables was 500 Spark
 tasks, each with its own consumer, decoder and decoder-state read. The broker tests run on
@@ -20,14 +20,9 @@ from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError
 from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.source.changes import STAGED_SCHEMA, ChangesStreamReader, read_staged
-from cdcflow.source.kafka import (
-    KafkaInputPartition,
-    KafkaReadTask,
-    KafkaStreamReader,
-    pack_ranges,
-    parse_options,
-    ranges_of,
-)
+from cdcflow.source.kafka.datasource import KafkaStreamReader
+from cdcflow.source.kafka.options import parse_options
+from cdcflow.source.kafka.planning import KafkaInputPartition, KafkaReadTask, pack_ranges, ranges_of
 from cdcflow.source.subscription import SourceTopics, Subscription
 
 

@@ -14,7 +14,7 @@ import pytest
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError
 from cdcflow.event_schema import EVENT_SCHEMA
-from cdcflow.source.kafka import ARROW_SCHEMA
+from cdcflow.source.kafka.schema import ARROW_SCHEMA
 from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 
 

@@ -62,7 +62,7 @@ def _detected(value: bytes | None) -> tuple[str, ...]:
 
 
 def _partitions(config: PipelineConfig, source: SourceConfig, topic: str | None) -> tuple:
-    from cdcflow.source.kafka import watermarks
+    from cdcflow.source.kafka.admin import watermarks
 
     options = config.kafka.reader_options()
     options.update({"subscribe": topic} if topic is not None else source.subscription())
@@ -73,7 +73,7 @@ def _partitions(config: PipelineConfig, source: SourceConfig, topic: str | None)
 def _records(options: dict, tp: tuple[str, int], first: int, last: int) -> Iterator[Any]:
     from cdcflow.formats.base import Record
     from cdcflow.model import Origin
-    from cdcflow.source.kafka import read_range
+    from cdcflow.source.kafka.admin import read_range
 
     for batch in read_range(options, tp[0], tp[1], first, last):
         for row in batch.to_pylist():

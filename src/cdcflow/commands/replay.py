@@ -224,7 +224,7 @@ def _events(
     """The letters' records decoded as configured now, in Kafka order; and the keys of
     apply letters whose record Kafka no longer holds."""
     from cdcflow.decode.batches import DecodeFunction
-    from cdcflow.source.kafka import ARROW_SCHEMA
+    from cdcflow.source.kafka.schema import ARROW_SCHEMA
     from cdcflow.transform.router import Router
 
     raw: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -300,7 +300,7 @@ def _reread(
     config: PipelineConfig, source: SourceConfig, where: list[tuple[str, int, int]]
 ) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The records at ``where`` from Kafka (those it still holds), key, value and headers."""
-    from cdcflow.source.kafka import read_range
+    from cdcflow.source.kafka.admin import read_range
 
     if not where:
         return {}

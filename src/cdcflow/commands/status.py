@@ -93,6 +93,16 @@ class Status:
     lease: str  # one line: who holds it, or that no run holds it
     brokers: str | None = None  # why the log ends are unknown, if they are
 
+    def partitions(self) -> list[PartitionStatus]:
+        """Every source's topic-partitions, in source order."""
+        return [p for s in self.sources for p in s.partitions]
+
+    def add_log_ends(self, log_ends: Mapping[tuple[str, int], int]) -> None:
+        """Set each partition's log end from ``(topic, partition) -> high watermark``
+        (a partition not in ``log_ends`` keeps ``None``: not known)."""
+        for p in self.partitions():
+            p.log_end = log_ends.get((p.topic, p.partition))
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         for source, data in zip(self.sources, out["sources"], strict=True):

@@ -308,7 +308,7 @@ class Pipeline:
         one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``. Each
         topic is decoded by the format of its source.
         """
-        from cdcflow.source.kafka import jvm_kafka_available, read_stream
+        from cdcflow.source.kafka.datasource import jvm_kafka_available, read_stream
 
         jvm = self.kafka_engine == "jvm" or (
             self.kafka_engine == "auto" and jvm_kafka_available(self.spark)
@@ -688,7 +688,7 @@ class Pipeline:
         """Re-read an interrupted apply's exact offset ranges from Kafka and finish it."""
         import pyarrow as pa
 
-        from cdcflow.source.kafka import read_range
+        from cdcflow.source.kafka.admin import read_range
 
         log.warning(
             "source %s: finishing apply %d that a crash interrupted (%s)",
@@ -715,7 +715,7 @@ class Pipeline:
         """``startingOffsets`` JSON for a new checkpoint: each partition at its source's
         warehouse offset, else at ``carried`` (an old checkpoint's position), else as
         configured. ``None``: neither knows any of these partitions."""
-        from cdcflow.source.kafka import list_partitions
+        from cdcflow.source.kafka.admin import list_partitions
         from cdcflow.source.starting_offsets import EARLIEST, LATEST
 
         carried = carried or {}

@@ -127,7 +127,7 @@ def _listenable(host: str, port: int) -> Check:
 def _kafka(config: PipelineConfig) -> list[Check]:
     from cdcflow.decode.batches import DecodeFunction
     from cdcflow.errors import ConfigError, SourceError
-    from cdcflow.source.kafka import list_partitions
+    from cdcflow.source.kafka.admin import list_partitions
 
     start = time.monotonic()
     routes = [

@@ -61,7 +61,7 @@ def get_or_create_session(
     ui: bool = False,
 ):
     """A SparkSession tuned for a small machine (cdcflow's data sources are registered
-    where they are used: :class:`~cdcflow.runtime.pipeline.Pipeline`, :func:`cdcflow.source.kafka.read_stream`).
+    where they are used: :class:`~cdcflow.runtime.pipeline.Pipeline`, :func:`cdcflow.source.kafka.datasource.read_stream`).
 
     Args:
         app_name: Spark application name.

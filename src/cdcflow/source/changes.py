@@ -1,6 +1,6 @@
 """``cdcflow_changes``: the Kafka source with decoding fused into its read.
 
-The Python Kafka source (:mod:`cdcflow.source.kafka`) yields raw records; decoding them
+The Python Kafka source (:mod:`cdcflow.source.kafka.datasource`) yields raw records; decoding them
 with ``mapInArrow`` sends every record through the JVM twice more (Arrow -> rows -> Arrow
 to the decoding worker, and back). This source runs the same
 :class:`~cdcflow.decode.batches.DecodeFunction` inside the worker that reads Kafka, so its
@@ -31,14 +31,10 @@ import pyarrow as pa
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
-from cdcflow.source.kafka import (
-    KafkaDataSource,
-    KafkaStreamReader,
-    parse_options,
-    ranges_of,
-    read_records,
-    register_once,
-)
+from cdcflow.source.kafka.datasource import KafkaDataSource, KafkaStreamReader, register_once
+from cdcflow.source.kafka.options import parse_options
+from cdcflow.source.kafka.planning import ranges_of
+from cdcflow.source.kafka.reader import read_records
 from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["ChangesDataSource", "FORMAT", "STAGED_SCHEMA", "read_staged", "register"]

@@ -109,12 +109,13 @@ class GroupOffsets:
         if self._consumer is None:
             from confluent_kafka import Consumer
 
-            from cdcflow.source.kafka import _client_config, parse_options
+            from cdcflow.source.kafka.client import client_config
+            from cdcflow.source.kafka.options import parse_options
 
             options = dict(self.options)
             if not any(k.lower() in _SUBSCRIPTIONS for k in options):
                 options["subscribe"] = "cdcflow-monitoring"  # required; never subscribed
-            config = _client_config(parse_options(options), "monitor")
+            config = client_config(parse_options(options), "monitor")
             config.update(
                 {"group.id": self.group_id, "socket.timeout.ms": int(_COMMIT_TIMEOUT_S * 1000)}
             )

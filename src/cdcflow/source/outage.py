@@ -10,8 +10,11 @@ or the budget -- seconds since the outage began -- is spent. Then it raises
 message: the brokers, how long it tried, the last client error and the fix.
 
 The class knows nothing of Kafka clients: the caller decides which errors are transient
-(see :func:`cdcflow.source.kafka.is_transient`). Clock, sleep and randomness are
-injectable, so the policy is tested without waiting.
+(see :func:`cdcflow.source.kafka.client.is_transient`). Clock, sleep and randomness are
+injectable, so the policy is tested without waiting. :meth:`OutageBudget.call` runs its
+retry loop with tenacity, the budget deciding the waits and when to stop; the Kafka
+reader, whose loop keeps polling through a wait, calls :meth:`~OutageBudget.failed` and
+:meth:`~OutageBudget.ok` itself.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import tenacity
 
 from cdcflow.errors import Code, SourceError
 
@@ -231,22 +236,40 @@ class OutageBudget:
                 the last failure).
             Exception: a non-transient exception of ``attempt``, unchanged.
         """
-        while True:
-            started = self._clock()
+        failure: dict[str, Any] = {}  # the last transient failure: text, delay or end
+
+        def timed() -> T:
+            failure["started"] = self._clock()
+            return attempt(self.attempt_timeout_s(request_timeout_s))
+
+        def is_transient(exc: BaseException) -> bool:
+            if not isinstance(exc, Exception):
+                return False  # KeyboardInterrupt, SystemExit: on their way out at once
+            failure["text"] = transient(exc)
+            return failure["text"] is not None
+
+        def record(state: tenacity.RetryCallState) -> None:  # after each transient failure
+            if on_failure is not None:
+                on_failure()
             try:
-                result = attempt(self.attempt_timeout_s(request_timeout_s))
-            except Exception as exc:
-                text = transient(exc)
-                if text is None:
-                    raise
-                if on_failure is not None:
-                    on_failure()
-                try:
-                    # an outage begins when its first failing request was sent
-                    delay = self.failed(what, text, since=started)
-                except SourceError as spent:
-                    raise spent from exc
-                self._sleep(delay)
-            else:
-                self.ok()
-                return result
+                # an outage begins when its first failing request was sent
+                failure["delay"] = self.failed(what, failure["text"], since=failure["started"])
+            except SourceError as spent:
+                failure["spent"], failure["delay"] = spent, 0.0  # (tenacity: wait, then stop)
+
+        def give_up(state: tenacity.RetryCallState) -> T:
+            assert state.outcome is not None
+            raise failure["spent"] from state.outcome.exception()
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            after=record,
+            stop=lambda state: "spent" in failure,
+            wait=lambda state: failure["delay"],
+            sleep=self._sleep,
+            retry_error_callback=give_up,
+            reraise=True,
+        )
+        result = retrying(timed)
+        self.ok()
+        return result
