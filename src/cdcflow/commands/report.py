@@ -27,6 +27,7 @@ can run beside the pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import statistics
@@ -42,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
+from cdcflow.errors import ConfigError
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
     BATCHES,
@@ -137,7 +139,9 @@ def write_report(
         tables listed and the file's size in bytes.
 
     Raises:
-        ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder).
+        ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder), or
+            ``output`` cannot be written (its folder cannot be created, is not a folder,
+            or refuses the write): one line naming the path and the OS error.
         StorageError: a table cannot be read.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -146,13 +150,21 @@ def write_report(
     sources = _read_sources(wh, pipeline_id, max_batches)
     page = _page(st, sources, now_ms)
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # beside the file, then renamed over it: a browser never sees half a page; opened
     # plainly (not mkstemp, whose 0600 would hide the report from a web server)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(page, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot write the report to {path}: {exc.strerror or exc}"
+            f"{f' ({exc.filename})' if exc.filename else ''}; give an output file in a "
+            "folder that can be created and written (cdcflow report -o FILE)"
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
