@@ -114,6 +114,20 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     assert "kafka.bootstrap: unknown key" in err and "bootstrap_servers" in err
 
 
+def test_report_to_an_output_that_cannot_be_written_exits_2_in_one_line(tmp_path, capsys):
+    from tests.report_warehouse import build_warehouse
+
+    built = build_warehouse(tmp_path / "wh")
+    (tmp_path / "taken").write_text("a file where the output's folder should be")
+    output = tmp_path / "taken" / "report.html"
+    assert main(["report", "--warehouse", str(built.root), "-o", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1  # one line, no traceback
+    assert captured.err.startswith(f"cdcflow: [BAD_CONFIG] cannot write the report to {output}: ")
+    assert "cdcflow report -o FILE" in captured.err
+
+
 def test_source_unavailable_exits_69_with_one_line(monkeypatch, capsys):
     """Where the run stops on SOURCE_UNAVAILABLE (start-up or a failed query), main maps
     it to 69 (tests/e2e/test_broker_outage.py runs the real thing); other source errors

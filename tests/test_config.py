@@ -72,6 +72,17 @@ def test_an_unknown_format_option_says_which_was_meant():
     )
 
 
+def test_several_unknown_format_options_say_which_was_meant_for_which():
+    options = {"primary_key": {"t": ["id"]}, "keyles": "full_row", "xyzzy": 1}
+    source = {**GOOD["sources"][0], "options": options}
+    with pytest.raises(ConfigError) as e:
+        parse_config({**GOOD, "sources": [source]})
+    assert (
+        "unknown option(s) ['keyles', 'primary_key', 'xyzzy'] for this format; did you mean "
+        "'keyless' for 'keyles', 'primary_keys' for 'primary_key'? valid options: ["
+    ) in str(e.value)
+
+
 def test_missing_key_is_named():
     bad = dict(GOOD)
     del bad["warehouse"]

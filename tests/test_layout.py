@@ -157,6 +157,7 @@ def test_the_wheel_holds_the_product_only(wheel):
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == {"cdcflow"}
     assert "cdcflow/runtime/pipeline.py" in names  # the product is there
+    assert "cdcflow/commands/templates/report.html.j2" in names  # and its package data
     leaked = [n for n in names if "/testing/" in n or n.endswith(("demo.py", "broker.py"))]
     assert leaked == []
 

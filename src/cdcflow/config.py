@@ -81,7 +81,6 @@ copy of it.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,7 +99,7 @@ from pydantic import (
 
 from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.errors import CdcflowError, ConfigError, did_you_mean
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
@@ -625,8 +624,7 @@ def _explain(exc: ValidationError) -> str:
         where = _location(loc)
         if err["type"] == "extra_forbidden":
             valid = sorted(_model_at(loc[:-1]).model_fields)
-            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]!r}? " if near else ""
+            hint = did_you_mean(str(loc[-1]), valid)
             lines.append(f"{where}: unknown key; {hint}valid keys here: {valid}")
         elif err["type"] == "missing":
             lines.append(f"{where}: required key is missing")

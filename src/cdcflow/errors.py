@@ -11,6 +11,8 @@ terminal for that record (it becomes a dead letter and the stream goes on); a
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from enum import StrEnum
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "SkipReason",
     "SourceError",
     "StorageError",
+    "did_you_mean",
 ]
 
 
@@ -203,3 +206,22 @@ class LeaseLost(LeaseHeld):
     TTL); the run must stop writing."""
 
     code = Code.LEASE_LOST
+
+
+def did_you_mean(names: str | Iterable[str], valid: Iterable[str]) -> str:
+    """The hint of an error about unknown names: ``"did you mean 'x'? "`` (trailing space
+    included, to go before the list of valid names), or ``""`` when no valid name is close.
+
+    Args:
+        names: the unknown name, or several; with more than one, each close match says
+            which name it is for (``"did you mean 'x' for 'y', 'a' for 'b'? "``).
+        valid: the names that would be accepted (their order does not matter).
+
+    Close means :func:`difflib.get_close_matches` with its default cutoff (0.6), the
+    nearest one per unknown name.
+    """
+    unknown = [names] if isinstance(names, str) else list(names)
+    choices = sorted(valid)
+    near = {u: m[0] for u in unknown if (m := difflib.get_close_matches(u, choices, n=1))}
+    meant = [f"{m!r}" if len(unknown) == 1 else f"{m!r} for {u!r}" for u, m in near.items()]
+    return f"did you mean {', '.join(meant)}? " if meant else ""

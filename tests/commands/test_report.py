@@ -221,3 +221,16 @@ def test_newest_batches_only(tmp_path):
     # shop.mysql's dead letters of batches 1 and 2 are before its newest three
     assert {t["name"] for t in plots[DEAD][0]} == {"BAD_JSON", "MISSING_FIELD"}
     assert [len(t["x"]) for t in plots[DEAD][0]] == [1, 1]
+
+
+def test_output_that_cannot_be_written(tmp_path):
+    build_empty_warehouse(tmp_path / "wh", tables={"shop.public.orders": 2})
+    (tmp_path / "taken").write_text("a file where the output's folder should be")
+    output = tmp_path / "taken" / "out" / "r.html"
+    with pytest.raises(ConfigError, match="cannot write the report to ") as err:
+        write_report(str(tmp_path / "wh"), output)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"[BAD_CONFIG] cannot write the report to {output}: ")
+    assert "cdcflow report -o FILE" in message  # the fix
+    assert (tmp_path / "taken").read_text().startswith("a file")  # left as it was

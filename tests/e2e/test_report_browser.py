@@ -25,6 +25,13 @@ VIEWPORT = (1280, 1600)
 #: a source name a pipeline's configuration could hold: plotly must show it as typed
 ODD_SOURCE = "shop.<b>eu</b>&co"
 
+#: its dead letters: codes enough that their legend wraps onto lines (it once grew up
+#: over the plot's title)
+ODD_DEAD_LETTERS = {
+    1: {"TYPE_CONFLICT": 1, "SHARD_KEY_COLLISION": 2, "UNDECLARED_COLUMN": 1},
+    2: {"EXPRESSION_FAILED": 1, "UNKNOWN_OP": 2, "TOO_MANY_COLUMNS": 1},
+}
+
 #: per plot: the number of points of each trace, and the SVG points drawn
 _DRAWN = """
 return arguments[0].map(function (id) {
@@ -35,6 +42,8 @@ return arguments[0].map(function (id) {
     drawn: gd.querySelectorAll('.scatterlayer .point, .barlayer .point').length,
     legend: Array.from(gd.querySelectorAll('.legendtext')).map(function (e) {
       return e.textContent; }),
+    title_bottom: gd.querySelector('.gtitle').getBoundingClientRect().bottom,
+    legend_top: gd.querySelector('.legend').getBoundingClientRect().top,
   };
 });
 """
@@ -82,7 +91,13 @@ def test_report_renders_in_chromium(tmp_path):
         )
     from selenium.webdriver.support.ui import WebDriverWait
 
-    odd = SourcePlan(ODD_SOURCE, "eu.cdc", [50, 70, 90, 40], start_ms=default_sources()[0].start_ms)
+    odd = SourcePlan(
+        ODD_SOURCE,
+        "eu.cdc",
+        [50, 70, 90, 40],
+        dead_letters=ODD_DEAD_LETTERS,
+        start_ms=default_sources()[0].start_ms,
+    )
     built = build_warehouse(tmp_path / "wh", [*default_sources(), odd])
     summary = write_report(str(built.root), tmp_path / "report.html")
 
@@ -125,8 +140,12 @@ def test_report_renders_in_chromium(tmp_path):
     assert ODD_SOURCE in lag["legend"]
 
     codes = {name: nx for name, nx, _ in dead["points"]}
-    assert codes == {"BAD_JSON": 2, "MISSING_FIELD": 1}
-    assert dead["drawn"] == 3  # the bars
+    odd_codes = {code: 1 for letters in ODD_DEAD_LETTERS.values() for code in letters}
+    assert codes == {"BAD_JSON": 2, "MISSING_FIELD": 1, **odd_codes}
+    assert dead["drawn"] == 3 + len(odd_codes)  # the bars
+    for plot_id, plot in plots.items():
+        # the legend, however many lines it wraps onto, stays under the plot's title
+        assert plot["legend_top"] >= plot["title_bottom"], plot_id
 
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000

@@ -27,6 +27,7 @@ can run beside the pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import statistics
@@ -42,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
+from cdcflow.errors import ConfigError
 from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
     BATCHES,
@@ -137,7 +139,9 @@ def write_report(
         tables listed and the file's size in bytes.
 
     Raises:
-        ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder).
+        ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder), or
+            ``output`` cannot be written (its folder cannot be created, is not a folder,
+            or refuses the write): one line naming the path and the OS error.
         StorageError: a table cannot be read.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -146,13 +150,21 @@ def write_report(
     sources = _read_sources(wh, pipeline_id, max_batches)
     page = _page(st, sources, now_ms)
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # beside the file, then renamed over it: a browser never sees half a page; opened
     # plainly (not mkstemp, whose 0600 would hide the report from a web server)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(page, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot write the report to {path}: {exc.strerror or exc}"
+            f"{f' ({exc.filename})' if exc.filename else ''}; give an output file in a "
+            "folder that can be created and written (cdcflow report -o FILE)"
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -320,7 +332,7 @@ def _layout(go: Any, title: str, y_title: str, x_range: list[datetime], height: 
         font={"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 13},
         hovermode="closest",
         showlegend=True,
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "left", "x": 0},
+        legend=_legend(height),
         xaxis={
             "title": {"text": f"commit time ({_utc_offset()})"},
             "type": "date",
@@ -338,6 +350,20 @@ def _layout(go: Any, title: str, y_title: str, x_range: list[datetime], height: 
             "zerolinecolor": "#bbb",
         },
     )
+
+
+def _legend(height: int) -> dict[str, Any]:
+    """The legend of a plot ``height`` px tall: a row under the title, in the figure's
+    own coordinates, so plotly widens the top margin to fit it however many lines it wraps
+    onto (over the plot area instead, a long legend grows up over the title)."""
+    return {
+        "orientation": "h",
+        "yref": "container",
+        "yanchor": "top",
+        "y": 1 - 40 / height,
+        "xanchor": "left",
+        "x": 0,
+    }
 
 
 def _x_range(sources: list[_Source]) -> list[datetime]:
@@ -476,16 +502,14 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
                 figure.update_yaxes(tick0=0, dtick=1, row=row, col=1)
         base = _layout(go, "Dead letters per micro-batch", "", x_range, _HEIGHT)
         height = _HEIGHT - 160 + 160 * rows
-        top, bottom = 100, base.margin.b
         figure.update_layout(
             title=base.title,
             height=height,
-            margin={**base.margin.to_plotly_json(), "t": top},
+            margin=base.margin,
             paper_bgcolor="white",
             plot_bgcolor="white",
             font=base.font,
-            # the codes' legend on a line of its own, over the first row's source name
-            legend={**base.legend.to_plotly_json(), "y": 1 + 28 / (height - top - bottom)},
+            legend=_legend(height),
             barmode="stack",
             bargap=0.1,
             hovermode="closest",
@@ -544,31 +568,8 @@ def _bar_width_ms(times: list[int]) -> float:
 
 # ---------------------------------------------------------------------------- page
 
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
-       color: #222; background: #f6f7f9; }
-main { max-width: 1200px; margin: 0 auto; padding: 16px 24px 40px; }
-header h1 { margin: 8px 0 4px; font-size: 26px; }
-header dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px;
-            margin: 8px 0 0; font-size: 14px; }
-header dt { color: #666; } header dd { margin: 0; word-break: break-all; }
-section { background: white; border: 1px solid #e1e4e8; border-radius: 6px;
-          padding: 12px 16px; margin: 16px 0; }
-h2 { font-size: 18px; margin: 4px 0 10px; }
-table { border-collapse: collapse; font-size: 14px; width: 100%; }
-th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid #eee;
-         vertical-align: top; }
-th { background: #fafbfc; font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-.note { color: #666; font-size: 13px; margin: 2px 0 6px; }
-.stopped { color: #b00020; font-weight: 600; } .ok { color: #22863a; }
-.empty { font-size: 15px; color: #444; }
-.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr));
-         gap: 0 16px; }
-.plots section { margin: 8px 0; min-width: 0; }
-.swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
-          margin-right: 6px; vertical-align: -1px; }
-"""
+#: the page's template (package data beside this module), rendered with autoescaping
+_TEMPLATE = "report.html.j2"
 
 #: title and reason of a plot with nothing to draw
 _NOTHING_TO_PLOT = {
@@ -582,67 +583,66 @@ _NOTHING_TO_PLOT = {
 }
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
 def _page(st: Status, sources: list[_Source], now_ms: int) -> str:
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>cdcflow report: {_e(st.warehouse)}</title>",
-        f"<style>{_CSS}</style></head><body><main>",
-        "<header><h1>cdcflow report</h1><dl>",
-        f"<dt>warehouse</dt><dd>{_e(st.warehouse)}</dd>",
-        f"<dt>pipeline</dt><dd>{_e(st.pipeline_id or 'all pipelines in the warehouse')}</dd>",
-        f"<dt>made at</dt><dd>{_stamp(now_ms)} ({_utc_offset()})</dd>",
-        f"<dt>lease</dt><dd>{_e(st.lease)}</dd>",
-        "</dl></header>",
-    ]
-    parts.append(_sources_section(st, sources))
-    if any(s.batches for s in sources):
-        plotlyjs_written = False
-        parts.append('<div class="plots">')
-        for div_id, figure, note in _figures(sources):
-            parts.append(f'<section class="plot" id="{div_id}-section">')
-            if figure is None:
-                title, why = _NOTHING_TO_PLOT[div_id]
-                parts.append(f"<h2>{title}</h2><p class='empty'>{why}</p>")
-            else:
-                parts.append(
-                    figure.to_html(
-                        full_html=False,
-                        include_plotlyjs=not plotlyjs_written,
-                        div_id=div_id,
-                        config=_CONFIG,
-                    )
-                )
-                plotlyjs_written = True
-            parts.append(f'<p class="note">{_e(note)}</p></section>')
-        parts.append("</div>")
-    else:
-        whose = "" if st.pipeline_id is None else f" of pipeline {_e(st.pipeline_id)}"
-        parts.append(
-            f'<section id="no-batches"><h2>Micro-batches</h2><p class="empty">No micro-batch'
-            f"{whose} has been applied yet: the plots appear once the pipeline has committed "
-            "one (_cdcflow/batches has none).</p></section>"
-        )
-    parts.append(_tables_section(st, now_ms))
-    parts.append(_dead_letters_section(st))
-    parts.append(
-        '<p class="note">Read from the warehouse\'s _cdcflow tables (batches, progress, '
-        "dead_letters) and the target tables' Delta logs; times are local "
-        f"({_utc_offset()}).</p></main></body></html>"
+    """The whole HTML page: :data:`_TEMPLATE` rendered (every value escaped but plotly's
+    own markup) with what the warehouse says."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("cdcflow.commands", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
     )
-    return "\n".join(parts) + "\n"
+    return env.get_template(_TEMPLATE).render(
+        warehouse=st.warehouse,
+        pipeline=st.pipeline_id,
+        made_at=_stamp(now_ms),
+        utc_offset=_utc_offset(),
+        lease=st.lease,
+        sources=_source_rows(st, sources),
+        plots=_plots(sources) if any(s.batches for s in sources) else [],
+        tables=[
+            {
+                "name": t.name,
+                "rows": f"{t.rows:,}",
+                "version": t.version,
+                "last_change": _stamp(t.last_change_ms),
+                "stopped": t.stopped,
+            }
+            for t in st.tables
+        ],
+        dead_letters_total=sum(st.dead_letters.values()),
+        dead_letters=_dead_letter_rows(st),
+    )
 
 
-def _sources_section(st: Status, sources: list[_Source]) -> str:
+def _plots(sources: list[_Source]) -> list[dict[str, Any]]:
+    """Per plot its div id, plotly's markup (``None``: nothing to plot, then a title and
+    why) and its note; plotly.js is inlined with the first plot drawn only."""
+    out = []
+    plotlyjs_written = False
+    for div_id, figure, note in _figures(sources):
+        title, why = _NOTHING_TO_PLOT[div_id]
+        markup = None
+        if figure is not None:
+            markup = figure.to_html(
+                full_html=False,
+                include_plotlyjs=not plotlyjs_written,
+                div_id=div_id,
+                config=_CONFIG,
+            )
+            plotlyjs_written = True
+        out.append({"id": div_id, "html": markup, "title": title, "why": why, "note": note})
+    return out
+
+
+def _source_rows(st: Status, sources: list[_Source]) -> list[dict[str, Any]]:
+    """The sources table's rows: each source's swatch colour and its cells' text."""
     from cdcflow.runtime.progress import human_duration
 
-    if not sources:
-        return ""
     last_of = {s.name: s for s in st.sources}
     colour = _colours(sources)
     rows = []
@@ -655,72 +655,24 @@ def _sources_section(st: Status, sources: list[_Source]) -> str:
         )
         left_out = f" ({s.left_out:,} older left out)" if s.left_out else ""
         rows.append(
-            "<tr>"
-            f"<td><span class='swatch' style='background:{colour[s.name]}'></span>"
-            f"{_e(s.name)}</td>"
-            f"<td class='num'>{len(s.batches):,}{left_out}</td>"
-            f"<td class='num'>{'' if last is None else last.batch_id}</td>"
-            f"<td>{'' if last is None else _stamp(last.committed_at_ms)}</td>"
-            f"<td class='num'>{'' if known is None else f'{known.records:,}'}</td>"
-            f"<td class='num'>{'' if lag is None else human_duration(lag / 1000)}</td>"
-            f"<td class='num'>{'' if behind is None else f'{behind:,}'}</td>"
-            "</tr>"
+            {
+                "name": s.name,
+                "colour": colour[s.name],
+                "batches": f"{len(s.batches):,}{left_out}",
+                "last_batch": "" if last is None else last.batch_id,
+                "last_commit": "" if last is None else _stamp(last.committed_at_ms),
+                "records": "" if known is None else f"{known.records:,}",
+                "lag": "" if lag is None else human_duration(lag / 1000),
+                "behind": "" if behind is None else f"{behind:,}",
+            }
         )
-    return (
-        '<section id="sources"><h2>Sources</h2><table><thead><tr><th>source</th>'
-        "<th class='num'>micro-batches</th><th class='num'>last micro-batch</th>"
-        "<th>last commit</th><th class='num'>records applied</th>"
-        "<th class='num'>last lag</th><th class='num'>last records behind</th>"
-        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
-    )
+    return rows
 
 
-def _tables_section(st: Status, now_ms: int) -> str:
-    if not st.tables:
-        return (
-            '<section id="tables"><h2>Tables</h2><p class="empty">No target table yet.'
-            "</p></section>"
-        )
-    rows = []
-    for t in st.tables:
-        state = (
-            "<span class='ok'>taking changes</span>"
-            if t.stopped is None
-            else f"<span class='stopped'>stopped</span>: {_e(t.stopped)}"
-        )
-        rows.append(
-            "<tr>"
-            f"<td>{_e(t.name)}</td>"
-            f"<td class='num'>{t.rows:,}</td>"
-            f"<td class='num'>{t.version}</td>"
-            f"<td>{_stamp(t.last_change_ms)}</td>"
-            f"<td>{state}</td>"
-            "</tr>"
-        )
-    return (
-        f'<section id="tables"><h2>Tables ({len(st.tables)})</h2><table><thead><tr>'
-        "<th>table</th><th class='num'>rows</th><th class='num'>Delta version</th>"
-        "<th>last change</th><th>state</th>"
-        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
-    )
-
-
-def _dead_letters_section(st: Status) -> str:
+def _dead_letter_rows(st: Status) -> list[dict[str, str]]:
+    """The dead letters by code: count and share of the total, as the table shows them."""
     total = sum(st.dead_letters.values())
-    if not total:
-        return (
-            '<section id="dead-letters"><h2>Dead letters</h2><p class="empty">No dead '
-            "letters in the retained history.</p></section>"
-        )
-    rows = "".join(
-        f"<tr><td>{_e(code)}</td><td class='num'>{n:,}</td>"
-        f"<td class='num'>{100 * n / total:.1f}%</td></tr>"
+    return [
+        {"code": code, "count": f"{n:,}", "share": f"{100 * n / total:.1f}%"}
         for code, n in st.dead_letters.items()
-    )
-    return (
-        f'<section id="dead-letters"><h2>Dead letters by code ({total:,})</h2>'
-        "<table><thead><tr><th>code</th><th class='num'>dead letters</th>"
-        f"<th class='num'>share</th></tr></thead><tbody>{rows}</tbody></table>"
-        '<p class="note">all of the warehouse\'s pipelines, over the retained history of '
-        "_cdcflow/dead_letters; <code>cdcflow dead-letters</code> shows them</p></section>"
-    )
+    ]

@@ -209,21 +209,13 @@ class DecoderOptions:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
         """Build options from a plain mapping; unknown keys are a ConfigError."""
-        from cdcflow.errors import ConfigError
+        from cdcflow.errors import ConfigError, did_you_mean
 
         values = dict(values or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            import difflib
-
-            near = {
-                u: m[0]
-                for u in unknown
-                if (m := difflib.get_close_matches(u, sorted(known), n=1, cutoff=0.6))
-            }
-            meant = [f"{m!r}" if len(unknown) == 1 else f"{m!r} for {u!r}" for u, m in near.items()]
-            hint = f"did you mean {', '.join(meant)}? " if meant else ""
+            hint = did_you_mean(unknown, known)
             raise ConfigError(
                 f"unknown option(s) {unknown} for this format; {hint}valid options: {sorted(known)}"
             )

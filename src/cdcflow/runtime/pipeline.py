@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,31 +75,75 @@ def source_error_of(exc: BaseException) -> SourceError | None:
     return SourceError(message.strip(), code)
 
 
+#: micro-batch reports a :class:`RunSummary` keeps per source (the newest; its totals
+#: count every apply): bounds the memory of a long streaming run
+RECENT_REPORTS = 1_000
+
+#: micro-batch ids a :class:`RunSummary` remembers to count a micro-batch of several
+#: sources once (micro-batches come in order: an id older than these is not seen again)
+_RECENT_DELIVERY_IDS = 4_096
+
+_COUNTS = ("batches", "records", "events", "skipped", "dead_letters")
+
+
 @dataclass
 class RunSummary:
-    """The reports of the applies a run made, per source."""
+    """What a run applied: running totals over every apply, per source and in all, and
+    per source the reports of its newest :data:`RECENT_REPORTS` applies (its memory stays
+    bounded however long the run streams).
 
-    reports: dict[str, list[BatchReport]] = field(default_factory=dict)
+    Attributes:
+        reports: source name -> its newest reports (:class:`BatchReport`), oldest first.
+        max_reports: reports kept per source.
+    """
 
-    def totals(self) -> dict[str, int]:
-        """Sums over every source: ``batches`` counts the micro-batches applied (one
-        micro-batch carries several sources' records; an interrupted apply finished at
-        start-up counts as one of its own), then records, events, skipped records and
-        dead letters."""
-        out = {"batches": 0, "records": 0, "events": 0, "skipped": 0, "dead_letters": 0}
-        micro_batches: set[int] = set()
-        for reports in self.reports.values():
-            for r in reports:
-                if r.delivery_id is None:
-                    out["batches"] += 1
-                else:
-                    micro_batches.add(r.delivery_id)
-                out["records"] += r.records
-                out["events"] += r.events
-                out["skipped"] += sum(r.skipped.values())
-                out["dead_letters"] += sum(r.dead_letters.values())
-        out["batches"] += len(micro_batches)
-        return out
+    reports: dict[str, deque[BatchReport]] = field(default_factory=dict)
+    max_reports: int = RECENT_REPORTS
+    _by_source: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)
+    _batches: int = field(default=0, repr=False)
+    _delivery_ids: dict[int, None] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, source: str, report: BatchReport) -> None:
+        """Count ``report`` (an apply of ``source``) in the totals and keep it among the
+        source's newest reports (safe from the sources' apply threads)."""
+        with self._lock:
+            kept = self.reports.get(source)
+            if kept is None:
+                kept = self.reports[source] = deque(maxlen=self.max_reports)
+            kept.append(report)
+            counts = self._by_source.setdefault(source, dict.fromkeys(_COUNTS, 0))
+            counts["batches"] += 1
+            counts["records"] += report.records
+            counts["events"] += report.events
+            counts["skipped"] += sum(report.skipped.values())
+            counts["dead_letters"] += sum(report.dead_letters.values())
+            # one micro-batch carries several sources' records: counted once; an
+            # interrupted apply finished at start-up (no id) counts as one of its own
+            if report.delivery_id is None:
+                self._batches += 1
+            elif report.delivery_id not in self._delivery_ids:
+                self._batches += 1
+                self._delivery_ids[report.delivery_id] = None
+                if len(self._delivery_ids) > _RECENT_DELIVERY_IDS:
+                    del self._delivery_ids[next(iter(self._delivery_ids))]
+
+    def totals(self, source: str | None = None) -> dict[str, int]:
+        """Sums over every apply of the run (also those whose reports are no longer
+        kept): ``batches`` counts the micro-batches applied (one micro-batch carries
+        several sources' records; an interrupted apply finished at start-up counts as one
+        of its own), then records, events, skipped records and dead letters. With
+        ``source``: that source's sums, ``batches`` its applies (zeros for a source that
+        applied nothing)."""
+        with self._lock:
+            if source is not None:
+                return dict(self._by_source.get(source, dict.fromkeys(_COUNTS, 0)))
+            out = dict.fromkeys(_COUNTS, 0)
+            for counts in self._by_source.values():
+                for name in _COUNTS[1:]:
+                    out[name] += counts[name]
+            out["batches"] = self._batches
+            return out
 
 
 def applier_for(
@@ -537,7 +582,7 @@ class Pipeline:
         except CdcflowError as exc:  # raised as itself, not as Spark's wrapper
             self._failures.setdefault(name, exc)
             raise
-        self.summary.reports.setdefault(name, []).append(report)
+        self.summary.add(name, report)
         log.debug("source %s micro-batch %s: %s", name, batch_id, report.as_dict())
         if self.on_batch is not None:
             self.on_batch(name, report)
@@ -702,7 +747,7 @@ class Pipeline:
             batches.extend(decode(read_range(options, topic, partition, first, last)))
         events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
         report = applier.apply(events)
-        self.summary.reports.setdefault(source.name, []).append(report)
+        self.summary.add(source.name, report)
         self.progress.finished(source.name, report)
 
     @staticmethod

@@ -22,7 +22,12 @@ from pathlib import Path
 from cdcflow.formats import embedded_formats
 from cdcflow.model import dumps
 from cdcflow_testkit.encoders import Message, encoder_for
-from cdcflow_testkit.workload import Workload, compare_with_mirror, tables_for
+from cdcflow_testkit.workload import (
+    Workload,
+    compare_with_mirror,
+    start_ts_ms_before,
+    tables_for,
+)
 
 __all__ = ["MALFORMED", "main", "run_demo"]
 
@@ -94,7 +99,13 @@ def run_demo(
             # a format whose encoder writes another format's messages (auto) gets its own database
             own = getattr(encoder, "event_format", fmt) == fmt
             database = "shop" if own else f"shop_via_{fmt}"
-            workload = Workload(tables_for(encoder.exact_types), database=database, seed=seed)
+            workload = Workload(
+                tables_for(encoder.exact_types),
+                database=database,
+                seed=seed,
+                # source times of just now: status and the report show the pipeline's lag
+                start_ts_ms=start_ts_ms_before(int(time.time() * 1000), changes_per_format),
+            )
             workloads[fmt] = workload
             changes = list(workload.changes(changes_per_format))
             messages = [m for change in changes for m in encoder.encode(change)]

@@ -32,11 +32,14 @@ __all__ = [
     "ALL_TYPES_TABLES",
     "Capabilities",
     "DEMO_TABLES",
+    "FIXED_START_TS_MS",
+    "MAX_TS_STEP_MS",
     "TableSpec",
     "Workload",
     "capabilities",
     "compare_with_mirror",
     "mirror_by_key",
+    "start_ts_ms_before",
     "tables_for",
 ]
 
@@ -212,6 +215,21 @@ class _KeyOrder:
         return key
 
 
+#: the source time before a :class:`Workload`'s first change by default (2023-11-14): fixed,
+#: so that the changes of a seed are the same on every run
+FIXED_START_TS_MS = 1_700_000_000_000
+
+#: the most a change's source time is after the previous change's (ms)
+MAX_TS_STEP_MS = 50
+
+
+def start_ts_ms_before(now_ms: int, changes: int) -> int:
+    """A :class:`Workload` ``start_ts_ms`` whose ``changes`` changes all have source
+    times at or before ``now_ms`` (ms since the epoch): the changes happened just now,
+    so a pipeline that applies them shows a lag of seconds, not of years."""
+    return now_ms - MAX_TS_STEP_MS * changes
+
+
 @dataclass
 class Workload:
     """Random changes over in-memory tables, with the resulting final state.
@@ -223,6 +241,10 @@ class Workload:
         start_seq: first source sequence number.
         first_keys: table name -> its first key (default 1): shards of one table given
             disjoint key ranges, as a sharded application's tables have.
+        start_ts_ms: source time (ms since the epoch) before the first change; each
+            change is 1 to :data:`MAX_TS_STEP_MS` ms after the previous one. The default
+            is a fixed instant (the same seed gives the same changes); the demo passes a
+            time just before now (:func:`start_ts_ms_before`).
 
     Attributes:
         state: table name -> key tuple -> current row (column -> typed value).
@@ -236,13 +258,14 @@ class Workload:
     seed: int = 7
     start_seq: int = 1_000
     first_keys: Mapping[str, int] = field(default_factory=dict)
+    start_ts_ms: int = FIXED_START_TS_MS
     state: dict[str, dict[tuple, dict[str, Any]]] = field(default_factory=dict)
     added_columns: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
         self._seq = self.start_seq
-        self._ts_ms = 1_700_000_000_000
+        self._ts_ms = self.start_ts_ms
         self._next_id: dict[str, int] = {}
         self._columns: dict[str, dict[str, str]] = {}
         self._order: dict[str, _KeyOrder] = {}
@@ -324,7 +347,7 @@ class Workload:
 
     def _emit(self, op: Op, spec: TableSpec, before, after) -> SourceChange:
         self._seq += 1
-        self._ts_ms += self._rng.randint(1, 50)
+        self._ts_ms += self._rng.randint(1, MAX_TS_STEP_MS)
         return SourceChange(
             op=op,
             table=self.source_table(spec),
