@@ -15,10 +15,10 @@ from tests.apply.helpers import dele, ins, table_of, upd
 import cdcflow
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.errors import LeaseHeld
-from cdcflow.sinks import delta as delta_module
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks import engines as engines_module
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import MaintenancePolicy, small_files
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 TARGET = "db.items"
 
@@ -103,7 +103,7 @@ def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
     _new_keys(ap, 3)
-    real, calls = delta_module.rewrite_actions, []
+    real, calls = engines_module.rewrite_actions, []
 
     def then_compacted(table, *args, **kwargs):
         actions = real(table, *args, **kwargs)
@@ -112,7 +112,7 @@ def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(
         calls.append(1)
         return actions
 
-    monkeypatch.setattr(delta_module, "rewrite_actions", then_compacted)
+    monkeypatch.setattr(engines_module, "rewrite_actions", then_compacted)
     (mirror,) = ap.apply(table_of(upd(5, "updated", seq=9), upd(25, "updated", seq=9)), 3).mirrors
     assert len(calls) == 2 and mirror.metrics["merge_attempts"] == 2
     rows = wh.read(TARGET)

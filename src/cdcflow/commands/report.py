@@ -42,7 +42,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
     BATCHES,
     BATCHES_SCHEMA,
@@ -51,6 +50,7 @@ from cdcflow.sinks.system_tables import (
     PROGRESS,
     PROGRESS_SCHEMA,
 )
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["DEFAULT_MAX_BATCHES", "ReportSummary", "write_report"]
 
