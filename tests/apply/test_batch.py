@@ -177,10 +177,10 @@ def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, mo
 
     real = DeltaWarehouse.append
 
-    def crash_at_progress(self, path, data, batch_id, transactions=None, app_id=None):
+    def crash_at_progress(self, path, data, commit):
         if path.endswith("/progress"):
             raise Crash
-        return real(self, path, data, batch_id, transactions, app_id)
+        return real(self, path, data, commit)
 
     monkeypatch.setattr(DeltaWarehouse, "append", crash_at_progress)
     with pytest.raises(Crash):

@@ -125,7 +125,8 @@ class Mirrors:
         """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
 
         Args:
-            target: target table name (see :meth:`table_path`).
+            target: target table name (see
+                :meth:`~cdcflow.sinks.warehouse.DeltaWarehouse.table_path`).
             net: the batch's net change for this table.
             types: column -> logical type for every column to store (the stored ones
                 first; a column missing from the table is added).
