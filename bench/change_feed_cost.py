@@ -15,8 +15,9 @@ the last 1% of the range, ``uniform`` updates over the whole range), on a copy e
   rows of the batch's keys read first: :func:`~cdcflow.sinks.arrow_merge.effective_rows`,
   its seconds reported apart), writing ``_change_data`` files.
 
-The merge is :meth:`cdcflow.sinks.delta.DeltaWarehouse._merge_rows` with the merge
-source ``apply_mirror`` builds (no Kafka, no Spark, no bookkeeping tables); wall seconds,
+The merge is :meth:`~cdcflow.sinks.engines.MergeEngine.merge` with the merge source
+:meth:`~cdcflow.sinks.mirror.Mirrors.apply` builds (no Kafka, no Spark, no bookkeeping
+tables); wall seconds,
 and the bytes of change files the commit wrote.
 """
 
@@ -47,8 +48,8 @@ def run(rows_list: list[int], changes_list: list[int], uniform_max_rows: int) ->
     from deltalake import DeltaTable
 
     from cdcflow.sinks.arrow_merge import effective_rows
-    from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.sinks.merge import CHANGE_FEED_PROPERTY, MergeSpec
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     out = []
     for rows in rows_list:
@@ -79,7 +80,7 @@ def run(rows_list: list[int], changes_list: list[int], uniform_max_rows: int) ->
                             read_s = time.perf_counter() - started
                         cdc_before = _change_bytes(path)
                         started = time.perf_counter()
-                        wh._merge_rows(table, source, spec)
+                        wh.engine.merge(wh, table, source, spec, wh.commit_context(batch))
                         seconds = time.perf_counter() - started
                         cdc = _change_bytes(path) - cdc_before
                         if kind == "new":

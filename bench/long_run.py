@@ -237,9 +237,9 @@ def run_one(
 ) -> dict[int, dict[str, float]]:
     """One run; ``{mark: figures}``."""
     from cdcflow.apply.batch import BatchApplier
-    from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.sinks.maintenance import MaintenancePolicy
     from cdcflow.sinks.retention import RetentionPolicy
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     hour_h = day_s / 24 / 3600  # one simulated hour, in hours of wall clock
     if maintained:

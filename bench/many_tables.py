@@ -97,7 +97,7 @@ def apply_all(
     the first, and the profile of the ``profile_batch``-th of those (or ``None``; the
     profile sees the calling thread only, so profile with ``parallel_tables=1``)."""
     from cdcflow.apply.batch import BatchApplier
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow.transform.router import Router
 
     with tempfile.TemporaryDirectory(prefix="cdcflow-many-") as root:

@@ -3,9 +3,9 @@
 The same mirror (``id`` bigint key, a text, a bigint, a double, and cdcflow's
 ``_cdc_seq``/``_cdc_ts_ms``; written once by delta-rs as one table of 4 files) is merged
 with the same merge source -- 1,000 updates of existing keys spread over the table, the
-shape :meth:`cdcflow.sinks.delta.DeltaWarehouse.apply_mirror` builds -- by:
+shape :meth:`cdcflow.sinks.mirror.Mirrors.apply` builds -- by:
 
-* ``arrow (driver)``: :class:`~cdcflow.sinks.delta.DeltaWarehouse` (the driver, the
+* ``arrow (driver)``: :class:`~cdcflow.sinks.warehouse.DeltaWarehouse` (the driver, the
   Arrow merge, the default: decision 44);
 * ``delta-rs``: the same with ``merge_engine="delta-rs"`` (delta-rs's MERGE);
 * ``delta-spark``: :class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse` (Delta Lake's
@@ -37,9 +37,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from cdcflow.runtime.spark import get_or_create_session
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
 from cdcflow.sinks.merge import MergeSpec
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 UPDATES = 1000
 COLUMNS = ["id", "name", "qty", "price"]
@@ -79,7 +79,8 @@ def _time_merge(wh: DeltaWarehouse, base: Path, work: Path, source: pa.Table, ba
     shutil.copytree(base, work)
     table = DeltaTable(str(work))
     started = time.perf_counter()
-    wh._merge_rows(table, source, MergeSpec(tuple(COLUMNS), ("id",), batch))
+    spec = MergeSpec(tuple(COLUMNS), ("id",), batch)
+    wh.engine.merge(wh, table, source, spec, wh.commit_context(batch))
     return time.perf_counter() - started
 
 

@@ -15,8 +15,9 @@ count (``--changes``, default 1,000 and 20,000), one merge of each workload:
 * ``uniform``: updates of keys spread over the whole range (only up to
   ``--uniform-max-rows`` rows: every file is rewritten, by either engine).
 
-The merge is :meth:`cdcflow.sinks.delta.DeltaWarehouse._merge_rows` with the merge source
-``apply_mirror`` builds (no Kafka, no Spark, no bookkeeping tables): wall seconds, files
+The merge is :meth:`~cdcflow.sinks.engines.MergeEngine.merge` with the merge source
+:meth:`~cdcflow.sinks.mirror.Mirrors.apply` builds (no Kafka, no Spark, no bookkeeping
+tables): wall seconds, files
 scanned and skipped (their key bounds ruled them out) and rewritten, for ``arrow``
 (cdcflow's Arrow merge, the default) against ``delta-rs`` (its MERGE, the reference).
 The workloads run one after another on the same mirror (each leaves it a little larger).
@@ -89,8 +90,8 @@ def merge_source(kind: str, rows: int, changes: int, seq_from: int) -> pa.Table:
 def run(rows_list: list[int], changes_list: list[int], uniform_max_rows: int) -> list[dict]:
     from deltalake import DeltaTable
 
-    from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.sinks.merge import MergeSpec
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     out = []
     for rows in rows_list:
@@ -113,7 +114,7 @@ def run(rows_list: list[int], changes_list: list[int], uniform_max_rows: int) ->
                         spec = MergeSpec(COLUMNS, ("id",), batch)
                         table = DeltaTable(path)
                         started = time.perf_counter()
-                        metrics = wh._merge_rows(table, source, spec)
+                        metrics = wh.engine.merge(wh, table, source, spec, wh.commit_context(batch))
                         seconds = time.perf_counter() - started
                         skipped = metrics.get(
                             "num_target_files_skipped",

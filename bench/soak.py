@@ -83,7 +83,7 @@ def main() -> int:
     if args.events < 1 or args.kills < 0:
         parser.error("--events must be >= 1 and --kills >= 0")
 
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow_testkit.faults import (
         fast_stream,
         inject_faults,

@@ -45,7 +45,7 @@ def warehouse_factory(request):
     (``merge_engine="delta-rs"``), and ``delta-spark``
     (:class:`~cdcflow.sinks.delta_spark.SparkDeltaWarehouse`), which merges with Delta
     Lake's Spark commands on the shared session."""
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     def factory(root, pipeline_id="test"):
         if request.param == "delta-spark":

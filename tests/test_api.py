@@ -85,6 +85,6 @@ def test_a_pipeline_on_the_users_session_without_the_environment_on_path(broker,
     assert result["lease"] == "pipeline api: no run holds its lease"  # taken, then released
     assert result["sources"] == ["api.debezium-json"]
     assert result["changes"] == s.produced and result["kinds"] == ["event"]
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     s.check_mirrors(DeltaWarehouse(raw["warehouse"]))

@@ -177,7 +177,7 @@ def test_run_once_from_a_yaml_file(spark, broker, tmp_path, capsys):
     )
     assert main(["run", str(cfg), "--once"]) == 0
     assert "100 records, 100 events" in capsys.readouterr().out
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     for spec in w.tables:
@@ -499,7 +499,7 @@ def test_a_batch_of_dead_letters_is_warned_about_and_the_limit_stops_the_run(
         "cdcflow: [DEAD_LETTER_LIMIT] source mysql: 40 of 40 records of micro-batch 0 are dead "
         f"letters (most {code}), over apply.dead_letter_limit 0.5. They are committed"
     )
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     wh = DeltaWarehouse(str(tmp_path / "limited" / "wh"))
     letters = wh.open(wh.system_path("dead_letters")).to_pyarrow_table()
@@ -513,7 +513,7 @@ def _replay_after_the_fix(cfg: Path, w, tmp_path: Path, capsys) -> None:
     from cdcflow.commands.replay import replay
     from cdcflow.config import load_config
     from cdcflow.errors import CdcflowError
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow_testkit.workload import compare_with_mirror
 
     assert main(["dead-letters", "replay", str(cfg)]) == 1  # says what it does; --yes does it

@@ -1,7 +1,7 @@
 """Typed rows from canonical-JSON images: the columnar reader (``rows_from_json``) gives
 exactly the table of the exact way (``rows_to_arrow``: a dict per row), or declines.
 
-The merge source of every mirror apply is built by one of the two (``sinks/delta.py``);
+The merge source of every mirror apply is built by one of the two (``sinks/mirror.py``);
 a value the reader would read differently from the exact way must make it decline, so
 the property is: declined, or the same table -- and where the exact way refuses a value
 (``TYPE_CONFLICT``), the reader declines too.

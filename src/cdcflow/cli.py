@@ -120,7 +120,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from cdcflow.commands.files import apply_files
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     warehouse = str(Path(args.warehouse).resolve())
     report = apply_files(
@@ -154,8 +154,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """Resume stopped tables; a table that is not in the warehouse is refused (exit 2)
     before anything is written."""
     from cdcflow.apply.schema_log import SchemaLog
-    from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.sinks.system_tables import SYSTEM_FOLDER
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     root = Path(args.warehouse).resolve()
     if not (root / SYSTEM_FOLDER).is_dir():
@@ -235,7 +235,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         show_lines,
         summary_rows,
     )
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     if args.action == "replay":
         return _replay(args)

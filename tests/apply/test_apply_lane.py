@@ -12,7 +12,7 @@ from tests.apply.helpers import ins, table_of, upd
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import OffsetLedger
 from cdcflow.runtime.pipeline import ApplyLane
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 ITEMS = "db.items"

@@ -15,8 +15,9 @@ from cdcflow.decode.batches import flatten
 from cdcflow.errors import Code
 from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import DeadLetter, Op, Origin, SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.mirror import Mirrors
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 OTHER = SourceTable("test", "db", "", "other")
@@ -29,15 +30,19 @@ class RecordingWarehouse(DeltaWarehouse):
         super().__init__(*args, **kwargs)
         self.writes: list[str] = []
 
-    def append(self, path, data, batch_id, transactions=None, app_id=None):
-        written = super().append(path, data, batch_id, transactions, app_id)
+    def append(self, path, data, commit):
+        written = super().append(path, data, commit)
         if written:
             self.writes.append(path.rsplit("/", 1)[-1])
         return written
 
-    def apply_mirror(self, target, *args, **kwargs):
-        result = super().apply_mirror(target, *args, **kwargs)
-        self.writes.append(target)
+
+class RecordingMirrors(Mirrors):
+    """The mirrors of a :class:`RecordingWarehouse`, noting each mirror's apply."""
+
+    def apply(self, target, *args, **kwargs):
+        result = super().apply(target, *args, **kwargs)
+        self.warehouse.writes.append(target)
         return result
 
 
@@ -66,6 +71,7 @@ def _rows(wh, target):
 def test_the_offsets_record_comes_first_then_the_tables_then_the_bookkeeping(tmp_path):
     wh = RecordingWarehouse(str(tmp_path / "wh"), pipeline_id="test")
     ap = BatchApplier(wh)
+    ap.table_applier.mirrors = RecordingMirrors(wh)
     ap.apply(table_of(ins(5, "seed", seq=0, offset=100, partition=1)), delivery_id=0)
     wh.writes.clear()
     report = ap.apply(_batch(), delivery_id=1)
@@ -126,14 +132,14 @@ def test_decode_and_apply_dead_letters_are_built_alike_and_written_once(tmp_path
 def test_a_failed_table_is_dead_lettered_whole_and_the_others_go_on(tmp_path, monkeypatch):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
     ap = BatchApplier(wh)
-    real = DeltaWarehouse.apply_mirror
+    real = Mirrors.apply
 
     def refuse_items(self, target, *args, **kwargs):
         if target == "db.items":
             raise PermissionError(13, "Permission denied")
         return real(self, target, *args, **kwargs)
 
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", refuse_items)
+    monkeypatch.setattr(Mirrors, "apply", refuse_items)
     report = ap.apply(table_of(ins(1, "a", seq=1), ins(7, "x", seq=1, table=OTHER)))
     assert report.dead_letters == {Code.TABLE_FAULT: 1}
     assert _rows(wh, "db.other") == {7: "x"}
@@ -141,7 +147,7 @@ def test_a_failed_table_is_dead_lettered_whole_and_the_others_go_on(tmp_path, mo
     assert [(r["target_table"], r["change"], r["applied"]) for r in stops] == [
         ("db.items", "stop", False)
     ]
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+    monkeypatch.setattr(Mirrors, "apply", real)
     report = ap.apply(table_of(ins(2, "b", seq=2)))
     assert report.dead_letters == {Code.TABLE_STOPPED: 1}
     wh.resume_table("db.items", by="test")
@@ -172,10 +178,10 @@ def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, mo
 
     real = DeltaWarehouse.append
 
-    def crash_at_progress(self, path, data, batch_id, transactions=None, app_id=None):
+    def crash_at_progress(self, path, data, commit):
         if path.endswith("/progress"):
             raise Crash
-        return real(self, path, data, batch_id, transactions, app_id)
+        return real(self, path, data, commit)
 
     monkeypatch.setattr(DeltaWarehouse, "append", crash_at_progress)
     with pytest.raises(Crash):

@@ -19,7 +19,8 @@ from tests.apply.helpers import dele, ins, table_of
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.mirror import Mirrors
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,14 +79,16 @@ def test_tables_are_applied_at_once_on_worker_threads(tmp_path):
     barrier = threading.Barrier(2, timeout=30)
     threads: set[str] = set()
 
-    class MeetingWarehouse(DeltaWarehouse):
-        def apply_mirror(self, target, *args, **kwargs):
+    class MeetingMirrors(Mirrors):
+        def apply(self, target, *args, **kwargs):
             threads.add(threading.current_thread().name)
             barrier.wait()
-            return super().apply_mirror(target, *args, **kwargs)
+            return super().apply(target, *args, **kwargs)
 
-    wh = MeetingWarehouse(str(tmp_path / "wh"), pipeline_id="test")
-    report = BatchApplier(wh, parallel_tables=2).apply(
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    applier = BatchApplier(wh, parallel_tables=2)
+    applier.table_applier.mirrors = MeetingMirrors(wh)
+    report = applier.apply(
         table_of(ins(1, "a", seq=1, table=_table(0)), ins(1, "b", seq=1, table=_table(1)))
     )
     assert sorted(m.target for m in report.mirrors) == ["db.t00", "db.t01"]
@@ -125,13 +128,14 @@ _CHILD = """
 import os, signal, sys
 from tests.apply.test_parallel_apply import _batches
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.mirror import Mirrors
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 root, kill_after = sys.argv[1], int(sys.argv[2])
 batches = _batches()
 ap = BatchApplier(DeltaWarehouse(root, pipeline_id="test"), parallel_tables=4)
 ap.apply(batches[0], delivery_id=0)
-real, done = DeltaWarehouse.apply_mirror, []
+real, done = Mirrors.apply, []
 
 def apply_then_die(self, target, *args, **kwargs):
     result = real(self, target, *args, **kwargs)
@@ -140,7 +144,7 @@ def apply_then_die(self, target, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)  # the other tables are mid-apply
     return result
 
-DeltaWarehouse.apply_mirror = apply_then_die
+Mirrors.apply = apply_then_die
 ap.apply(batches[1], delivery_id=1)
 """
 

@@ -21,8 +21,8 @@ from tests.volumes import fill, tmpfs, truncate_last_commit
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.errors import Code, StorageError
 from cdcflow.model import SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.faults import storage_error
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 ITEMS = "db.items"

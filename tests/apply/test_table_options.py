@@ -17,7 +17,7 @@ from cdcflow.apply.prepare import tie_break_part
 from cdcflow.cli import main
 from cdcflow.errors import Code
 from cdcflow.model import Op, SourceTable, seq_key
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"

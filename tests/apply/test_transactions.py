@@ -28,7 +28,7 @@ from cdcflow.event_schema import KIND_EVENT
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 CASES = Path(__file__).parents[1] / "formats" / "cases"
 POLICY = TransactionPolicy()
@@ -321,30 +321,32 @@ def test_pending_transactions_survive_batches_and_replays(tmp_path):
 
     # batch 0 holds xid 246's first five rows
     s0 = split_transactions(first, load_pending(wh, source, 0), 1_000, 0, POLICY)
-    assert save_pending(wh, source, s0.held, 0, now_ms=1_000)
+    assert save_pending(wh, source, s0.held, wh.commit_context(0), now_ms=1_000)
     assert load_pending(wh, source, 1).to_pylist() == s0.held.to_pylist()
 
     # batch 1 releases them: the empty snapshot is recorded, so they are not loaded again
     held = load_pending(wh, source, 1)
     s1 = split_transactions(second, held, 2_000, 1, POLICY)
     assert s1.held.num_rows == 0 and s1.ready.num_rows == len(MAXWELL)
-    assert save_pending(wh, source, s1.held, 1, now_ms=2_000)
+    assert save_pending(wh, source, s1.held, wh.commit_context(1), now_ms=2_000)
     assert load_pending(wh, source, 2) is None
 
     # batch 1 replayed after a crash: same snapshot in, same clock, nothing written again
     assert load_pending(wh, source, 1).to_pylist() == s0.held.to_pylist()
     assert batch_clock_ms(wh, source, 1, 999_999) == 2_000
-    assert not save_pending(wh, source, s1.held, 1, now_ms=999_999)
+    assert not save_pending(wh, source, s1.held, wh.commit_context(1), now_ms=999_999)
     assert load_pending(wh, source, 2) is None
 
     # batch 2 holds nothing after an empty snapshot: nothing to record
-    assert not save_pending(wh, source, HELD_SCHEMA.empty_table(), 2, now_ms=3_000)
+    assert not save_pending(
+        wh, source, HELD_SCHEMA.empty_table(), wh.commit_context(2), now_ms=3_000
+    )
     assert batch_clock_ms(wh, source, 2, 4_000) == 4_000
     assert load_pending(wh, source, 3) is None
 
     # another source's snapshots are its own
     other = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="p.other")
-    assert save_pending(other, "p.other", s0.held, 5, now_ms=1)
+    assert save_pending(other, "p.other", s0.held, other.commit_context(5), now_ms=1)
     assert load_pending(wh, source, 6) is None
     assert load_pending(other, "p.other", 6).num_rows == 5
 
@@ -353,9 +355,9 @@ def test_a_replayed_batch_splits_as_its_first_run_did(tmp_path):
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="p.s")
     batch = events(maxwell(), records(MAXWELL[:5]))
     s0 = split_transactions(batch, None, 0, 0, POLICY)
-    save_pending(wh, "p.s", s0.held, 0, now_ms=0)
+    save_pending(wh, "p.s", s0.held, wh.commit_context(0), now_ms=0)
     first_run = split_transactions(batch.slice(0, 0), load_pending(wh, "p.s", 1), 30_000, 1, POLICY)
-    assert save_pending(wh, "p.s", first_run.held, 1, now_ms=30_000)
+    assert save_pending(wh, "p.s", first_run.held, wh.commit_context(1), now_ms=30_000)
     # the process dies before the mirrors commit; Spark re-runs batch 1 two minutes later
     late_clock = 150_000
     assert (

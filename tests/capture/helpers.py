@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from cdcflow.config import parse_config
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 GOLDEN = Path(__file__).parent / "golden"
 

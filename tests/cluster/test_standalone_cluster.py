@@ -22,7 +22,7 @@ import yaml
 from tests.e2e.helpers import Scenario, check_accounting
 
 from cdcflow.runtime.spark import SUBMIT_MAIN, delta_submit_args
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.services.spark_cluster import StandaloneCluster, spark_kafka_jars
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]

@@ -25,7 +25,7 @@ from tests.brokers import DURABLE_BROKERS, durable_broker
 from tests.e2e.helpers import PARTITIONS, check_accounting, check_changelog_once, produce
 
 from cdcflow.cli import EXIT_SOURCE_UNAVAILABLE
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.demo import _target
 from cdcflow_testkit.encoders import encoder_for
 from cdcflow_testkit.faults import _kill_session

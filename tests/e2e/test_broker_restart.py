@@ -17,7 +17,7 @@ from tests.e2e.helpers import check_accounting, check_changelog_once
 
 from cdcflow.config import parse_config
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.demo import _target
 from cdcflow_testkit.encoders import encoder_for
 from cdcflow_testkit.services.broker import EmbeddedBroker

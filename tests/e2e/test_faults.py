@@ -21,7 +21,7 @@ from cdcflow.decode.batches import flatten
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.encoders import encoder_for
 from cdcflow_testkit.faults import (
     MALFORMED,

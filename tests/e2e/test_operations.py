@@ -32,8 +32,8 @@ from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Op, Origin, SourceTable
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.encoders import Message, SourceChange, encoder_for
 from cdcflow_testkit.faults import _kill_session, _session
 from cdcflow_testkit.services.process import free_port

@@ -15,7 +15,8 @@ from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, 
 
 from cdcflow.formats import embedded_formats
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.mirror import Mirrors
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.encoders import Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -56,20 +57,20 @@ class Crash(RuntimeError):
 def _run_crashing_in_batch_1(spark, config, monkeypatch) -> None:
     """Run the pipeline once; it crashes after the fifth mirror commit, the second mirror
     of apply 1 (its changelog and first mirrors committed, the rest not)."""
-    real = DeltaWarehouse.apply_mirror
+    real = Mirrors.apply
     calls = {"n": 0}
 
-    def crashing(self, target, net, types, key_columns, batch_id, **options):
-        result = real(self, target, net, types, key_columns, batch_id, **options)
+    def crashing(self, target, net, types, key_columns, commit, **options):
+        result = real(self, target, net, types, key_columns, commit, **options)
         calls["n"] += 1
-        if batch_id == 1 and calls["n"] == 5:
+        if commit.version == 1 and calls["n"] == 5:
             raise Crash("killed mid-batch")
         return result
 
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", crashing)
+    monkeypatch.setattr(Mirrors, "apply", crashing)
     with pytest.raises(Exception, match="killed mid-batch"):
         Pipeline(config, spark=spark).run(once=True)
-    monkeypatch.setattr(DeltaWarehouse, "apply_mirror", real)
+    monkeypatch.setattr(Mirrors, "apply", real)
 
 
 def test_a_batch_replayed_after_a_crash_changes_nothing(spark, broker, tmp_path, monkeypatch):

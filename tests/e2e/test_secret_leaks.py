@@ -13,7 +13,7 @@ import pytest
 import yaml
 from tests.e2e.helpers import CDCFLOW, Scenario, cli_env, config_dict
 
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

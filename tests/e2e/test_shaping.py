@@ -18,7 +18,7 @@ from tests.e2e.helpers import PARTITIONS, check_accounting, check_changelog_once
 from cdcflow.config import parse_config
 from cdcflow.errors import SkipReason
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.encoders import encoder_for
 from cdcflow_testkit.workload import DEMO_TABLES, TableSpec, Workload, compare_with_mirror
 

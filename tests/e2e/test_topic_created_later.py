@@ -16,7 +16,7 @@ from tests.e2e.helpers import (
 
 from cdcflow.config import parse_config
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

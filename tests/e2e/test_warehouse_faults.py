@@ -16,7 +16,7 @@ from tests.volumes import fill, tmpfs, truncate_last_commit
 
 from cdcflow.errors import Code
 from cdcflow.runtime.pipeline import Pipeline
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.demo import _target
 from cdcflow_testkit.workload import compare_with_mirror
 

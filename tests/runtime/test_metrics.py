@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.runtime.metrics import Metrics
-from cdcflow.sinks.delta import MirrorResult
+from cdcflow.sinks.mirror import MirrorResult
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -16,7 +16,7 @@ import pytest
 
 from cdcflow.apply.accounting import BatchReport
 from cdcflow.runtime.progress import ProgressReporter, summary_lines, table_counts
-from cdcflow.sinks.delta import MirrorResult
+from cdcflow.sinks.mirror import MirrorResult
 
 
 def _progress(batch_id: int, end: dict, latest: dict, duration_ms: int = 300, rows: int = 2) -> str:

@@ -18,8 +18,8 @@ from tests.apply.helpers import _offsets, dele, ev, ins, table_of, upd
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableOptions
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.file_stats import STRING_PREFIX, file_stats, files_in_range
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"

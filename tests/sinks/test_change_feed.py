@@ -28,8 +28,8 @@ from tests.apply.helpers import COLUMNS, ev, table_of
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableRules
 from cdcflow.model import ChangeEvent, Op, SourceTable, seq_key
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import MaintenancePolicy
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 ITEMS, SOFT, HIST = "db.items", "db.soft", "db.hist"
 RULES = [

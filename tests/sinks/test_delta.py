@@ -13,7 +13,7 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult, Skipped
 from cdcflow.model import ChangeEvent, DeadLetter, Op, Origin, SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"

@@ -14,8 +14,8 @@ from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 from cdcflow.errors import Code
 from cdcflow.model import Op, seq_key
 from cdcflow.sinks import history
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.history import apply_history, log_path
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
@@ -26,7 +26,8 @@ def _wh(root) -> DeltaWarehouse:
 
 
 def _apply(wh, batch_id, *events, track=None, columns=COLUMNS):
-    return apply_history(wh, TARGET, table_of(*events), columns, ["id"], batch_id, track)
+    commit = wh.commit_context(batch_id)
+    return apply_history(wh, TARGET, table_of(*events), columns, ["id"], commit, track)
 
 
 def _s(n: int | None) -> str | None:

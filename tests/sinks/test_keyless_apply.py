@@ -19,7 +19,7 @@ from cdcflow.decode.batches import flatten
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 TYPES = {"v0": "VARCHAR(10)", "v1": "INT"}
 

@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from tests.apply.helpers import dele, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow_testkit.workload import compare_with_mirror
 

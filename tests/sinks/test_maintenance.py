@@ -9,16 +9,16 @@ import os
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from tests.apply.helpers import dele, ins, table_of, upd
 
 import cdcflow
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.errors import LeaseHeld
-from cdcflow.sinks import delta as delta_module
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.errors import Code, LeaseHeld
+from cdcflow.sinks import engines as engines_module
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import MaintenancePolicy, small_files
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
@@ -103,7 +103,7 @@ def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
     ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
     _new_keys(ap, 3)
-    real, calls = delta_module.rewrite_actions, []
+    real, calls = engines_module.rewrite_actions, []
 
     def then_compacted(table, *args, **kwargs):
         actions = real(table, *args, **kwargs)
@@ -112,12 +112,35 @@ def test_a_merge_that_races_a_compaction_is_merged_again_never_written_twice(
         calls.append(1)
         return actions
 
-    monkeypatch.setattr(delta_module, "rewrite_actions", then_compacted)
+    monkeypatch.setattr(engines_module, "rewrite_actions", then_compacted)
     (mirror,) = ap.apply(table_of(upd(5, "updated", seq=9), upd(25, "updated", seq=9)), 3).mirrors
     assert len(calls) == 2 and mirror.metrics["merge_attempts"] == 2
     rows = wh.read(TARGET)
     assert rows.num_rows == 30  # no row twice
     assert _names(wh)[5] == _names(wh)[25] == "updated"
+
+
+def test_a_merge_that_loses_every_race_stops_its_table_after_three_attempts(
+    tmp_path, monkeypatch, file_per_batch
+):
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh, maintenance=MaintenancePolicy(enabled=False))
+    _new_keys(ap, 3)
+    real, calls = engines_module.rewrite_actions, []
+
+    def always_raced(table, *args, **kwargs):
+        actions = real(table, *args, **kwargs)
+        other = DeltaTable(table.table_uri)  # another writer commits first, every time
+        write_deltalake(other, other.to_pyarrow_table().slice(0, 0), mode="append")
+        calls.append(1)
+        return actions
+
+    before = _names(wh)
+    monkeypatch.setattr(engines_module, "rewrite_actions", always_raced)
+    report = ap.apply(table_of(upd(5, "updated", seq=9)), 3)
+    assert len(calls) == 3  # _MERGE_ATTEMPTS, then the table stops
+    assert report.dead_letters == {Code.TABLE_FAULT: 1} and not report.mirrors
+    assert _names(wh) == before  # nothing of the batch written, no row twice
 
 
 def test_vacuum_deletes_only_what_no_version_within_retention_needs(tmp_path, file_per_batch):

@@ -9,8 +9,8 @@ import time
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.refresh import REOPEN_AFTER_VERSIONS, refresh
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 
 def _append(path: str, value: int) -> None:

@@ -19,9 +19,9 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
 from cdcflow.formats.base import DecodeResult
 from cdcflow.model import DeadLetter, Origin
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock, Maintainer, MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy, expire
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
@@ -171,7 +171,7 @@ def test_rows_written_before_the_time_column_are_kept(tmp_path):
     old = accounting.changelog_rows(table_of(ins(1, "old", seq=1, offset=0)), 0).drop_columns(
         ["committed_at_ms"]
     )
-    wh.append(wh.system_path("changelog"), old, 0, app_id="p.old")  # a 0.3 changelog
+    wh.append(wh.system_path("changelog"), old, CommitContext("p.old", 0))  # a 0.3 changelog
     assert expire(wh, RetentionPolicy(), now_ms=LATER_MS) == []
     BatchApplier(wh, maintenance=KEEP_NONE).apply(table_of(ins(2, "new", seq=1, offset=1)), 1)
     (done,) = [e for e in expire(wh, RetentionPolicy(), now_ms=LATER_MS) if e.table == "changelog"]

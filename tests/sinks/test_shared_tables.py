@@ -12,8 +12,8 @@ import threading
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import OFFSETS, OFFSETS_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 SOURCES = 6
 
@@ -37,7 +37,7 @@ def test_sources_creating_a_system_table_at_once_all_land(tmp_path):
         def append(wh: DeltaWarehouse, start=start, errors=errors) -> None:
             start.wait()
             try:
-                wh.append(wh.system_path(OFFSETS), _intent(wh.pipeline_id), 0)
+                wh.append(wh.system_path(OFFSETS), _intent(wh.pipeline_id), wh.commit_context(0))
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

@@ -9,8 +9,8 @@ from tests.apply.helpers import dele, ins, table_of
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import seq_key
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import TOMBSTONE_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 

@@ -9,8 +9,8 @@ from tests.apply.helpers import ev, table_of
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.model import Op
-from cdcflow.sinks import delta
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks import engines
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import mirror_by_key
 
 TARGET = "db.items"
@@ -30,7 +30,7 @@ def _state(wh: DeltaWarehouse) -> dict[int, dict]:
 
 
 def test_a_wide_row_is_inserted_updated_partially_updated_and_deleted(tmp_path):
-    assert len(COLUMNS) >= delta.REWRITE_MIN_COLUMNS  # the Arrow merge path, not delta-rs's
+    assert len(COLUMNS) >= engines.REWRITE_MIN_COLUMNS  # the Arrow merge path, not delta-rs's
     wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
     applier = BatchApplier(wh)
 

@@ -17,7 +17,7 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableOptions, TableRules
 from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.transform.shape import shape
 from cdcflow.transform.shaping import parse_override
 from cdcflow_testkit.workload import mirror_by_key

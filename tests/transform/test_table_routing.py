@@ -12,7 +12,7 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.config import parse_config
 from cdcflow.errors import Code, ConfigError, SkipReason
 from cdcflow.model import SourceTable
-from cdcflow.sinks.delta import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.transform.router import Router, RouteRule, Routing, by_target, split_excluded
 from cdcflow_testkit.workload import mirror_by_key
 

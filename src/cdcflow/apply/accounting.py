@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from cdcflow.errors import Code
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
-from cdcflow.sinks.delta import MirrorResult
+from cdcflow.sinks.mirror import MirrorResult
 from cdcflow.sinks.system_tables import (
     BATCHES_SCHEMA,
     CHANGELOG_COLUMNS,

@@ -65,13 +65,13 @@ from cdcflow.apply.transactions import (
 )
 from cdcflow.errors import ApplyError, Code, SkipReason
 from cdcflow.event_schema import KIND_DEAD, KIND_EVENT, KIND_SKIP
-from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult, arrow_schema
 from cdcflow.sinks.maintenance import (
     ExpiryClock,
     Maintainer,
     MaintenancePolicy,
     log_retention_properties,
 )
+from cdcflow.sinks.mirror import MirrorResult
 from cdcflow.sinks.system_tables import (
     BATCHES,
     CHANGELOG,
@@ -83,6 +83,7 @@ from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     TOMBSTONES,
 )
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse, arrow_schema
 from cdcflow.transform.router import (
     TABLE_OPS,
     Router,
@@ -268,12 +269,16 @@ class BatchApplier:
             records_behind=None if records_behind is None else records_behind(ranges),
         )
         wh = self.warehouse
-        wh.commit_metadata = {
-            "cdcflow.apply_id": str(batch_id),
-            "cdcflow.offsets": ",".join(
-                f"{t}#{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items())
-            ),
-        }
+        # what every commit of the apply carries: its transaction and offset ranges
+        commit = wh.commit_context(
+            batch_id,
+            {
+                "cdcflow.apply_id": str(batch_id),
+                "cdcflow.offsets": ",".join(
+                    f"{t}#{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items())
+                ),
+            },
+        )
         kind = events["kind"]
         is_event = pc.equal(kind, KIND_EVENT)
         n_events = pc.sum(pc.cast(is_event, pa.int64())).as_py() or 0
@@ -291,38 +296,38 @@ class BatchApplier:
         letters = [dead_letters(dead, batch_id, "decode", dead["reason"], dead["error"])]
 
         # 2. decoder state, then the open transactions held back
-        self._persist_decoder_state(rows, batch_id)
+        self._persist_decoder_state(rows, commit)
         ready = rows
         if self.transactions is not None:
             # first commit of the batch after the decoder state: what waits for the next one
-            ready, report.transactions = self._whole_transactions(rows, batch_id)
+            ready, report.transactions = self._whole_transactions(rows, commit)
         # routing and shaping: tables left out, rows filtered, columns added and dropped
         ready, parts, options = self._route(ready, batch_id, report, letters)
         # 3. the changelog
         if self.changelog and ready.num_rows:
-            wh.append(wh.system_path(CHANGELOG), changelog_rows(ready, batch_id), batch_id)
+            wh.append(wh.system_path(CHANGELOG), changelog_rows(ready, batch_id), commit)
 
         # 4. per target table (a table's failure is its events' dead letters)
         self.schema_log.start()  # re-read once a batch: `cdcflow resume` may have written
         stopped = self.schema_log.stopped()
         wh.tombstones.begin()
         for (target, part), (outcome, collided) in zip(
-            parts, self._apply_tables(parts, options, batch_id, stopped), strict=True
+            parts, self._apply_tables(parts, options, commit, stopped), strict=True
         ):
             letters.extend(
                 self._account_table(target, part, options[target], batch_id, outcome, report)
             )
             if collided is not None:
                 letters.append(self._collisions(target, collided, batch_id, report))
-        wh.tombstones.flush(batch_id)  # every mirror's deleted keys, in one commit
-        self.schema_log.write(batch_id)
+        wh.tombstones.flush(commit)  # every mirror's deleted keys, in one commit
+        self.schema_log.write(commit)
         self._maybe_purge_tombstones()
         # 5. dead letters, after the mirrors so apply failures land in the same commit
-        wh.append(wh.system_path(DEAD_LETTERS), pa.concat_tables(letters), batch_id)
+        wh.append(wh.system_path(DEAD_LETTERS), pa.concat_tables(letters), commit)
         # 6. progress
         records = per_record(events)
         progress = progress_row(rows, report, batch_id, wh.pipeline_id, report.records_behind)
-        wh.append(wh.system_path(PROGRESS), progress, batch_id)
+        wh.append(wh.system_path(PROGRESS), progress, commit)
         if progress.num_rows:
             report.lag_ms = progress["lag_ms"][0].as_py()
         # 7. the completion: last, with the next offset of every partition the apply covered
@@ -331,11 +336,9 @@ class BatchApplier:
         wh.append(
             self.ledger.batches_path,
             accounting,
-            batch_id,
-            transactions=self.ledger.completion(ranges),
+            commit.with_transactions(self.ledger.completion(ranges)),
         )
         self.ledger.completed(batch_id, ranges)
-        wh.commit_metadata = {}
         report.records = records.num_rows
         report.seconds = time.perf_counter() - started
         # 8. maintenance, after the apply is complete and within its own time budget
@@ -433,7 +436,7 @@ class BatchApplier:
         self,
         parts: list[tuple[str, pa.Table]],
         options: dict[str, TableOptions],
-        batch_id: int,
+        commit: CommitContext,
         stopped: dict[str, str],
     ) -> list[tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]]:
         """Apply each target's part, up to :attr:`parallel_tables` at once; per part, in
@@ -448,13 +451,13 @@ class BatchApplier:
         target order.
         """
         if self.parallel_tables <= 1 or len(parts) <= 1:
-            return [self._apply_table(t, p, options[t], batch_id, stopped) for t, p in parts]
+            return [self._apply_table(t, p, options[t], commit, stopped) for t, p in parts]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.parallel_tables, thread_name_prefix="cdcflow-apply"
             )
         futures = [
-            self._pool.submit(self._apply_table, t, p, options[t], batch_id, stopped)
+            self._pool.submit(self._apply_table, t, p, options[t], commit, stopped)
             for t, p in parts
         ]
         wait(futures)
@@ -465,7 +468,7 @@ class BatchApplier:
         target: str,
         part: pa.Table,
         options: TableOptions,
-        batch_id: int,
+        commit: CommitContext,
         stopped: dict[str, str],
     ) -> tuple[MirrorResult | ApplyError, tuple[pa.Table, list[str]] | None]:
         """Apply one target's part (:class:`~cdcflow.apply.tables.TableApplier`); the
@@ -488,7 +491,7 @@ class BatchApplier:
                 )
                 if refused.num_rows:
                     collided = (refused, messages)
-            return self.table_applier.apply(target, part, batch_id, options), collided
+            return self.table_applier.apply(target, part, commit, options), collided
         except ApplyError as exc:
             return exc, collided
 
@@ -528,17 +531,19 @@ class BatchApplier:
             report.dead_letters.update(letter["code"].to_pylist())
         return letters
 
-    def _whole_transactions(self, rows: pa.Table, batch_id: int) -> tuple[pa.Table, dict]:
+    def _whole_transactions(self, rows: pa.Table, commit: CommitContext) -> tuple[pa.Table, dict]:
         """The events to apply now (whole transactions) and the split's metrics; the
-        events of open transactions are saved for the next batch."""
+        events of open transactions are saved for the next batch (in a commit carrying
+        ``commit``)."""
         wh = self.warehouse
+        batch_id = commit.version
         assert self.transactions is not None
         now = batch_clock_ms(wh, wh.pipeline_id, batch_id, int(time.time() * 1000))
         held_before = load_pending(wh, wh.pipeline_id, batch_id)
         # rows leave the batch in any subset: each must carry its table's declaration
         rows = declarations_on_every_row(rows)
         split = split_transactions(rows, held_before, now, batch_id, self.transactions)
-        save_pending(wh, wh.pipeline_id, split.held, batch_id, now_ms=now)
+        save_pending(wh, wh.pipeline_id, split.held, commit, now_ms=now)
         metrics = {
             "complete": split.complete,
             "released_open": split.released_open,
@@ -548,8 +553,10 @@ class BatchApplier:
         }
         return split.ready.select(rows.schema.names).cast(rows.schema), metrics
 
-    def _persist_decoder_state(self, rows: pa.Table, batch_id: int) -> None:
-        """Append what the decoders learned in this batch (before anything else uses it)."""
+    def _persist_decoder_state(self, rows: pa.Table, commit: CommitContext) -> None:
+        """Append what the decoders learned in this batch (before anything else uses it),
+        in a commit carrying ``commit``."""
+        batch_id = commit.version
         learned = rows.filter(pc.is_valid(rows["state"]))["state"].to_pylist()
         items = [orjson.dumps(i).decode() for lst in learned for i in orjson.loads(lst)]
         if not items:
@@ -563,7 +570,7 @@ class BatchApplier:
             },
             schema=DECODER_STATE_SCHEMA,
         )
-        self.warehouse.append(self.warehouse.system_path(DECODER_STATE), data, batch_id)
+        self.warehouse.append(self.warehouse.system_path(DECODER_STATE), data, commit)
 
     def _maybe_purge_tombstones(self) -> None:
         now = time.monotonic()

@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.errors import ApplyError, Code
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import BATCHES, OFFSETS, OFFSETS_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["IncompleteApply", "OffsetLedger", "PendingApply", "TopicPartition", "offset_ranges"]
 
@@ -218,7 +218,7 @@ class OffsetLedger:
             },
             schema=OFFSETS_SCHEMA,
         )
-        self.warehouse.append(self.offsets_path, data, apply_id)
+        self.warehouse.append(self.offsets_path, data, self.warehouse.commit_context(apply_id))
         self._pending = PendingApply(apply_id, dict(ranges))
 
     def completion(self, ranges: dict[TopicPartition, tuple[int, int]]) -> dict[str, int]:

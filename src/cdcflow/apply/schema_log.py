@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.apply.schema_policy import SchemaChange
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import SCHEMA_CHANGES, SCHEMA_CHANGES_SCHEMA
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
 
 __all__ = ["SchemaLog"]
 
@@ -87,14 +87,15 @@ class SchemaLog:
                 message=c.message,
             )
 
-    def write(self, batch_id: int) -> None:
-        """Append the batch's records (idempotent per batch)."""
+    def write(self, commit: CommitContext) -> None:
+        """Append the batch's records in a commit carrying ``commit`` (idempotent per
+        batch)."""
         if self._rows:
             # tables record from their own threads (parallel apply): a stable sort by
             # table keeps each table's records in order and the commit deterministic
             rows = sorted(self._rows, key=lambda r: r["target_table"])
             data = pa.Table.from_pylist(rows, schema=SCHEMA_CHANGES_SCHEMA)
-            self.warehouse.append(self.warehouse.system_path(SCHEMA_CHANGES), data, batch_id)
+            self.warehouse.append(self.warehouse.system_path(SCHEMA_CHANGES), data, commit)
 
     def _table(self) -> pa.Table:
         if self._log is None:

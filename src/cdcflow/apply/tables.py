@@ -27,9 +27,10 @@ from cdcflow.apply.prepare import drop_null_updates, with_sequence_by
 from cdcflow.apply.schema_log import SchemaLog
 from cdcflow.apply.schema_policy import decide_schema
 from cdcflow.errors import ApplyError, Code, LeaseHeld
-from cdcflow.sinks.delta import DeltaWarehouse, MirrorResult, arrow_schema
 from cdcflow.sinks.faults import GLOBAL_KINDS, storage_error
 from cdcflow.sinks.history import apply_history
+from cdcflow.sinks.mirror import MirrorResult, Mirrors
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse, arrow_schema
 
 __all__ = ["TableApplier", "TableFault"]
 
@@ -69,13 +70,16 @@ class TableApplier:
         self, warehouse: DeltaWarehouse, schema_log: SchemaLog, table_budget_s: float = 600.0
     ) -> None:
         self.warehouse = warehouse
+        #: the type-1 mirrors, merged by the warehouse's engine
+        self.mirrors = Mirrors(warehouse)
         self.schema_log = schema_log
         self.table_budget_s = table_budget_s
 
     def apply(
-        self, target: str, part: pa.Table, batch_id: int, options: TableOptions
+        self, target: str, part: pa.Table, commit: CommitContext, options: TableOptions
     ) -> MirrorResult:
-        """Apply one table's part, confining its storage faults and slowness to it.
+        """Apply one table's part, confining its storage faults and slowness to it; every
+        commit carries the apply's ``commit`` context (its version is the batch id).
 
         A fault of the table's own Delta table (damaged log, permission denied, any other
         failure of its apply before its commit) raises :class:`TableFault`: the table
@@ -91,10 +95,11 @@ class TableApplier:
             StorageError: the fault is not the table's alone.
             ApplyError: from the apply itself (schema stop, ...).
         """
+        batch_id = commit.version
         path = self.warehouse.table_path(target)
         started = time.monotonic()
         try:
-            mirror = self._apply(target, part, batch_id, options)
+            mirror = self._apply(target, part, commit, options)
         except (ApplyError, IncompleteApply, LeaseHeld):
             raise
         except Exception as exc:
@@ -154,9 +159,10 @@ class TableApplier:
             return False
 
     def _apply(
-        self, target: str, part: pa.Table, batch_id: int, options: TableOptions
+        self, target: str, part: pa.Table, commit: CommitContext, options: TableOptions
     ) -> MirrorResult:
         wh = self.warehouse
+        batch_id = commit.version
         if options.ignore_null_updates:
             part = drop_null_updates(part)
         if options.sequence_by:
@@ -180,24 +186,24 @@ class TableApplier:
         )
         self.schema_log.record_changes(target, batch_id, options.schema_changes, decision.changes)
         if decision.widen:
-            wh.widen_columns(target, decision.widen)
+            self.mirrors.widen_columns(target, decision.widen)
         types = decision.types
         if table is None and options.partition_by:
             self._check_partition_columns(target, part, types, options.partition_by)
         if options.mode == "history":
-            return self._apply_history(target, part, types, key_columns, batch_id, options)
+            return self._apply_history(target, part, types, key_columns, commit, options)
         full_row = _full_row_identity(part)
         if full_row:
             # the row is its own identity: match every stored column (NULL-safely), so a
             # row whose image left a NULL column out still matches only itself
             key_columns = list(types)
         net = net_change(part)
-        result = wh.apply_mirror(
+        result = self.mirrors.apply(
             target,
             net,
             types,
             key_columns,
-            batch_id,
+            commit,
             soft_delete=options.soft_delete,
             full_row_identity=full_row,
             partition_by=options.partition_by,
@@ -205,7 +211,7 @@ class TableApplier:
         )
         wh.tombstones.stage(target, net, batch_id)  # committed with the batch's others
         if decision.copies:
-            wh.copy_renamed_columns(target, decision.copies)
+            self.mirrors.copy_renamed_columns(target, decision.copies)
         return result
 
     def _apply_history(
@@ -214,7 +220,7 @@ class TableApplier:
         part: pa.Table,
         types: dict[str, str],
         key_columns: list[str],
-        batch_id: int,
+        commit: CommitContext,
         options: TableOptions,
     ) -> MirrorResult:
         """SCD type 2: versions instead of one row per key (see :mod:`cdcflow.sinks.history`)."""
@@ -224,7 +230,7 @@ class TableApplier:
             part,
             types,
             key_columns,
-            batch_id,
+            commit,
             options.track_history,
             partition_by=options.partition_by,
             change_feed=options.change_feed,

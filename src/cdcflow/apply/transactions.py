@@ -95,8 +95,8 @@ import pyarrow.compute as pc
 
 from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.model import Op
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import HELD_SCHEMA, PENDING_SCHEMA, PENDING_TRANSACTIONS
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
 
 __all__ = [
     "HELD_SCHEMA",
@@ -447,10 +447,10 @@ def save_pending(
     wh: DeltaWarehouse,
     source_id: str,
     held: pa.Table,
-    batch_id: int,
+    commit: CommitContext,
     now_ms: int | None = None,
 ) -> bool:
-    """Record ``held`` as ``batch_id``'s snapshot (once per batch: a replay writes nothing).
+    """Record ``held`` as the snapshot of the batch ``commit`` commits (once per batch: a replay writes nothing).
 
     An empty ``held`` is recorded (as one row of kind :data:`KIND_NO_PENDING`) only when
     the previous snapshot held rows, so they are not loaded again; otherwise nothing is
@@ -460,12 +460,14 @@ def save_pending(
         wh: the warehouse.
         source_id: the source, as for :func:`load_pending`.
         held: :data:`HELD_SCHEMA` rows (:attr:`TransactionSplit.held`).
-        batch_id: the batch that split them.
+        commit: the commit context of the batch that split them (its version is the
+            batch id); the snapshot's commit carries it.
         now_ms: the ``now_ms`` the split used; :func:`batch_clock_ms` returns it on replay.
 
     Returns:
         ``True`` when a snapshot was written.
     """
+    batch_id = commit.version
     previous = _previous_batch(wh, source_id, batch_id)
     if held.num_rows == 0:
         if previous is None:
@@ -484,7 +486,7 @@ def save_pending(
         "split_at_ms": _repeat(now_ms, n),
     }
     data = pa.table({**front, **{c: held[c] for c in HELD_SCHEMA.names}}, schema=PENDING_SCHEMA)
-    return wh.append(wh.system_path(PENDING_TRANSACTIONS), data, batch_id)
+    return wh.append(wh.system_path(PENDING_TRANSACTIONS), data, commit)
 
 
 def batch_clock_ms(wh: DeltaWarehouse, source_id: str, batch_id: int, now_ms: int) -> int:

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.model import dumps
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA, DEAD_LETTERS
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["LetterFilter", "export_lines", "read_letters", "show_lines", "summary_rows"]
 

@@ -125,7 +125,7 @@ def apply_files(
     from cdcflow.apply.batch import BatchApplier
     from cdcflow.decode.batches import decode_records, load_decoder_state
     from cdcflow.formats import decoder_for
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow.transform.router import Router
 
     decoder = decoder_for(fmt, dict(options or {}) or None)

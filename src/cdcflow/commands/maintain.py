@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdcflow.config import PipelineConfig, load_config
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.maintenance import Maintainer, TableMaintenance
 from cdcflow.sinks.retention import Expired, expire
 from cdcflow.sinks.system_tables import HISTORY_LOG, LEASES, SYSTEM_FOLDER
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["MaintenanceReport", "maintain", "warehouse_tables"]
 

@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.errors import ConfigError, LeaseLost
 from cdcflow.event_schema import EVENT_SCHEMA
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA, DEAD_LETTERS, REPLAYS, REPLAYS_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["ReplayReport", "replay"]
 

@@ -44,7 +44,6 @@ import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
 from cdcflow.errors import ConfigError
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.system_tables import (
     BATCHES,
     BATCHES_SCHEMA,
@@ -53,6 +52,7 @@ from cdcflow.sinks.system_tables import (
     PROGRESS,
     PROGRESS_SCHEMA,
 )
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["DEFAULT_MAX_BATCHES", "ReportSummary", "write_report"]
 

@@ -22,7 +22,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import (
     BATCHES,
@@ -34,6 +33,7 @@ from cdcflow.sinks.system_tables import (
     PROGRESS_SCHEMA,
     SYSTEM_FOLDER,
 )
+from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["PartitionStatus", "SourceStatus", "Status", "TableStatus", "describe", "status"]
 

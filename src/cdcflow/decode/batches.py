@@ -684,8 +684,8 @@ def load_decoder_state(
     """
     if not path:
         return []
-    from cdcflow.sinks.delta import DeltaWarehouse
     from cdcflow.sinks.system_tables import DECODER_STATE_SCHEMA
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     root = path.rstrip("/").rsplit("/", 2)[0]  # <root>/_cdcflow/decoder_state
     warehouse = DeltaWarehouse(root, storage_options=storage_options)

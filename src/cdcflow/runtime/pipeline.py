@@ -42,8 +42,8 @@ from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceErr
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.runtime.progress import ProgressReporter
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.maintenance import ExpiryClock
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 from cdcflow.transform.router import Router
 

@@ -68,7 +68,7 @@ class TableCounts:
     truncated: int = 0  # truncates applied
 
     def add(self, mirror: Any) -> None:
-        """Add one :class:`~cdcflow.sinks.delta.MirrorResult`: inserts and updates from the
+        """Add one :class:`~cdcflow.sinks.mirror.MirrorResult`: inserts and updates from the
         merge's metrics where it has them, else all its upserts as ``updated``."""
         metrics = mirror.metrics or {}
         if "num_target_rows_inserted" in metrics:

@@ -474,7 +474,7 @@ def _matches(
 def merged_rows(
     stored: pa.Table, source: pa.Table, schema: pa.Schema, spec: MergeSpec
 ) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
-    """What the guarded MERGE of :meth:`~cdcflow.sinks.delta.DeltaWarehouse._merge`
+    """What the guarded MERGE of :func:`~cdcflow.sinks.engines.delta_rs_merge`
     makes of some stored rows (one data file's).
 
     A stored row whose key a source row has is matched. With ``newer`` (either sequence

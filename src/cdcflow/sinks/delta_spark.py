@@ -1,6 +1,6 @@
 """Mirrors merged by Delta Lake's Spark commands on the executors (``sink: delta-spark``).
 
-:class:`SparkDeltaWarehouse` is a :class:`~cdcflow.sinks.delta.DeltaWarehouse` whose two
+:class:`SparkMerge` is the :class:`~cdcflow.sinks.engines.MergeEngine` whose two
 data-moving steps of a mirror's apply -- the merge of a batch's net change and the removal
 of rows before a truncate -- run as Delta Lake's ``MERGE INTO`` and ``DELETE``/``UPDATE``
 on Spark (``delta-spark``), so the reading and rewriting of the mirror's files happens on
@@ -14,15 +14,17 @@ Exactly once: the command's commit carries the application transaction
 ``spark.databricks.delta.write.txnAppId`` / ``txnVersion`` (set on a session of its own
 per command, so concurrent sources never share them), the same transaction the delta-rs
 sink writes; ``transaction_version`` reads it back either way. The apply's Kafka offset
-ranges go into the commit's ``userMetadata``.
+ranges (the :class:`~cdcflow.sinks.warehouse.CommitContext`'s metadata) go into the
+commit's ``userMetadata``. :func:`SparkDeltaWarehouse` is the warehouse whose mirrors are
+merged so.
 
-The merge has the delta-rs sink's conditions (``cdcflow.sinks.delta``): a stored row is
+The merge has the delta-rs sink's conditions (:mod:`cdcflow.sinks.engines`): a stored row is
 overwritten or deleted only by a row with a sequence >= its own; a partial image keeps
 the stored values of the columns it lacks; keyless tables match NULL-safely (``<=>``).
 
 Change data feed: Delta's Spark commands write the ``_change_data`` files themselves
 when the table has ``delta.enableChangeDataFeed`` (set by the shared
-:meth:`~cdcflow.sinks.delta.DeltaWarehouse.ensure_table` at creation, or before the next
+:func:`~cdcflow.sinks.mirror.ensure_table` at creation, or before the next
 merge of a table ``change_feed`` was turned on for). The merge then takes only the source
 rows that change something, as the delta-rs sink's, and a truncate that removes nothing
 records the batch by an empty commit (docs/decisions.md 58).
@@ -45,7 +47,7 @@ import orjson
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from cdcflow.sinks.delta import DeltaWarehouse, table_feeds_changes
+from cdcflow.sinks.engines import effective_source
 from cdcflow.sinks.merge import (
     DELETE_FLAG,
     SEQ_COLUMN,
@@ -55,9 +57,11 @@ from cdcflow.sinks.merge import (
     merge_condition,
     merge_expressions,
     quote_column,
+    table_feeds_changes,
 )
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
 
-__all__ = ["DELTA_EXTENSION", "SparkDeltaWarehouse", "delta_spark_ready"]
+__all__ = ["DELTA_EXTENSION", "SparkDeltaWarehouse", "SparkMerge", "delta_spark_ready"]
 
 #: Delta Lake's Spark session extension (``spark.sql.extensions``)
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -72,44 +76,66 @@ def delta_spark_ready(spark: Any) -> bool:
     return DELTA_EXTENSION in [e.strip() for e in extensions.split(",")]
 
 
-class SparkDeltaWarehouse(DeltaWarehouse):
+def SparkDeltaWarehouse(  # noqa: N802 -- the warehouse of ``sink: delta-spark``
+    root: str,
+    spark: Any,
+    pipeline_id: str = "default",
+    storage_options: Mapping[str, str] | None = None,
+) -> DeltaWarehouse:
     """The Delta tables of one pipeline, mirrors merged on Spark (module docstring).
 
     Args:
         root: warehouse folder.
         spark: a SparkSession with Delta Lake's extension (:func:`delta_spark_ready`).
-        pipeline_id, storage_options: as :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
+        pipeline_id, storage_options: as :class:`~cdcflow.sinks.warehouse.DeltaWarehouse`.
+    """
+    return DeltaWarehouse(
+        root,
+        pipeline_id=pipeline_id,
+        storage_options=storage_options,
+        merge_engine=SparkMerge(spark),
+    )
+
+
+class SparkMerge:
+    """:class:`~cdcflow.sinks.engines.MergeEngine` by Delta Lake's Spark commands
+    (module docstring).
+
+    Args:
+        spark: a SparkSession with Delta Lake's extension (:func:`delta_spark_ready`).
     """
 
-    def __init__(
-        self,
-        root: str,
-        spark: Any,
-        pipeline_id: str = "default",
-        storage_options: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(root, pipeline_id=pipeline_id, storage_options=storage_options)
+    name = "delta-spark"
+
+    def __init__(self, spark: Any) -> None:
         self.spark = spark
 
-    def _session(self, batch_id: int | None) -> Any:
+    def _session(self, commit: CommitContext | None) -> Any:
         """A session of its own for one command: its transaction and metadata settings."""
         session = self.spark.newSession()
-        if batch_id is not None:
-            session.conf.set(_TXN_APP, self.app_id)
-            session.conf.set(_TXN_VERSION, str(batch_id))
-            if self.commit_metadata:
-                session.conf.set(_USER_METADATA, orjson.dumps(self.commit_metadata).decode())
+        if commit is not None:
+            session.conf.set(_TXN_APP, commit.app_id)
+            session.conf.set(_TXN_VERSION, str(commit.version))
+            if commit.metadata:
+                session.conf.set(_USER_METADATA, orjson.dumps(dict(commit.metadata)).decode())
         return session
 
     def _target(self, table: DeltaTable) -> str:
         return f"delta.{quote_column(table.table_uri)}"
 
-    def _truncate(
-        self, table: DeltaTable, truncate_seq: str, batch_id: int | None, soft_delete: bool
+    def truncate(
+        self,
+        warehouse: DeltaWarehouse,
+        table: DeltaTable,
+        truncate_seq: str,
+        commit: CommitContext | None,
+        soft_delete: bool,
     ) -> None:
+        """:meth:`~cdcflow.sinks.engines.MergeEngine.truncate` by Spark's ``DELETE`` (or
+        ``UPDATE`` with ``soft_delete``)."""
         seq = quote_column(SEQ_COLUMN)
         before = f"({seq} IS NULL OR {seq} < '{truncate_seq}')"
-        session = self._session(batch_id)
+        session = self._session(commit)
         version = table.version()
         if soft_delete:
             flag = quote_column(SOFT_DELETE_COLUMN)
@@ -119,28 +145,35 @@ class SparkDeltaWarehouse(DeltaWarehouse):
             )
         else:
             session.sql(f"DELETE FROM {self._target(table)} WHERE {before}")
-        if batch_id is not None:
+        if commit is not None:
             table.update_incremental()
             if table.version() == version:
                 # Spark commits nothing when no row matched: the batch is recorded alone
-                self._mark(table, batch_id)
+                warehouse.mark(table, commit)
 
-    def _merge_rows(self, table: DeltaTable, source: pa.Table, spec: MergeSpec) -> dict[str, Any]:
+    def merge(
+        self,
+        warehouse: DeltaWarehouse,
+        table: DeltaTable,
+        source: pa.Table,
+        spec: MergeSpec,
+        commit: CommitContext,
+    ) -> dict[str, Any]:
         """One ``MERGE INTO`` of ``source`` (the checked merge source of
-        :meth:`~cdcflow.sinks.delta.DeltaWarehouse.apply_mirror`) run by Spark; the
-        metrics under delta-rs's names, plus ``merge_s``."""
+        :meth:`~cdcflow.sinks.mirror.Mirrors.apply`) run by Spark, its commit carrying
+        ``commit``; the metrics under delta-rs's names, plus ``merge_s``."""
         started = time.perf_counter()
         if table_feeds_changes(table):
             # the rows that change something alone: a Spark MERGE that changes nothing
             # still rewrites the files it matched, without cdc files (decision 58)
-            source, unchanged_rows = self._effective_source(table, source, spec)
+            source, unchanged_rows = effective_source(warehouse, table, source, spec, commit)
             if not source.num_rows:
                 return {
                     "num_source_rows_unchanged": unchanged_rows,
                     "engine": "delta-spark",
                     "merge_s": round(time.perf_counter() - started, 4),
                 }
-        session = self._session(spec.batch_id)
+        session = self._session(commit)
         view = f"cdcflow_merge_source_{spec.batch_id}"
         session.createDataFrame(source).createOrReplaceTempView(view)
         # Spark's Delta MERGE prunes partitions by the target's own conditions in it

@@ -93,16 +93,18 @@ from cdcflow.errors import ApplyError, Code
 from cdcflow.event_schema import KIND_EVENT
 from cdcflow.images import logical_from_arrow, rows_to_arrow
 from cdcflow.model import Op, json_default
-from cdcflow.sinks.delta import DeltaWarehouse, arrow_schema, table_feeds_changes
 from cdcflow.sinks.merge import (
     DELETE_FLAG,
     SEQ_COLUMN,
     TS_COLUMN,
     key_match,
     quote_column,
+    table_feeds_changes,
     unchanged,
 )
+from cdcflow.sinks.mirror import ensure_table
 from cdcflow.sinks.system_tables import HISTORY_LOG, HISTORY_LOG_SCHEMA
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse, arrow_schema
 
 __all__ = [
     "HISTORY_COLUMNS",
@@ -490,9 +492,16 @@ def _ensure_table(
     change_feed: bool = False,
 ) -> DeltaTable:
     """Create the history table or add new data columns, with a change data feed when
-    ``change_feed`` (:meth:`DeltaWarehouse.ensure_table`)."""
-    warehouse.ensure_table(
-        path, table, types, key_columns, _SYSTEM_FIELDS, partition_by, change_feed=change_feed
+    ``change_feed`` (:func:`~cdcflow.sinks.mirror.ensure_table`)."""
+    ensure_table(
+        warehouse,
+        path,
+        table,
+        types,
+        key_columns,
+        _SYSTEM_FIELDS,
+        partition_by,
+        change_feed=change_feed,
     )
     opened = warehouse.open(path)
     assert opened is not None
@@ -533,7 +542,7 @@ def apply_history(
     events: pa.Table,
     types: Mapping[str, str],
     key_columns: Sequence[str],
-    batch_id: int,
+    commit: CommitContext,
     track_history: Sequence[str] | None = None,
     partition_by: Sequence[str] = (),
     change_feed: bool = False,
@@ -549,7 +558,8 @@ def apply_history(
         types: column -> logical type for the data columns (stored types win for stored
             columns; a new one is added to the table first).
         key_columns: the table's key columns, in key order.
-        batch_id: micro-batch id; the commits carry ``(warehouse.app_id, batch_id)``.
+        commit: the apply's commit context (its version is the micro-batch id); every
+            commit carries it.
         track_history: columns whose change opens a version; a change of other columns
             only updates the covering version in place. ``None``: every column.
         partition_by: partition columns of the history table if this creates it.
@@ -564,9 +574,10 @@ def apply_history(
         deltalake exceptions / OSError: storage failures; retry the batch.
     """
     started = time.perf_counter()
+    batch_id = commit.version
     path = warehouse.table_path(target)
     result = HistoryResult(target=target, path=path)
-    if warehouse.committed(path, batch_id):
+    if warehouse.committed(path, batch_id, commit.app_id):
         result.skipped_replay = True
         return result
 
@@ -672,9 +683,9 @@ def apply_history(
         source = _merge_source(upserts, stored.data.take(pa.array(gone, pa.int64())), schema)
 
     if to_log:
-        warehouse.append(log_path(warehouse, target), _log_rows(to_log), batch_id)
+        warehouse.append(log_path(warehouse, target), _log_rows(to_log), commit)
     if source is not None and source.num_rows:
-        result.metrics = _merge(warehouse, table, source, key_columns, batch_id)
+        result.metrics = _merge(warehouse, table, source, key_columns, commit)
     result.metrics["apply_s"] = round(time.perf_counter() - started, 4)
     return result
 
@@ -771,9 +782,9 @@ def _merge(
     table: DeltaTable,
     source: pa.Table,
     key_columns: Sequence[str],
-    batch_id: int,
+    commit: CommitContext,
 ) -> dict[str, Any]:
-    """One delta-rs MERGE on (key columns, ``__start_at``) with the batch's transaction:
+    """One delta-rs MERGE on (key columns, ``__start_at``) carrying ``commit``:
     ``source`` rows flagged ``_cdc_delete`` delete their version, the others update or
     insert it. With a change data feed, a version written back with the values it holds
     is left alone (no update of nothing in the feed); a merge that so changes nothing
@@ -792,7 +803,7 @@ def _merge(
             predicate=on,
             source_alias="s",
             target_alias="t",
-            commit_properties=warehouse.commit_properties(batch_id),
+            commit_properties=warehouse.commit_properties(commit),
         )
         .when_matched_delete(predicate=f"s.{quote_column(DELETE_FLAG)}")
         .when_matched_update(updates=columns, predicate=update_if)
@@ -800,6 +811,6 @@ def _merge(
         .execute()
     )
     if table.version() == before:
-        warehouse._mark(table, batch_id)  # the batch recorded by an empty commit
+        warehouse.mark(table, commit)  # the batch recorded by an empty commit
     metrics["merge_s"] = round(time.perf_counter() - started, 4)
     return metrics

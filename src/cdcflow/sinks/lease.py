@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 #: a holder that stopped renewing is taken over after this many seconds
 DEFAULT_TTL_S = 60.0
-#: as ``cdcflow.sinks.delta.SYSTEM_FOLDER`` (not imported: that module imports the apply layer)
+#: as the warehouse's table folder names (:mod:`cdcflow.sinks.warehouse`)
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.\-#$]")
 _PREFIX = "cdcflow.lease."
 #: a renewal every 20 s is a commit: checkpoint every 100 and drop log files older than an
@@ -240,7 +240,7 @@ class PipelineLease:
 
     Args:
         root: warehouse folder or delta-rs URI (``s3://...``), as
-            :class:`~cdcflow.sinks.delta.DeltaWarehouse` takes it.
+            :class:`~cdcflow.sinks.warehouse.DeltaWarehouse` takes it.
         pipeline_id: the configuration's ``pipeline_id``.
         storage_options: passed to delta-rs for object stores.
         ttl_s: seconds without renewal after which another run may take the lease over.

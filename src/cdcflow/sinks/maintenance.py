@@ -29,7 +29,7 @@ files and spend seconds on each commit (decision 52).
 Maintenance runs between micro-batches on the apply's own thread, so it never races a
 merge of the same pipeline; a compaction that loses a race to another writer fails its
 commit and is tried again after a later batch (a merge that loses a race to a compaction
-is computed again: :meth:`cdcflow.sinks.delta.DeltaWarehouse._rewrite_merge`).
+is computed again: :meth:`cdcflow.sinks.engines._rewrite_merge`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from cdcflow.sinks.compaction import compact_once, data_files, plan
 from cdcflow.sinks.retention import Expired, RetentionPolicy, expire
 
 if TYPE_CHECKING:
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = [
     "LOG_RETENTION",

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
@@ -36,6 +40,7 @@ __all__ = [
     "merge_expressions",
     "partition_pruning",
     "quote_column",
+    "table_feeds_changes",
     "unchanged",
 ]
 
@@ -59,6 +64,12 @@ def feeds_changes(configuration: Mapping[str, str | None]) -> bool:
     """Whether a table with these Delta properties records a change data feed (the
     protocol reads the property case-insensitively)."""
     return str(configuration.get(CHANGE_FEED_PROPERTY) or "").strip().lower() == "true"
+
+
+def table_feeds_changes(table: DeltaTable) -> bool:
+    """Whether the Delta table records a change data feed (:func:`feeds_changes` of its
+    properties)."""
+    return feeds_changes(table.metadata().configuration)
 
 
 def quote_column(name: str) -> str:

@@ -48,7 +48,7 @@ from cdcflow.sinks.system_tables import BATCHES, CHANGELOG, DEAD_LETTERS, OFFSET
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
 __all__ = ["Expired", "RetentionPolicy", "expire"]
 

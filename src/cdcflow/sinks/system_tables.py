@@ -1,9 +1,9 @@
 """The ``_cdcflow`` system tables: their names and Arrow schemas, in one place.
 
-Every read and write of one goes through :class:`~cdcflow.sinks.delta.DeltaWarehouse`
-(:meth:`~cdcflow.sinks.delta.DeltaWarehouse.system_path`,
-:meth:`~cdcflow.sinks.delta.DeltaWarehouse.read_system`,
-:meth:`~cdcflow.sinks.delta.DeltaWarehouse.append`), so the warehouse's storage options
+Every read and write of one goes through :class:`~cdcflow.sinks.warehouse.DeltaWarehouse`
+(:meth:`~cdcflow.sinks.warehouse.DeltaWarehouse.system_path`,
+:meth:`~cdcflow.sinks.warehouse.DeltaWarehouse.read_system`,
+:meth:`~cdcflow.sinks.warehouse.DeltaWarehouse.append`), so the warehouse's storage options
 and its error mapping (``StorageError``, :mod:`cdcflow.sinks.faults`) apply to them all.
 
 Layout under the warehouse folder::

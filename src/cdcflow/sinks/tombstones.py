@@ -43,7 +43,7 @@ from cdcflow.sinks.system_tables import TOMBSTONE_SCHEMA, TOMBSTONES
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
 
 __all__ = ["TombstoneStore", "tombstone_rows"]
 
@@ -176,9 +176,9 @@ class TombstoneStore:
             with self._staged_lock:
                 self._staged.append(rows)
 
-    def flush(self, batch_id: int) -> int:
-        """Commit the staged tombstones of apply ``batch_id`` in one commit carrying the
-        apply's application transaction (nothing if the apply already wrote them).
+    def flush(self, commit: CommitContext) -> int:
+        """Commit the staged tombstones of an apply in one commit carrying its ``commit``
+        context (nothing if the apply already wrote them).
 
         Returns:
             The number of tombstones committed.
@@ -194,7 +194,7 @@ class TombstoneStore:
         index = self._index
         with index.lock:
             before = index.version
-            written = self.warehouse.append(self.path, rows, batch_id)
+            written = self.warehouse.append(self.path, rows, commit)
             table = self.warehouse.open(self.path)
             now = None if table is None else table.version()
             if written and before is not None and now == before + 1:

@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 
 from cdcflow.images import rows_to_arrow
 from cdcflow.model import Op
-from cdcflow.sinks.delta import DeltaWarehouse
 from cdcflow.sinks.history import END_AT
 from cdcflow.sinks.merge import SOFT_DELETE_COLUMN
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.transform.router import ROW_CHANGE_OPS, source_names
 
 __all__ = ["refuse_collisions"]

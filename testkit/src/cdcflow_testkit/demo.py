@@ -81,7 +81,7 @@ def run_demo(
     merges the mirrors (``delta-rs`` or ``delta-spark``, the YAML's ``sink``)."""
     from cdcflow.config import parse_config
     from cdcflow.runtime.pipeline import Pipeline
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow_testkit.services.broker import EmbeddedBroker
 
     formats = formats or embedded_formats()

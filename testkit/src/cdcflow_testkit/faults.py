@@ -677,7 +677,7 @@ def run_with_kills(
     """
     from cdcflow.config import load_config
     from cdcflow.runtime.checkpoint import QUERY_FOLDER
-    from cdcflow.sinks.delta import DeltaWarehouse
+    from cdcflow.sinks.warehouse import DeltaWarehouse
 
     config = load_config(config_path)
     source = config.sources[0]
@@ -919,7 +919,7 @@ def check_mirrors(
     """Differences between each mirror and its source table (``[]`` when all are equal).
 
     Args:
-        warehouse: the :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
+        warehouse: the :class:`~cdcflow.sinks.warehouse.DeltaWarehouse`.
         expected: target -> (source rows, key columns).
     """
     from cdcflow_testkit.workload import compare_with_mirror
@@ -1063,7 +1063,7 @@ def check_accounting(
     record, as in Debezium) ``records == events + joined + skipped + dead_letters``.
 
     Args:
-        warehouse: the :class:`~cdcflow.sinks.delta.DeltaWarehouse`.
+        warehouse: the :class:`~cdcflow.sinks.warehouse.DeltaWarehouse`.
         end_offsets: ``{topic: {partition: high watermark}}`` when the stream was drained.
         start_offsets: first offsets read, default 0 everywhere.
         shared: the warehouse holds other sources' topics too: only the rows of the
@@ -1184,7 +1184,7 @@ def verify(
     """Run every check on a drained warehouse.
 
     Args:
-        warehouse: the :class:`~cdcflow.sinks.delta.DeltaWarehouse` of the pipeline.
+        warehouse: the :class:`~cdcflow.sinks.warehouse.DeltaWarehouse` of the pipeline.
         faulty: what was produced.
         end_offsets: ``{partition: high watermark}`` of the topic now.
         run: the kill run, for its counts.

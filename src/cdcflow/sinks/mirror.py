@@ -1,0 +1,457 @@
+"""The type-1 mirrors (SCD type 1) of a warehouse: the guard, the DDL, the merge.
+
+:meth:`Mirrors.apply` applies one batch's net change to one mirror: the tombstone and
+truncate guards drop what older than a stored delete or truncate, the table gets the
+columns it lacks (:func:`ensure_table`), the values are checked into the merge source
+(those that do not fit are set aside as ``TYPE_CONFLICT``), then the warehouse's merge
+engine (:mod:`cdcflow.sinks.engines`) removes what a truncate removes and merges the
+rest, each commit carrying the apply's :class:`~cdcflow.sinks.warehouse.CommitContext`.
+
+Mirror rows carry ``_cdc_seq`` (the source sequence, :func:`cdcflow.model.seq_key`) and
+``_cdc_ts_ms``. The merge only overwrites or deletes a stored row when the incoming
+sequence is >= the stored one, and an upsert whose sequence is <= a tombstone of its key
+(or below the table's last truncate) is dropped, so late and replayed events never undo
+newer ones. See docs/semantics.md.
+
+Change data feed (``change_feed`` per table, docs/decisions.md 58): the table is created
+with ``delta.enableChangeDataFeed = true`` (an existing one gets the property before its
+next merge); how each engine keeps the feed exact is :mod:`cdcflow.sinks.engines`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, Field, write_deltalake
+
+from cdcflow.errors import ApplyError, Code
+from cdcflow.images import logical_from_arrow, rows_from_json, rows_to_arrow
+from cdcflow.model import NetChange, dumps
+from cdcflow.sinks.merge import (
+    BOOKKEEPING_COLUMNS,
+    CHANGE_FEED_PROPERTY,
+    DELETE_FLAG,
+    PRESENT_PREFIX,
+    SEQ_COLUMN,
+    SOFT_DELETE_COLUMN,
+    TS_COLUMN,
+    MergeSpec,
+    quote_column,
+    table_feeds_changes,
+)
+from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse, arrow_schema
+from cdcflow.types import arrow_type
+
+__all__ = ["MirrorResult", "Mirrors", "ensure_table"]
+
+
+def _images_read(
+    upserts: pa.Table, deletes: pa.Table, types: Mapping[str, str], columns: Sequence[str]
+) -> pa.Table | None:
+    """The merge source's typed rows read columnar (:func:`~cdcflow.images.rows_from_json`):
+    the upserts' after images with their key columns taken from their key JSON, then the
+    deletes' key JSON; ``None`` where the exact way must decide (a type the reader does
+    not read, a value it refuses, a key JSON with other members than the key columns or
+    without one of them)."""
+    keys = upserts["key"]
+    if not len(keys):
+        key_columns: list[str] = []
+    else:
+        key_columns = list(orjson.loads(keys[0].as_py()))
+    if any(c not in columns for c in key_columns):
+        return None
+    after = rows_from_json(upserts["after"], types, columns)
+    if after is None:
+        return None
+    if key_columns:
+        # members other than the key columns would override the after image too: refused
+        key_values = rows_from_json(keys, types, key_columns, unexpected="error")
+        if key_values is None or any(key_values[c].null_count for c in key_columns):
+            return None
+        for c in key_columns:
+            after = after.set_column(after.schema.get_field_index(c), c, key_values[c])
+    removed = rows_from_json(deletes["key"], types, columns)
+    if removed is None:
+        return None
+    return pa.concat_tables([after, removed]).combine_chunks()
+
+
+@dataclass(slots=True)
+class MirrorResult:
+    """What one mirror commit did."""
+
+    target: str
+    path: str
+    upserts: int = 0
+    deletes: int = 0
+    dropped_by_guard: int = 0
+    truncated: bool = False
+    skipped_replay: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+    #: (key JSON, code, reason) of changes the table refused; not applied. ``TYPE_CONFLICT``:
+    #: values that do not fit; ``MISSING_SEQ`` (history tables; key may be ``None``): no
+    #: source sequence
+    rejected: list[tuple[str | None, str, str]] = field(default_factory=list)
+
+
+class Mirrors:
+    """The mirrors of one warehouse view, merged by its engine
+    (:attr:`~cdcflow.sinks.warehouse.DeltaWarehouse.engine`).
+
+    Args:
+        warehouse: the pipeline's Delta tables.
+    """
+
+    def __init__(self, warehouse: DeltaWarehouse) -> None:
+        self.warehouse = warehouse
+
+    def apply(
+        self,
+        target: str,
+        net: NetChange,
+        types: Mapping[str, str],
+        key_columns: Sequence[str],
+        commit: CommitContext,
+        soft_delete: bool = False,
+        full_row_identity: bool = False,
+        partition_by: Sequence[str] = (),
+        change_feed: bool = False,
+    ) -> MirrorResult:
+        """Apply one batch's net change to the mirror ``target`` (idempotent per batch).
+
+        Args:
+            target: target table name (see
+                :meth:`~cdcflow.sinks.warehouse.DeltaWarehouse.table_path`).
+            net: the batch's net change for this table.
+            types: column -> logical type for every column to store (the stored ones
+                first; a column missing from the table is added).
+            key_columns: the table's key columns, in key order.
+            commit: the apply's commit context; every commit to the mirror carries it.
+            soft_delete: a delete (or truncate) sets ``_deleted`` instead of removing rows.
+            full_row_identity: the "key" is the whole row (a table without a primary
+                key): key columns may be NULL and are matched NULL-safely.
+            partition_by: partition columns of the mirror if this creates it (every
+                one a column of ``types``); an existing mirror keeps its layout.
+            change_feed: the mirror records a change data feed: created with the
+                property, or given it before this batch's merge (never turned off).
+
+        Raises:
+            ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
+        """
+        wh = self.warehouse
+        path = wh.table_path(target)
+        result = MirrorResult(target=target, path=path)
+        if wh.committed(path, commit.version, commit.app_id, refresh=False):
+            result.skipped_replay = True
+            return result
+
+        tombs, watermark = wh.tombstones.guard(target)
+        rows = net.rows
+        if net.truncate_seq is not None:
+            watermark = max(watermark or "", net.truncate_seq)
+        guard_seq = pc.fill_null(rows["seq"], "")
+        keep = pa.array([True] * rows.num_rows, pa.bool_())
+        if tombs or watermark:
+            stored = pa.array([tombs.get(k) for k in rows["key"].to_pylist()], pa.string())
+            blocked_by_tomb = pc.fill_null(pc.less_equal(guard_seq, stored), False)
+            keep = pc.invert(pc.and_(pc.invert(rows["is_delete"]), blocked_by_tomb))
+            if watermark:
+                before_truncate = pc.less(guard_seq, watermark)
+                keep = pc.and_(keep, pc.invert(before_truncate))
+        result.dropped_by_guard = rows.num_rows - (pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
+        rows = rows.filter(keep)
+
+        upserts = rows.filter(pc.invert(rows["is_delete"]))
+        deletes = rows.filter(rows["is_delete"])
+        result.upserts, result.deletes = upserts.num_rows, deletes.num_rows
+
+        table = wh.held(path)  # refreshed by committed() above
+        system = [pa.field(SEQ_COLUMN, pa.string()), pa.field(TS_COLUMN, pa.int64())]
+        if soft_delete:
+            system.append(pa.field(SOFT_DELETE_COLUMN, pa.bool_()))
+        version = None if table is None else table.version()
+        columns = ensure_table(
+            wh,
+            path,
+            table,
+            types,
+            () if full_row_identity else key_columns,
+            system,
+            partition_by,
+            change_feed=change_feed,
+        )
+        if table is None or table.version() != version:
+            table = wh.open(path)  # created, or columns added
+        stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
+        source = None
+        if "moved_from" in upserts.column_names and upserts["moved_from"].null_count < len(upserts):
+            upserts = self._fill_from_moved_rows(table, upserts, key_columns)
+        if rows.num_rows:
+            source, result.rejected = self._checked_merge_source(
+                upserts, deletes, stored_types, columns, key_columns
+            )
+            if result.rejected:
+                result.upserts = int(pc.sum(pc.invert(source[DELETE_FLAG])).as_py() or 0)
+                result.deletes = source.num_rows - result.upserts
+
+        # truncate first: only rows whose sequence is below it
+        commit_done = False
+        if net.truncate_seq is not None:
+            result.truncated = True
+            last_commit = source is None or source.num_rows == 0
+            last = commit if last_commit else None
+            wh.engine.truncate(wh, table, net.truncate_seq, last, soft_delete)
+            commit_done = last_commit
+            table = wh.open(path)
+
+        if source is not None and source.num_rows:
+            spec = MergeSpec(
+                tuple(columns), tuple(key_columns), commit.version, soft_delete, full_row_identity
+            )
+            result.metrics = wh.engine.merge(wh, table, source, spec, commit)
+            commit_done = True
+        if not commit_done:
+            # nothing to change, but the batch must still count as committed here
+            wh.mark(table, commit)
+        return result
+
+    @staticmethod
+    def _fill_from_moved_rows(
+        table: DeltaTable, upserts: pa.Table, key_columns: Sequence[str]
+    ) -> pa.Table:
+        """Partial images of rows moved to a new key take their absent columns from the old
+        key's stored row (a rare path: SharePlex updates of key columns)."""
+        moved = upserts["moved_from"].to_pylist()
+        wanted = {m for m in moved if m}
+        stored: dict[str, dict] = {}
+        data = table.to_pyarrow_table()
+        for row in data.to_pylist():
+            canon = orjson.loads(
+                dumps({k: v for k, v in row.items() if k not in BOOKKEEPING_COLUMNS})
+            )
+            key = orjson.dumps({k: canon.get(k) for k in key_columns}).decode()
+            if key in wanted:
+                stored[key] = canon
+        afters = upserts["after"].to_pylist()
+        partial = upserts["partial"].to_pylist()
+        for i, old in enumerate(moved):
+            if old and old in stored:
+                afters[i] = orjson.dumps({**stored[old], **orjson.loads(afters[i])}).decode()
+                partial[i] = False
+        upserts = upserts.set_column(
+            upserts.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
+        )
+        return upserts.set_column(
+            upserts.schema.get_field_index("partial"), "partial", pa.array(partial, pa.bool_())
+        )
+
+    def copy_renamed_columns(self, target: str, renames: Sequence[tuple[str, str]]) -> None:
+        """After a rename ``old -> new``: rows that still hold their value under ``old``
+        (written before the rename) move it to ``new``; ``old`` becomes NULL.
+
+        Idempotent: rows already moved have ``new`` set and are left alone.
+        """
+        wh = self.warehouse
+        path = wh.table_path(target)
+        table = wh.open(path)
+        if table is None:
+            return
+        names = set(arrow_schema(table).names)
+        for old, new in renames:
+            if old not in names or new not in names:
+                continue
+            table.update(
+                updates={quote_column(new): quote_column(old), quote_column(old): "NULL"},
+                predicate=f"{quote_column(new)} IS NULL AND {quote_column(old)} IS NOT NULL",
+            )
+            table = wh.open(path)
+        wh.forget(path)
+
+    def widen_columns(self, target: str, widened: Mapping[str, str]) -> None:
+        """Rewrite the mirror with wider column types (``{column: new logical type}``).
+
+        delta-rs 1.6 has no type-widening table feature, so the table is read, cast and
+        overwritten with the new schema in one commit (readers see the old or the new
+        table, never a mix). Casts are lossless by construction (:func:`cdcflow.types.widen`).
+        A replay finds the columns already wide and does nothing.
+        """
+        wh = self.warehouse
+        path = wh.table_path(target)
+        table = wh.open(path)
+        if table is None or not widened:
+            return
+        schema = arrow_schema(table)
+        fields = [
+            pa.field(f.name, arrow_type(widened[f.name]), nullable=f.nullable)
+            if f.name in widened
+            else f
+            for f in schema
+        ]
+        new_schema = pa.schema(fields)
+        if new_schema == schema:
+            return
+        data = table.to_pyarrow_table().cast(new_schema)
+        write_deltalake(
+            table,
+            data,
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=wh.storage_options or None,
+        )
+        wh.forget(path)
+
+    def _checked_merge_source(
+        self,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        types: Mapping[str, str],
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+    ) -> tuple[pa.Table, list[tuple[str | None, str, str]]]:
+        """The merge source; net changes whose values do not fit are set aside, not applied.
+
+        The fast path converts the whole batch at once; only when that fails is each net
+        change converted alone to find the ones at fault (``TYPE_CONFLICT``), so one bad
+        value costs its own key's change, not the table's batch.
+        """
+
+        def build(up: pa.Table, gone: pa.Table) -> pa.Table:
+            return self._merge_source(up, gone, types, columns, key_columns)
+
+        try:
+            return build(upserts, deletes), []
+        except ApplyError as exc:
+            if exc.code != Code.TYPE_CONFLICT:
+                raise
+        rejected: list[tuple[str | None, str, str]] = []
+        keep_up, keep_del = [], []
+        empty = upserts.slice(0, 0)
+        for table, keep, is_upsert in ((upserts, keep_up, True), (deletes, keep_del, False)):
+            for i in range(table.num_rows):
+                one = table.slice(i, 1)
+                alone = (one, empty) if is_upsert else (empty, one)
+                try:
+                    build(*alone)
+                except ApplyError as exc:
+                    rejected.append((one["key"][0].as_py(), exc.code, exc.message))
+                    keep.append(False)
+                else:
+                    keep.append(True)
+        source = build(
+            upserts.filter(pa.array(keep_up, pa.bool_())),
+            deletes.filter(pa.array(keep_del, pa.bool_())),
+        )
+        return source, rejected
+
+    def _merge_source(
+        self,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        types: Mapping[str, str],
+        columns: Sequence[str],
+        key_columns: Sequence[str],
+    ) -> pa.Table:
+        n_up, n_del = upserts.num_rows, deletes.num_rows
+        partial = upserts["partial"].to_pylist()
+        data = None if any(partial) else _images_read(upserts, deletes, types, columns)
+        if data is None:  # the exact way: a dict per row
+            after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
+            key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
+            # the key comes from the key JSON (it may differ from the after image's columns)
+            for row, key in zip(after_rows, upserts["key"].to_pylist(), strict=True):
+                row.update(orjson.loads(key))
+            data = rows_to_arrow(after_rows + key_rows, types, columns)
+        data = data.append_column(
+            SEQ_COLUMN,
+            pa.concat_arrays(
+                [
+                    upserts["seq"].combine_chunks().cast(pa.string()),
+                    deletes["seq"].combine_chunks().cast(pa.string()),
+                ]
+            ),
+        )
+        data = data.append_column(
+            TS_COLUMN,
+            pa.concat_arrays(
+                [
+                    upserts["ts_ms"].combine_chunks().cast(pa.int64()),
+                    deletes["ts_ms"].combine_chunks().cast(pa.int64()),
+                ]
+            ),
+        )
+        data = data.append_column(
+            DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
+        )
+        if any(partial):
+            for c in columns:
+                if c in key_columns:
+                    continue
+                present = [
+                    (not p) or (c in r) for r, p in zip(after_rows, partial, strict=True)
+                ] + [True] * n_del
+                if not all(present):
+                    data = data.append_column(PRESENT_PREFIX + c, pa.array(present))
+        return data
+
+
+def ensure_table(
+    warehouse: DeltaWarehouse,
+    path: str,
+    table: DeltaTable | None,
+    types: Mapping[str, str],
+    key_columns: Sequence[str],
+    system_fields: Sequence[pa.Field],
+    partition_by: Sequence[str] = (),
+    change_feed: bool = False,
+) -> list[str]:
+    """Create the table at ``path`` (``table``: its handle, ``None``: none yet) with the
+    data columns of ``types``, then ``system_fields``, partitioned by the columns
+    ``partition_by`` names (each one of ``types``); or add what it lacks.
+
+    With ``change_feed`` the table records a change data feed
+    (:data:`~cdcflow.sinks.merge.CHANGE_FEED_PROPERTY`): a new table is created with
+    the property, an existing one without it gets it in a commit of its own (delta-rs
+    raises the writer protocol to 4), so the feed starts at that version. The
+    property is never turned off here.
+
+    ``key_columns`` are created NOT NULL. A missing data or system column is added as
+    nullable, *before* any merge, never via ``merge_schema=True``: delta-rs 1.6.6 copies
+    the source's new-column values into rows a guarded merge rewrote but did not update
+    (docs/decisions.md 4, tests/sinks/test_delta.py).
+
+    Returns:
+        The data columns in table order (bookkeeping and system columns left out).
+    """
+    if table is None:
+        fields = [
+            pa.field(c, arrow_type(t), nullable=c not in key_columns) for c, t in types.items()
+        ]
+        configuration = dict(warehouse.table_configuration)
+        if change_feed:
+            configuration[CHANGE_FEED_PROPERTY] = "true"
+        DeltaTable.create(
+            path,
+            pa.schema([*fields, *system_fields]),
+            mode="ignore",
+            partition_by=list(partition_by) or None,
+            configuration=configuration or None,
+            storage_options=warehouse.storage_options or None,
+        )
+        return list(types)
+    if change_feed and not table_feeds_changes(table):
+        table.alter.set_table_properties({CHANGE_FEED_PROPERTY: "true"})
+    existing = [f.name for f in arrow_schema(table)]
+    new = [c for c in types if c not in existing]
+    missing = [pa.field(c, arrow_type(types[c])) for c in new]
+    missing += [f for f in system_fields if f.name not in existing]
+    if missing:
+        table.alter.add_columns(
+            [Field.from_arrow(pa.field(f.name, f.type, nullable=True)) for f in missing]
+        )
+    skip = {*BOOKKEEPING_COLUMNS, *(f.name for f in system_fields)}
+    return [c for c in existing if c not in skip] + new
