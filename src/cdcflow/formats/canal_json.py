@@ -60,7 +60,7 @@ from cdcflow.formats.common.mysql_values import (
     boolean_text,
     date_text,
     datetime_text,
-    decimal_text,
+    decimal_json,
     enum_labels,
     enum_text,
     hex_text,
@@ -189,7 +189,7 @@ _TINYINT1_HINT = (
 _TIME_HINT = "; for durations (negative or over 24h) set the canal-json option time_as_string"
 _boolean = partial(boolean_text, hint=_TINYINT1_HINT)
 _time = partial(time_text, hint=_TIME_HINT)
-_date, _datetime, _decimal = date_text, datetime_text, decimal_text
+_date, _datetime, _decimal = date_text, datetime_text, decimal_json
 
 
 def _json(v: Any, c: str) -> str:

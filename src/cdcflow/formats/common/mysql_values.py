@@ -52,6 +52,7 @@ __all__ = [
     "boolean_text",
     "date_text",
     "datetime_text",
+    "decimal_json",
     "decimal_text",
     "enum_labels",
     "enum_text",
@@ -197,10 +198,9 @@ def boolean_text(value: Any, column: str, hint: str = "") -> bool:
 
 
 def decimal_text(value: Any, column: str) -> decimal.Decimal:
-    """``DECIMAL`` text (exact) -> Decimal. A JSON number (writers of typed JSON, e.g.
-    Flink's canal-json) is read through its shortest text
-    (:func:`cdcflow.types.to_decimal`: ``1.25`` -> ``Decimal("1.25")``). NaN,
-    infinities and text that is no number are ``BAD_VALUE``."""
+    """``DECIMAL`` text (exact) -> Decimal; a JSON integer is exact too. NaN, infinities,
+    text that is no number, and a JSON float (its digits may already be lost: a
+    text-only writer never writes one) are ``BAD_VALUE``."""
     if type(value) is str:
         try:
             d = _Decimal(value)
@@ -209,9 +209,22 @@ def decimal_text(value: Any, column: str) -> decimal.Decimal:
         if d.is_finite():
             return d
         raise bad_value(column, value, "decimal")
+    if type(value) is float:
+        raise bad_value(column, value, "decimal (JSON float: digits may be lost; expected text)")
     result = to_decimal(value, column)
     assert result is not None
     return result
+
+
+def decimal_json(value: Any, column: str) -> decimal.Decimal:
+    """:func:`decimal_text`, but a JSON float is read through its shortest text
+    (``1.25`` -> ``Decimal("1.25")``): for formats with writers of typed JSON (Flink's
+    canal-json writer)."""
+    if type(value) is float:
+        result = to_decimal(value, column)
+        assert result is not None
+        return result
+    return decimal_text(value, column)
 
 
 _UINT64_MAX = 2**64 - 1
