@@ -601,6 +601,8 @@ class DtsAvroDecoder(Decoder):
                     continue
                 if mysql and logical in ("date", "timestamp"):
                     value, logical = _mysql_temporal(value, logical, field["dataTypeNumber"])
+                elif mysql and value == EPOCH and logical == "timestamptz":
+                    value = None  # MySQL's zero TIMESTAMP (its range starts 1 s later)
                 image[col] = value
                 if logical is not None:
                     columns[col] = logical
