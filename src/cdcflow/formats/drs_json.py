@@ -38,7 +38,6 @@ Decoding rules (the full table is in ``docs/formats/drs-json.md``):
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,8 +113,6 @@ _TRUNCATE_SQL = re.compile(r"\s*truncate\s", re.IGNORECASE)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
-_Decimal = decimal.Decimal
-_UTC = dt.UTC
 
 
 def _float(value: Any, column: str) -> float:
