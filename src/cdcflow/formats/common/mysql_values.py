@@ -42,8 +42,6 @@ from cdcflow.types import json_text, to_decimal
 
 __all__ = [
     "BIT_TEXT",
-    "DATE_TEXT",
-    "DATETIME_TEXT",
     "DATE_WANT",
     "DATETIME_WANT",
     "TIME_WANT",
@@ -167,12 +165,6 @@ def time_text(value: Any, column: str, hint: str = "") -> dt.time:
         return dt.time.fromisoformat(value)
     except (ValueError, TypeError):
         raise bad_value(column, value, TIME_WANT, hint) from None
-
-
-#: the converter of ``YEAR`` (``"2024"``; ``"0000"`` is the year 0 MySQL allows): int32
-YEAR_TEXT: Converter = int32_text
-DATE_TEXT: Converter = date_text
-DATETIME_TEXT: Converter = datetime_text
 
 
 # --------------------------------------------------------------------------- numbers
