@@ -35,9 +35,9 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import operator
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 from cdcflow.errors import Code, ConfigError, DecodeError
@@ -55,7 +55,22 @@ from cdcflow.formats.common.mysql_types import (
     SMALL_INTS,
     parse_mysql_type,
 )
-from cdcflow.formats.common.values import bad_value, int32_text, int64_text
+from cdcflow.formats.common.mysql_values import (
+    bit_type,
+    boolean_text,
+    date_text,
+    datetime_text,
+    decimal_json,
+    enum_labels,
+    enum_text,
+    hex_text,
+    integer_type,
+    latin1_text,
+    set_text,
+    time_text,
+    timestamp_text,
+)
+from cdcflow.formats.common.values import int32_text, int64_text
 from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable, Txn
 from cdcflow.types import (
@@ -66,7 +81,6 @@ from cdcflow.types import (
     field_range_error,
     json_text,
     to_bytes_base64,
-    to_decimal,
     to_float,
 )
 
@@ -166,128 +180,20 @@ def _float(v: Any, c: str) -> float:
     return to_float(v, c)  # type: ignore[return-value]
 
 
-def _decimal(v: Any, c: str) -> decimal.Decimal:
-    if type(v) is str:
-        try:
-            d = decimal.Decimal(v)
-            if d.is_finite():
-                return d
-        except decimal.InvalidOperation:
-            pass
-    return to_decimal(v, c)  # type: ignore[return-value]
-
-
-def _zero_date(v: Any) -> bool:
-    """MySQL zero dates ('0000-00-00', '2020-00-00 ...') have no calendar value."""
-    return (
-        type(v) is str
-        and len(v) >= 10
-        and v[4] == "-"
-        and v[7] == "-"
-        and (v[:4] == "0000" or v[5:7] == "00" or v[8:10] == "00")
-    )
-
-
-def _date(v: Any, c: str) -> dt.date | None:
-    try:
-        return dt.date.fromisoformat(v)
-    except (ValueError, TypeError):
-        if _zero_date(v):
-            return None
-        raise bad_value(c, v, "date (yyyy-mm-dd)") from None
-
-
-def _parse_datetime(v: Any, c: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(v)
-    except (ValueError, TypeError):
-        if _zero_date(v):
-            return None
-        raise bad_value(c, v, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])") from None
-
-
-def _datetime(v: Any, c: str) -> dt.datetime | None:
-    r = _parse_datetime(v, c)
-    if r is None or r.tzinfo is None:
-        return r
-    return r.astimezone(dt.UTC).replace(tzinfo=None)  # text with an offset: UTC wall clock
-
-
-def _time(v: Any, c: str) -> dt.time:
-    try:
-        return dt.time.fromisoformat(v)
-    except (ValueError, TypeError):
-        raise bad_value(
-            c,
-            v,
-            "time of day",
-            "; for durations (negative or over 24h) set the canal-json option time_as_string",
-        ) from None
-
-
-def _boolean(v: Any, c: str) -> bool:
-    if v == "1" or v == 1 or v is True or v == "\x01":
-        return True
-    if v == "0" or v == 0 or v is False or v == "\x00":
-        return False
-    raise bad_value(
-        c,
-        v,
-        "boolean (0 or 1)",
-        "; for TINYINT(1) columns holding other numbers "
-        "set the canal-json option tinyint1_as_boolean to false",
-    )
-
-
-def _latin1(v: Any, c: str) -> bytes:
-    try:
-        return v.encode("latin-1")
-    except (UnicodeEncodeError, AttributeError):
-        raise bad_value(c, v, "binary value (ISO-8859-1 text, one char per byte)") from None
-
-
-def _hex(v: Any, c: str) -> bytes:
-    try:
-        return bytes.fromhex(v)
-    except (ValueError, TypeError):
-        raise bad_value(c, v, "binary value (hex text)") from None
+# MySQL values (dates, booleans, unsigned, BIT, ENUM/SET, binary): the shared layer,
+# cdcflow.formats.common.mysql_values; canal-json adds its options' hints.
+_TINYINT1_HINT = (
+    "; for TINYINT(1) columns holding other numbers "
+    "set the canal-json option tinyint1_as_boolean to false"
+)
+_TIME_HINT = "; for durations (negative or over 24h) set the canal-json option time_as_string"
+_boolean = partial(boolean_text, hint=_TINYINT1_HINT)
+_time = partial(time_text, hint=_TIME_HINT)
+_date, _datetime, _decimal = date_text, datetime_text, decimal_json
 
 
 def _json(v: Any, c: str) -> str:
     return v if type(v) is str else json_text(v, c)
-
-
-_LABEL_RE = re.compile(r"'((?:[^']|'')*)'")
-
-
-def _enum(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
-    def conv(v: Any, c: str) -> str:
-        if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
-            if int(v) < 0:
-                raise bad_value(c, v, "ENUM index or SET bit mask (not negative)")
-            i = int(v)
-            if i == 0:
-                return ""  # MySQL's error value for an invalid ENUM member
-            if i <= len(labels):
-                return labels[i - 1]
-            raise bad_value(c, v, f"ENUM index (1..{len(labels)})")
-        return _text(v, c)
-
-    return conv
-
-
-def _set(labels: tuple[str, ...], by_index: bool) -> Callable[[Any, str], str]:
-    def conv(v: Any, c: str) -> str:
-        if by_index and (type(v) is int or (type(v) is str and v.isascii() and v.isdigit())):
-            if int(v) < 0:
-                raise bad_value(c, v, "ENUM index or SET bit mask (not negative)")
-            mask = int(v)
-            if mask >> len(labels):
-                raise bad_value(c, v, f"SET bit mask ({len(labels)} members)")
-            return ",".join(lab for i, lab in enumerate(labels) if mask >> i & 1)
-        return _text(v, c)
-
-    return conv
 
 
 # java.sql.Types fallback for a column without mysqlType (binary codes are ambiguous:
@@ -333,8 +239,9 @@ _FAST: dict[Any, Callable[[str], Any]] = {
     int64_text: int,
     _float: float,
     _boolean: _BOOL_TEXT.__getitem__,
+    boolean_text: _BOOL_TEXT.__getitem__,
     _date: dt.date.fromisoformat,
-    _latin1: operator.methodcaller("encode", "latin-1"),
+    latin1_text: operator.methodcaller("encode", "latin-1"),
     _decimal: _decimal_fast,
     _datetime: _datetime_fast,
 }
@@ -363,7 +270,7 @@ class CanalJsonDecoder(Decoder):
     def _init_caches(self) -> None:
         o = self.options
         self._zone = zone_option(o.timestamp_zone) if o.timestamp_zone else None
-        self._binary = {"latin1": _latin1, "hex": _hex, "base64": to_bytes_base64}[
+        self._binary = {"latin1": latin1_text, "hex": hex_text, "base64": to_bytes_base64}[
             o.binary_encoding
         ]
         self._specs: dict[str, Spec] = {}
@@ -395,14 +302,8 @@ class CanalJsonDecoder(Decoder):
             if o.tinyint1_as_boolean:
                 return "boolean", _boolean
             return "int32", int32_text
-        if base in SMALL_INTS:
-            return "int32", int32_text
-        if base in INTS:
-            return ("int64", int64_text) if unsigned else ("int32", int32_text)
-        if base in BIGINTS:
-            return ("decimal(20,0)", _decimal) if unsigned else ("int64", int64_text)
-        if base == "serial":  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT
-            return "decimal(20,0)", _decimal
+        if base in SMALL_INTS or base in INTS or base in BIGINTS or base == "serial":
+            return integer_type(base, unsigned)
         if base in FLOATS:  # FLOAT(p) with p > 24 is a DOUBLE
             single = len(args) == 1 and args[0].isdecimal() and int(args[0]) > 24
             return ("float64" if single else "float32"), _float
@@ -420,27 +321,16 @@ class CanalJsonDecoder(Decoder):
             zone = self._zone
             if zone is None:
                 return "timestamp", _datetime
-
-            def to_utc(v: Any, c: str) -> dt.datetime | None:
-                r = _parse_datetime(v, c)
-                if r is None:
-                    return None
-                return (r if r.tzinfo else r.replace(tzinfo=zone)).astimezone(dt.UTC)
-
-            return "timestamptz", to_utc
+            return "timestamptz", timestamp_text(zone)
         if base == "time":
             return ("string", None) if o.time_as_string else ("time", _time)
         if base == "year":
             return "int32", int32_text
         if base == "bit":
-            n = int(args[0]) if args and args[0].isdecimal() else 1
-            if n == 1:
-                return "boolean", _boolean
-            return ("int64", int64_text) if n < 64 else ("decimal(20,0)", _decimal)
+            return bit_type(int(args[0]) if args and args[0].isdecimal() else 1)
         if base in ("enum", "set"):
-            labels = tuple(m.replace("''", "'") for m in _LABEL_RE.findall(raw_args))
-            make = _enum if base == "enum" else _set
-            return "string", make(labels, o.enum_values == "index")
+            make = enum_text if base == "enum" else set_text
+            return "string", make(enum_labels(raw_args), o.enum_values == "index")
         if base in BINARIES or base in GEOMETRIES:
             return "binary", self._binary
         if base == "json":

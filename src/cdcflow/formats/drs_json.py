@@ -38,7 +38,6 @@ Decoding rules (the full table is in ``docs/formats/drs-json.md``):
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +54,16 @@ from cdcflow.formats.base import (
 )
 from cdcflow.formats.common.json_object import load_object
 from cdcflow.formats.common.mysql_types import DECIMALS, TEXTS, parse_mysql_type
+from cdcflow.formats.common.mysql_values import (
+    bit_type,
+    boolean_text,
+    date_text,
+    datetime_text,
+    decimal_text,
+    integer_type,
+    time_text,
+    timestamp_text,
+)
 from cdcflow.formats.common.values import bad_value, int32_text, int64_text, int_text
 from cdcflow.formats.common.zones import zone_option
 from cdcflow.model import ChangeEvent, Op, SourceTable
@@ -65,7 +74,6 @@ from cdcflow.types import (
     field_range_error,
     int_range_error,
     json_text,
-    to_decimal,
     to_float,
 )
 
@@ -105,8 +113,6 @@ _TRUNCATE_SQL = re.compile(r"\s*truncate\s", re.IGNORECASE)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
-_Decimal = decimal.Decimal
-_UTC = dt.UTC
 
 
 def _float(value: Any, column: str) -> float:
@@ -120,30 +126,6 @@ def _float(value: Any, column: str) -> float:
     result = to_float(value, column)
     assert result is not None
     return result
-
-
-def _decimal(value: Any, column: str) -> decimal.Decimal:
-    if value.__class__ is str:
-        try:
-            d = _Decimal(value)
-        except decimal.InvalidOperation:
-            raise bad_value(column, value, "decimal") from None
-        if d.is_finite():
-            return d
-        raise bad_value(column, value, "decimal")
-    if value.__class__ is float:
-        raise bad_value(column, value, "decimal (JSON float: digits may be lost; expected text)")
-    result = to_decimal(value, column)
-    assert result is not None
-    return result
-
-
-def _bool(value: Any, column: str) -> bool:
-    if value in ("1", "true", 1, True):
-        return True
-    if value in ("0", "false", 0, False):
-        return False
-    raise bad_value(column, value, "boolean (0 or 1)")
 
 
 def _bytes(value: Any, column: str) -> bytes:
@@ -162,37 +144,13 @@ def _bytes(value: Any, column: str) -> bytes:
     raise bad_value(column, value, "byte list such as [106, 103]")
 
 
-def _date(value: Any, column: str) -> dt.date | None:
-    if value.__class__ is str:
-        try:
-            return dt.date.fromisoformat(value)
-        except ValueError:
-            if value.startswith("0000-00-00"):
-                return None  # MySQL zero date
-    raise bad_value(column, value, "date (yyyy-mm-dd)")
-
-
-def _time(value: Any, column: str) -> dt.time:
-    if value.__class__ is str:
-        try:
-            return dt.time.fromisoformat(value)
-        except ValueError:
-            pass
-    raise bad_value(column, value, "time of day (hh:mm:ss[.ffffff], 00:00:00 to 23:59:59)")
-
-
-def _datetime(value: Any, column: str) -> dt.datetime | None:
-    """MySQL ``datetime`` text (a wall clock without zone) -> naive datetime."""
-    if value.__class__ is str:
-        try:
-            parsed = dt.datetime.fromisoformat(value)
-        except ValueError:
-            if value.startswith("0000-00-00"):
-                return None  # MySQL zero date
-            parsed = None
-        if parsed is not None and parsed.tzinfo is None:
-            return parsed
-    raise bad_value(column, value, "datetime (yyyy-mm-dd hh:mm:ss[.ffffff])")
+_decimal, _bool, _date, _time, _datetime = (
+    decimal_text,
+    boolean_text,
+    date_text,
+    time_text,
+    datetime_text,
+)
 
 
 class _Timestamp:
@@ -200,14 +158,16 @@ class _Timestamp:
 
     Epoch-seconds text (``"1624614713.201"``, DRS JSON) is split at the dot and added as
     integers, never through a float. Date-time text (``"2021-06-25 17:51:53"``, DRS JSON-C)
-    is a wall clock in ``zone``. Epoch 0 and ``0000-00-00 00:00:00`` are MySQL's zero
-    timestamp and become NULL (1970-01-01 00:00:00 UTC is outside MySQL's range).
+    is a wall clock in ``zone`` (:class:`~cdcflow.formats.common.mysql_values.timestamp_text`:
+    an offset in the text is kept, a zero date is NULL). Epoch 0 is MySQL's zero
+    timestamp and becomes NULL (1970-01-01 00:00:00 UTC is outside MySQL's range).
     """
 
-    __slots__ = ("zone",)
+    __slots__ = ("text", "zone")
 
     def __init__(self, zone: dt.tzinfo) -> None:
         self.zone = zone
+        self.text = timestamp_text(zone)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Timestamp, (self.zone,))
@@ -228,17 +188,8 @@ class _Timestamp:
                         return _EPOCH + (-micros if negative else micros) * _MICROSECOND
                     except OverflowError:
                         raise bad_value(column, value, "timestamp (epoch seconds)") from None
-            elif value.startswith("0000-00-00"):
-                return None
             else:
-                try:
-                    parsed = dt.datetime.fromisoformat(value)
-                except ValueError:
-                    parsed = None
-                if parsed is not None:
-                    if parsed.tzinfo is None:
-                        parsed = parsed.replace(tzinfo=self.zone)
-                    return parsed.astimezone(_UTC)
+                return self.text(value, column)  # zero dates, offsets: mysql_values
         raise bad_value(column, value, "timestamp (epoch seconds or yyyy-mm-dd hh:mm:ss)")
 
 
@@ -257,6 +208,8 @@ _MYSQL_TYPES: dict[str, tuple[str | None, Any]] = {
     "integer": ("int32", int32_text),
     "bigint": ("int64", int64_text),
     "year": ("int32", int32_text),
+    # DRS prints type names without lengths (its document: "decimal", "varchar"), so a
+    # bare "bit" may be BIT(8): its number, int64; "bit(n)" follows mysql_values.bit_type
     "bit": ("int64", int64_text),
     "bool": ("boolean", _bool),
     "boolean": ("boolean", _bool),
@@ -325,10 +278,10 @@ def mysql_column(
         if args and all(p.isdigit() for p in args) and len(args) <= 2:
             scale = int(args[1]) if len(args) == 2 else 0
             logical = f"decimal({max(int(args[0]), scale, 1)},{scale})"
-    elif unsigned and base in ("int", "integer"):
-        logical, conv = "int64", int64_text
-    elif unsigned and base == "bigint":
-        logical, conv = "decimal(20,0)", _decimal
+    elif unsigned and base in ("int", "integer", "bigint"):
+        logical, conv = integer_type(base, unsigned)
+    elif base == "bit" and args and args[0].isdecimal():
+        logical, conv = bit_type(int(args[0]))
     elif base == "tinyint" and args == ("1",) and jdbc_type in (-7, 16):
         logical, conv = "boolean", _bool
     return logical, conv

@@ -48,6 +48,7 @@ from cdcflow.formats.base import (
     SkipRecord,
     key_columns_for,
 )
+from cdcflow.formats.common.mysql_values import zero_date_parts
 from cdcflow.formats.common.values import bad_value
 from cdcflow.formats.common.zones import parse_zone
 from cdcflow.model import ROW_OPS, ChangeEvent, Op, SourceTable, Txn
@@ -343,13 +344,14 @@ def _datetime_parts(v: dict[str, Any], col: str) -> tuple[Any, str | None]:
     """DateTime -> date / timestamp / time / YEAR int, by the parts that are present.
 
     ``millis`` holds microseconds (the SDK sets nanos = millis * 1000). MySQL zero dates
-    (year, month and day all 0) are NULL, as in Debezium.
+    (a zero year, month or day: ``0000-00-00``, ``2020-00-00``) are NULL, as in the
+    formats that print them as text (:func:`~cdcflow.formats.common.mysql_values.zero_date_parts`).
     """
     year, month, day, hour = v["year"], v["month"], v["day"], v["hour"]
     minute, second, micro = v["minute"] or 0, v["second"] or 0, v["millis"] or 0
     try:
         if year is not None and month is not None and day is not None:
-            if year == 0 and month == 0 and day == 0:
+            if zero_date_parts(year, month, day):
                 return None, "timestamp" if hour is not None else "date"
             if hour is None:
                 return dt.date(year, month, day), "date"
@@ -599,6 +601,8 @@ class DtsAvroDecoder(Decoder):
                     continue
                 if mysql and logical in ("date", "timestamp"):
                     value, logical = _mysql_temporal(value, logical, field["dataTypeNumber"])
+                elif mysql and value == EPOCH and logical == "timestamptz":
+                    value = None  # MySQL's zero TIMESTAMP (its range starts 1 s later)
                 image[col] = value
                 if logical is not None:
                     columns[col] = logical

@@ -50,6 +50,13 @@ from cdcflow.formats.base import (
     key_columns_for,
 )
 from cdcflow.formats.common.json_object import load_object
+from cdcflow.formats.common.mysql_values import (
+    date_text,
+    datetime_text,
+    hex_text,
+    time_text,
+    unsigned_bigint_text,
+)
 from cdcflow.formats.common.values import bad_value, in_int_range
 from cdcflow.model import ChangeEvent, Op, SourceTable, Txn
 from cdcflow.types import (
@@ -60,7 +67,6 @@ from cdcflow.types import (
     field_range_error,
     int_range_error,
     json_text,
-    parse_date_text,
     to_bool,
     to_float,
     to_int,
@@ -170,29 +176,10 @@ def _quantum(scale: int) -> decimal.Decimal:
     return decimal.Decimal(1).scaleb(-scale)
 
 
-def _conv_time(value: Any, column: str) -> dt.time:
-    try:
-        return dt.time.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise bad_value(column, value, "time text") from None
-
-
-def _conv_datetime(value: Any, column: str) -> dt.datetime:
-    """DATETIME text -> naive wall-clock datetime (digits past microseconds are cut)."""
-    try:
-        d = dt.datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise bad_value(column, value, "datetime text") from None
-    if d.tzinfo is not None:
-        d = d.astimezone(dt.UTC).replace(tzinfo=None)
-    return d
-
-
-def _conv_hex(value: Any, column: str) -> bytes:
-    try:
-        return bytes.fromhex(value)
-    except (TypeError, ValueError):
-        raise bad_value(column, value, "hexadecimal string") from None
+# DATE, TIME, DATETIME and BYTES text: the reading shared with the other formats that
+# print MySQL values (formats/common/mysql_values): a MySQL zero date is NULL, an offset
+# gives the UTC wall clock, digits past the microsecond (Replicate writes 9) are cut.
+_conv_date, _conv_time, _conv_datetime, _conv_hex = date_text, time_text, datetime_text, hex_text
 
 
 def _plan(qtype: str, precision: int, scale: int) -> tuple[str | None, Any]:
@@ -203,7 +190,7 @@ def _plan(qtype: str, precision: int, scale: int) -> tuple[str | None, Any]:
     if base in ("INT8", "UINT4"):
         return "int64", _conv_int64
     if base == "UINT8":  # JSON string, Avro DECIMAL(20,0)
-        return "decimal(20,0)", partial(_conv_numeric, quantum=decimal.Decimal(1))
+        return "decimal(20,0)", unsigned_bigint_text
     if base == "NUMERIC":  # JSON string
         if precision > 0:
             return decimal_type(precision, scale), partial(_conv_numeric, quantum=_quantum(scale))
@@ -217,7 +204,7 @@ def _plan(qtype: str, precision: int, scale: int) -> tuple[str | None, Any]:
     if base == "BOOLEAN":
         return "boolean", to_bool
     if base == "DATE":
-        return "date", parse_date_text
+        return "date", _conv_date
     if base == "TIME":
         return "time", _conv_time
     if base in ("DATETIME", "TIMESTAMP"):

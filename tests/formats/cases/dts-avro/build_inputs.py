@@ -433,8 +433,72 @@ def case_malformed() -> list[bytes]:
     ]
 
 
+VALUES = fields(
+    ("id", 8),
+    ("d", 10),
+    ("dt", 12),
+    ("ts", 7),
+    ("flag", 1),
+    ("u_int", 3),
+    ("u_big", 8),
+)
+
+
+def case_mysql_values() -> list[bytes]:
+    """MySQL zero dates as DateTime parts, the zero TIMESTAMP (epoch 0), a TINYINT(1) and
+    unsigned integers at their maximum."""
+
+    def ins(id_: int, values: list[Any]) -> bytes:
+        rec = record(
+            "INSERT",
+            id=400 + id_,
+            object_name="shop.values_t",
+            fields=VALUES,
+            tags=PK,
+            after=[integer(str(id_)), *values],
+        )
+        return encode(rec)
+
+    return [
+        ins(
+            1,
+            [
+                dtm(0, 0, 0),
+                dtm(0, 0, 0, 0, 0, 0, 0),
+                ts(0, 0),
+                integer("1", 3),
+                integer("4294967295", 10),
+                integer("18446744073709551615", 20),
+            ],
+        ),
+        ins(
+            2,
+            [
+                dtm(2020, 0, 0),
+                dtm(2020, 1, 0, 10, 0, 0, 0),
+                ts(1706666400, 500000),
+                integer("0", 3),
+                integer("0", 10),
+                integer("9223372036854775807", 20),
+            ],
+        ),
+        ins(
+            3,
+            [
+                dtm(2020, 13, 1),
+                dtm(2024, 1, 31, 10, 0, 0, 123456),
+                ts(1706666400, 0),
+                integer("2", 3),
+                integer("1", 10),
+                integer("1", 20),
+            ],
+        ),
+    ]
+
+
 CASES = {
     "mysql-row-changes": case_mysql_row_changes,
+    "mysql-values": case_mysql_values,
     "all-value-types": case_all_value_types,
     "transaction-markers": case_transaction_markers,
     "ddl": case_ddl,
