@@ -51,8 +51,8 @@ from tests.apply.helpers import dele, ev, ins, table_of, upd
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableOptions
 from cdcflow.model import Op, SourceTable
-from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.sinks.file_stats import STRING_PREFIX
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import compare_with_mirror
 
 #: rows per data file: small, so a few dozen keys make a dozen files

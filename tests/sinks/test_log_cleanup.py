@@ -21,8 +21,8 @@ from deltalake import DeltaTable
 from tests.apply.helpers import dele, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
-from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.sinks.maintenance import MaintenancePolicy
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow_testkit.workload import compare_with_mirror
 
 TARGET = "db.items"
