@@ -219,7 +219,7 @@ class Mirrors:
             commit_done = True
         if not commit_done:
             # nothing to change, but the batch must still count as committed here
-            assert table is not None, "the table made above (no truncate ran, or it committed)"
+            assert table is not None, "the table made above (no truncate ran)"
             wh.mark(table, commit)
         return result
 
