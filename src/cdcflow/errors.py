@@ -161,7 +161,7 @@ class DeadLetterLimit(CdcflowError):
         self, source: str, batch_id: int, dead_letters: dict[str, int], records: int, limit: float
     ) -> None:
         dead = sum(dead_letters.values())
-        top = max(dead_letters, key=dead_letters.get) if dead_letters else "?"
+        top = max(dead_letters, key=dead_letters.__getitem__) if dead_letters else "?"
         super().__init__(
             f"source {source}: {dead:,} of {records:,} records of micro-batch {batch_id} are "
             f"dead letters (most {top}), over apply.dead_letter_limit {limit:g}. They are "

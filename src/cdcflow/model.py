@@ -270,7 +270,10 @@ def seq_keys(seqs: Sequence[tuple[int, ...] | None]) -> list[str | None]:
         return [seq_key(s) for s in seqs]
     import pyarrow as pa
 
-    return seq_key_columns([pa.array(parts[:, j]) for j in range(parts.shape[1])]).to_pylist()
+    keys: list[str | None] = seq_key_columns(
+        [pa.array(parts[:, j]) for j in range(parts.shape[1])]
+    ).to_pylist()
+    return keys
 
 
 def seq_key_columns(parts: Sequence[pa.Array]) -> pa.Array:

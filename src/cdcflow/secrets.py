@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cdcflow.errors import ConfigError
 
@@ -46,6 +46,9 @@ _SECRET_KEY = re.compile(
 _REFERENCE = re.compile(r"\$(\$?)\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 
 def is_secret_key(key: object) -> bool:
     """Whether a configuration key names a secret (see the module docstring)."""
@@ -64,7 +67,7 @@ def redact(value: Any, key: object = None) -> Any:
     return value
 
 
-class RedactedDict(dict):
+class RedactedDict(dict[_K, _V]):
     """A ``dict`` whose ``repr`` and ``str`` show secret-looking keys' values as
     :data:`MASK`; the values themselves are kept (for the clients that need them)."""
 

@@ -53,8 +53,8 @@ class BatchReport:
     replayed: int = 0  # records of the delivery that were applied before (skipped)
     records: int = 0
     events: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    dead_letters: Counter = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
     mirrors: list[MirrorResult] = field(default_factory=list)
     seconds: float = 0.0
     #: transaction-consistent apply only: complete, released_open, held, held_events,

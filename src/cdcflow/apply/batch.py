@@ -531,7 +531,9 @@ class BatchApplier:
             report.dead_letters.update(letter["code"].to_pylist())
         return letters
 
-    def _whole_transactions(self, rows: pa.Table, commit: CommitContext) -> tuple[pa.Table, dict]:
+    def _whole_transactions(
+        self, rows: pa.Table, commit: CommitContext
+    ) -> tuple[pa.Table, dict[str, int]]:
         """The events to apply now (whole transactions) and the split's metrics; the
         events of open transactions are saved for the next batch (in a commit carrying
         ``commit``)."""

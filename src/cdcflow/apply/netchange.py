@@ -22,6 +22,8 @@ that changed more than once in the batch go through Python.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -185,7 +187,7 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool]:
     afters = t["after"].slice(start, end - start + 1).to_pylist()
     partials = t["partial"].slice(start, end - start + 1).to_pylist()
     deletes = t["is_delete"].slice(start, end - start + 1).to_pylist()
-    image: dict | None = None
+    image: dict[str, Any] | None = None
     full = False
     for op, after, part, dele in zip(ops, afters, partials, deletes, strict=True):
         if dele:
@@ -233,7 +235,7 @@ def _fold_moves(
             for i, k in enumerate(keys)
             if k == old_key and t["_sub"][i].as_py() == 1 and t["_seq"][i].as_py() <= seq
         ]
-        base: dict | None = None
+        base: dict[str, Any] | None = None
         full = False
         for i in rows:
             if t["is_delete"][i].as_py() and t["old_key"][i].as_py() is None:

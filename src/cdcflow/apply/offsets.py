@@ -26,7 +26,9 @@ offsets are skipped whatever micro-batch id carries them. See docs/decisions.md 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -116,7 +118,7 @@ class OffsetLedger:
         self.warehouse = warehouse
         self._next: dict[TopicPartition, int] = {}
         self._completed: int | None = None
-        self._pending: PendingApply | None | bool = False  # False: not read yet
+        self._pending: PendingApply | None | Literal[False] = False  # False: not read yet
 
     @property
     def offsets_path(self) -> str:
@@ -138,7 +140,7 @@ class OffsetLedger:
             self._completed = -1 if version is None else version
         return self._completed
 
-    def next_offsets(self, tps) -> dict[TopicPartition, int]:
+    def next_offsets(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
         """``{(topic, partition): next offset to apply}`` for the partitions of ``tps``
         the warehouse has applied records of (the others are absent)."""
         wanted = [tp for tp in tps if tp not in self._next]
@@ -152,7 +154,7 @@ class OffsetLedger:
         """The apply a crash interrupted, if any."""
         if self._pending is False:
             self._pending = self._read_pending()
-        return self._pending  # type: ignore[return-value]
+        return self._pending
 
     def _read_pending(self) -> PendingApply | None:
         intent = self.warehouse.system_version(OFFSETS)
@@ -200,7 +202,10 @@ class OffsetLedger:
     # -------------------------------------------------------------- writing
 
     def begin(
-        self, apply_id: int, ranges: dict[TopicPartition, tuple[int, int]], delivery_id=None
+        self,
+        apply_id: int,
+        ranges: dict[TopicPartition, tuple[int, int]],
+        delivery_id: int | None = None,
     ) -> None:
         """Record the intent of ``apply_id`` (idempotent: a re-run writes nothing)."""
         n = len(ranges)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import (
     BaseModel,
@@ -232,23 +232,29 @@ class _RuleBase(BaseModel):
 
 #: One ``tables:`` rule: ``match`` (an fnmatch pattern over target names) and any of
 #: :class:`TableOptions`' fields, each optional (unset: the earlier rules' value stands).
-TableRule = create_model(  # type: ignore[call-overload]
-    "TableRule",
-    __base__=_RuleBase,
-    __module__=__name__,
-    **{
-        name: (Optional[field.rebuild_annotation()], None)  # noqa: UP045 - runtime type
-        for name, field in TableOptions.model_fields.items()
-    },
-)
+if TYPE_CHECKING:
+    # create_model's fields are made at run time, out of the checker's sight; the rule is
+    # a subclass of _RuleBase and the code uses only _RuleBase's members (match,
+    # overrides, _shaping), so to the checker a rule is a _RuleBase
+    TableRule = _RuleBase
+else:
+    TableRule = create_model(
+        "TableRule",
+        __base__=_RuleBase,
+        __module__=__name__,
+        **{
+            name: (Optional[field.rebuild_annotation()], None)  # noqa: UP045 - runtime type
+            for name, field in TableOptions.model_fields.items()
+        },
+    )
 
 
-class TableRules(RootModel[tuple[TableRule, ...]]):  # type: ignore[valid-type]
+class TableRules(RootModel[tuple[TableRule, ...]]):
     """Ordered rules; see the module docstring. Called with a target name, gives its
     :class:`TableOptions` (cached per name by the caller if it matters)."""
 
     model_config = ConfigDict(frozen=True)
-    root: tuple[TableRule, ...] = ()  # type: ignore[valid-type]
+    root: tuple[TableRule, ...] = ()
 
     def __call__(self, target: str) -> TableOptions:
         """The options of ``target``: the defaults, then each matching rule's, in order.

@@ -102,7 +102,9 @@ class SchemaLog:
             self._log = self.warehouse.read_system(SCHEMA_CHANGES, SCHEMA_CHANGES_SCHEMA)
         return self._log
 
-    def _last_records(self, on: str, undo: str, target: str | None = None) -> dict:
+    def _last_records(
+        self, on: str, undo: str, target: str | None = None
+    ) -> dict[tuple[str, str | None], str]:
         """The latest ``on``/``undo`` record per target (and column), in record order.
 
         Returns ``{(target, column): message}`` for the pairs whose latest record is ``on``.
@@ -126,4 +128,5 @@ class SchemaLog:
 
     def dropped(self, target: str) -> set[str]:
         """Columns of ``target`` whose last drop/restore record is a drop."""
-        return {c for (_, c), _m in self._last_records("drop", "restore", target).items()}
+        # a drop record always names its column
+        return {c for _, c in self._last_records("drop", "restore", target) if c is not None}

@@ -115,11 +115,11 @@ def _refusal(
     """The stop of a table whose policy refuses the batch's change (``fail``: any change;
     every policy: a declared type the stored column cannot hold), or ``None``."""
     if policy == "fail" and fresh_renames:
-        old, new, at = fresh_renames[0]
+        old_name, new_name, at = fresh_renames[0]
         return SchemaStop(
-            f"schema_changes is 'fail' and column {old!r} was renamed to {new!r}; the table "
-            f"is stopped, other tables go on. Fix: rename it in the table by hand (or set "
-            f"schema_changes: evolve), then `cdcflow resume {target}`",
+            f"schema_changes is 'fail' and column {old_name!r} was renamed to {new_name!r}; "
+            "the table is stopped, other tables go on. Fix: rename it in the table by hand "
+            f"(or set schema_changes: evolve), then `cdcflow resume {target}`",
             at,
         )
     if plan.conflicts or (policy == "fail" and (plan.added or plan.widened or plan.dropped)):

@@ -412,7 +412,8 @@ def _previous_batch(wh: DeltaWarehouse, source_id: str, batch_id: int) -> int | 
     elif latest == batch_id:  # this batch ran before: its snapshot names the one it replaced
         own = _read(wh, source_id, batch_id, ["previous_batch_id"])
         if own.num_rows:
-            return own["previous_batch_id"][0].as_py()
+            previous: int | None = own["previous_batch_id"][0].as_py()
+            return previous
     # an older batch replayed, or the view wrote other sources' snapshots: look them up
     ids = wh.read_system(
         PENDING_TRANSACTIONS,

@@ -18,7 +18,8 @@ import copy
 import datetime as dt
 import decimal
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,13 @@ from cdcflow.formats.base import (
     DecodeResult,
     FlatEvent,
     Record,
+    Skipped,
     new_record,
 )
 from cdcflow.model import (
     ROW_OPS,
     ChangeEvent,
+    DeadLetter,
     Op,
     Origin,
     dumps,
@@ -59,6 +62,10 @@ __all__ = [
 ]
 
 _NAMES = EVENT_SCHEMA.names
+
+#: a :class:`_ColumnsCache` key: the declared types, the image's column names and the
+#: types of its values
+_Shape = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[type[Any], ...]]
 
 _dumps = orjson.dumps
 _OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_NON_STR_KEYS
@@ -99,13 +106,13 @@ class _ColumnsCache:
     whether the table has ``time`` columns (their images need :func:`_json_with_times`)."""
 
     def __init__(self) -> None:
-        self._shapes: dict[tuple, tuple[str | None, bool]] = {}
-        self._declared: dict[tuple, tuple[str | None, bool]] = {}
+        self._shapes: dict[_Shape, tuple[str | None, bool]] = {}
+        self._declared: dict[tuple[tuple[str, str], ...], tuple[str | None, bool]] = {}
 
     def get(
         self, declared: dict[str, str] | None, image: dict[str, Any] | None
     ) -> tuple[str | None, bool]:
-        shape = (
+        shape: _Shape = (
             tuple(declared.items()) if declared else (),
             tuple(image) if image else (),
             tuple(map(type, image.values())) if image else (),
@@ -177,7 +184,7 @@ def _event_row(
             and (
                 e.partial
                 if e.partial is not None
-                else bool(declared) and any(c not in ea for c in declared)
+                else declared is not None and any(c not in ea for c in declared)
             )
         )
     else:
@@ -299,7 +306,9 @@ _ROW_FIELDS = (
 _SEQ_AT = _ROW_FIELDS.index("seq")
 
 
-def _seq_keys_of(built: list[tuple[Any, ...]], failed: dict[tuple[str, int, int], str]) -> list:
+def _seq_keys_of(
+    built: list[tuple[Any, ...]], failed: dict[tuple[str, int, int], str]
+) -> list[str | None]:
     """The ``seq`` column of rows whose ``seq`` still holds the sequence tuple, encoded
     for the whole batch at once (:func:`~cdcflow.model.seq_keys`). A sequence that
     cannot be encoded fails its record (into ``failed``), as any other value does."""
@@ -317,8 +326,19 @@ def _seq_keys_of(built: list[tuple[Any, ...]], failed: dict[tuple[str, int, int]
         return keys
 
 
+@dataclass
+class _MixedResult:
+    """What :func:`_decode_mixed` gives: a :class:`DecodeResult` whose ``events`` hold,
+    in record order, ``(FlatEvent, origin)`` pairs among the :class:`ChangeEvent` s."""
+
+    events: list[ChangeEvent | tuple[FlatEvent, Origin]] = field(default_factory=list)
+    decoded_origins: list[Origin] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
 def flatten(
-    result: DecodeResult,
+    result: DecodeResult | _MixedResult,
     state_of: Callable[[ChangeEvent], list[Any]] | None = None,
     records: Iterable[Record] | None = None,
 ) -> pa.RecordBatch:
@@ -343,14 +363,14 @@ def flatten(
     declared_once: set[tuple[str, str, str, str, str | None]] = set()
     built: list[tuple[Any, ...]] = []
     failed: dict[tuple[str, int, int], str] = {}
-    for e in result.events:
-        flat = e.__class__ is tuple  # (FlatEvent, origin): see decode_records
-        o = e[1] if flat else e.origin
+    events: Sequence[ChangeEvent | tuple[FlatEvent, Origin]] = result.events
+    for e in events:
+        o = e[1] if isinstance(e, tuple) else e.origin  # (FlatEvent, origin): _decode_mixed
         pos = (o.topic, o.partition, o.offset)
         idx = index_in_record.get(pos, 0)
         index_in_record[pos] = idx + 1
         try:
-            if flat:
+            if isinstance(e, tuple):
                 built.append(_flat_event_row(e[0], o, idx, cache))
             else:
                 built.append(_event_row(e, idx, cache, state_of))
@@ -364,7 +384,7 @@ def flatten(
         seqs = [seqs[i] for i in kept]
     n = len(built)
     if n:
-        transposed = list(zip(*built, strict=True))
+        transposed: list[Sequence[Any]] = list(zip(*built, strict=True))
         transposed[_SEQ_AT] = seqs
         # a table's declaration travels once per batch (on its first row event), not per
         # row; other events (DDL, truncate) always keep theirs
@@ -400,8 +420,8 @@ def flatten(
             )
     if failed:
         raw = {(r.origin.topic, r.origin.partition, r.origin.offset): r for r in records or ()}
-        first = result.events[0]
-        fmt = (first[0][1] if first.__class__ is tuple else first.source).format
+        first = events[0]
+        fmt = (first[0][1] if isinstance(first, tuple) else first.source).format
         for (t, part, off), message in failed.items():
             rec = raw.get((t, part, off))
             add(
@@ -611,8 +631,8 @@ _FLAT_WINDOW = 1024
 _FLAT_PROBE = 64
 
 
-def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
-    """One :class:`DecodeResult` for ``records`` whose ``events`` hold, in record order,
+def _decode_mixed(decoder: Decoder, records: list[Record]) -> _MixedResult:
+    """One :class:`_MixedResult` for ``records``: its ``events`` hold, in record order,
     ``(FlatEvent, origin)`` pairs for the records :meth:`Decoder.decode_flat` answered
     and the events :meth:`Decoder.decode_batch` gave for the others (its skipped
     records and dead letters are kept in order too).
@@ -625,8 +645,8 @@ def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
     format's uncommon shape: each would be parsed twice), a window of records is handed
     to ``decode_batch`` whole once its first :data:`_FLAT_PROBE` records said so.
     """
-    out = DecodeResult()
-    items: list[Any] = []
+    out = _MixedResult()
+    items = out.events
     decode_flat = decoder.decode_flat
     decode_batch = decoder.decode_batch
     max_bytes = decoder.options.max_record_bytes
@@ -661,7 +681,6 @@ def _decode_mixed(decoder: Decoder, records: list[Record]) -> DecodeResult:
                 if i + 1 < len(window):
                     general(window[i + 1 :])
                 break
-    out.events = items
     return out
 
 

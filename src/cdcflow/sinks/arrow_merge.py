@@ -417,7 +417,7 @@ def _any_match(stored: pa.Table, wanted: pa.Table, keys: list[str], null_safe: b
     if len(keys) == 1:
         values = pc.drop_null(wanted[keys[0]].combine_chunks())
         return bool(pc.any(pc.is_in(stored[keys[0]], value_set=values)).as_py())
-    return stored.join(wanted, keys, join_type="left semi").num_rows > 0
+    return bool(stored.join(wanted, keys, join_type="left semi").num_rows > 0)
 
 
 def _key_tuples(
@@ -531,7 +531,10 @@ def merged_rows(
 
 
 def _delete_flags(source: pa.Table) -> np.ndarray:
-    return source[DELETE_FLAG].combine_chunks().to_numpy(zero_copy_only=False).astype(bool)
+    flags: np.ndarray = (
+        source[DELETE_FLAG].combine_chunks().to_numpy(zero_copy_only=False).astype(bool)
+    )
+    return flags
 
 
 def _new_rows(
@@ -611,7 +614,7 @@ def rows_per_file(rows: pa.Table, target_file_rows: int = TARGET_FILE_ROWS) -> i
     :data:`TARGET_FILE_BYTES` of Arrow memory."""
     if not rows.num_rows:
         return max(1, target_file_rows)
-    by_bytes = TARGET_FILE_BYTES * rows.num_rows // max(1, rows.nbytes)
+    by_bytes: int = TARGET_FILE_BYTES * rows.num_rows // max(1, rows.nbytes)
     return max(1, min(target_file_rows, by_bytes))
 
 
@@ -619,8 +622,8 @@ def _file_count(rows: pa.Table, target_file_rows: int) -> int:
     """How many files of about equal size ``rows`` are written as: a rewritten file is
     split only past 1.5 times :data:`TARGET_FILE_BYTES` (or ``target_file_rows``), so
     rewriting a file of about the target size does not halve it."""
-    by_rows = -(-rows.num_rows // max(1, target_file_rows))
-    by_bytes = rows.nbytes / TARGET_FILE_BYTES
+    by_rows: int = -(-rows.num_rows // max(1, target_file_rows))
+    by_bytes: float = rows.nbytes / TARGET_FILE_BYTES
     return max(1, by_rows, round(by_bytes) if by_bytes > 1.5 else 1)
 
 

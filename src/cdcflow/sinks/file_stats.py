@@ -39,7 +39,7 @@ def prunable(data_type: pa.DataType) -> bool:
     """Whether stored min/max bounds of a column of this type are exact or safely wider
     whoever wrote them (integers, strings, dates), so a file outside them can be
     skipped."""
-    return (
+    return bool(
         pa.types.is_integer(data_type)
         or pa.types.is_string(data_type)
         or pa.types.is_large_string(data_type)

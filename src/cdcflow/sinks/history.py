@@ -249,8 +249,7 @@ def fold(
             current = image = None
             continue
         row = orjson.loads(c.image or "{}")
-        filled = bool(c.partial and image)
-        new = {**image, **row} if filled else row
+        new = {**image, **row} if c.partial and image else row
         if current is None:
             same = False
         elif track_history is not None:
@@ -260,7 +259,7 @@ def fold(
         else:  # a column came or went: absent is null; key columns are the key's own
             tracked = (current.image.keys() | new.keys()).difference(key_columns)
             same = _same(current.image, new, tracked)
-        if same:
+        if current is not None and same:
             current.image, current.seq, current.ts_ms = new, c.seq, c.ts_ms
         else:
             if current is not None:
@@ -612,6 +611,7 @@ def apply_history(
         open_at = _open_at(table, key_columns, batch_truncates, typed_key)
     since = dict(open_at)
     for c in batch:
+        assert c.key is not None, "the batch's keys are canonical keys (above)"
         if c.seq < since.get(c.key, _TOP):
             since[c.key] = c.seq
     stored = _candidates(table, key_columns, since, typed_key)
@@ -645,7 +645,7 @@ def apply_history(
         touched.update(open_at)  # keys a new truncate closes
     chains: dict[str, list[_Change]] = defaultdict(list)
     for c in chained + [c for c in to_log if c.key is not None]:
-        if c.key in touched:
+        if c.key is not None and c.key in touched:
             chains[c.key].append(c)
     truncates += [c for c in to_log if c.key is None]
     partial_anchor = {k for k in touched if chains[k] and min(chains[k]).partial}
@@ -653,6 +653,7 @@ def apply_history(
     if partial_anchor:
         rows = before.filter(pc.is_in(before["key"], pa.array(list(partial_anchor))))
         for c in _changes(rows):
+            assert c.key is not None, "rows of the keys in partial_anchor"
             prior[c.key].append(c)
     recomputed: dict[tuple[str, str], _Version] = {}
     for key in touched:
@@ -684,7 +685,7 @@ def apply_history(
 
     if to_log:
         warehouse.append(log_path(warehouse, target), _log_rows(to_log), commit)
-    if source is not None and source.num_rows:
+    if table is not None and source is not None and source.num_rows:  # source: table is
         result.metrics = _merge(warehouse, table, source, key_columns, commit)
     result.metrics["apply_s"] = round(time.perf_counter() - started, 4)
     return result

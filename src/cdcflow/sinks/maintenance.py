@@ -260,7 +260,7 @@ class Maintainer:
             vacuum_due = every_s > 0 and started - first_vacuum >= every_s
             if touches >= policy.compact_min_files or vacuum_due:
                 due.append((path, policy))
-        done = []
+        done: list[TableMaintenance] = []
         for path, policy in due:
             left_s = self.policy.budget_s - (time.monotonic() - started)
             if left_s <= 0:

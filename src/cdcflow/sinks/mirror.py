@@ -187,6 +187,7 @@ class Mirrors:
         )
         if table is None or table.version() != version:
             table = wh.open(path)  # created, or columns added
+        assert table is not None, "ensure_table made the table"
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
         source = None
         if "moved_from" in upserts.column_names and upserts["moved_from"].null_count < len(upserts):
@@ -213,10 +214,12 @@ class Mirrors:
             spec = MergeSpec(
                 tuple(columns), tuple(key_columns), commit.version, soft_delete, full_row_identity
             )
+            assert table is not None, "the table made above, or the truncate committed to"
             result.metrics = wh.engine.merge(wh, table, source, spec, commit)
             commit_done = True
         if not commit_done:
             # nothing to change, but the batch must still count as committed here
+            assert table is not None, "the table made above (no truncate ran)"
             wh.mark(table, commit)
         return result
 
@@ -228,7 +231,7 @@ class Mirrors:
         key's stored row (a rare path: SharePlex updates of key columns)."""
         moved = upserts["moved_from"].to_pylist()
         wanted = {m for m in moved if m}
-        stored: dict[str, dict] = {}
+        stored: dict[str, dict[str, Any]] = {}
         data = table.to_pyarrow_table()
         for row in data.to_pylist():
             canon = orjson.loads(
@@ -265,6 +268,7 @@ class Mirrors:
         for old, new in renames:
             if old not in names or new not in names:
                 continue
+            assert table is not None, "the table was just updated"
             table.update(
                 updates={quote_column(new): quote_column(old), quote_column(old): "NULL"},
                 predicate=f"{quote_column(new)} IS NULL AND {quote_column(old)} IS NOT NULL",
@@ -329,7 +333,8 @@ class Mirrors:
             if exc.code != Code.TYPE_CONFLICT:
                 raise
         rejected: list[tuple[str | None, str, str]] = []
-        keep_up, keep_del = [], []
+        keep_up: list[bool] = []
+        keep_del: list[bool] = []
         empty = upserts.slice(0, 0)
         for table, keep, is_upsert in ((upserts, keep_up, True), (deletes, keep_del, False)):
             for i in range(table.num_rows):

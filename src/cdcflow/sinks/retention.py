@@ -145,13 +145,12 @@ def expire(
         path = warehouse.system_path(rule.table)
         try:
             table = warehouse.open(path)
-            predicate = None
             if table is not None:
                 predicate = _expired_predicate(table, rule, hours, max_rows, now_ms)
-            if predicate is not None:
-                metrics = table.delete(predicate)
-                warehouse.forget(path)
-                result.rows_deleted = int(metrics.get("num_deleted_rows", 0) or 0)
+                if predicate is not None:
+                    metrics = table.delete(predicate)
+                    warehouse.forget(path)
+                    result.rows_deleted = int(metrics.get("num_deleted_rows", 0) or 0)
         except Exception as exc:  # noqa: BLE001 - tried again at the next run
             result.error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             warehouse.forget(path)

@@ -108,7 +108,8 @@ def _identity(table: DeltaTable | None) -> tuple[str | None, int]:
     """``(table id, version)`` of the tombstone table; ``(None, -1)``: no table yet."""
     if table is None:
         return None, -1
-    return table.metadata().id, table.version()
+    # str(): the id is the table's UUID string, though deltalake annotates it int
+    return str(table.metadata().id), table.version()
 
 
 #: warehouse tombstone table path -> its index, shared by the process's warehouse views

@@ -401,7 +401,7 @@ class DeltaWarehouse:
         stay in ``_cdcflow/dead_letters`` (code ``TABLE_STOPPED``/``SCHEMA_CHANGE``).
         """
         now = int(time.time() * 1000)
-        row = {name: None for name in SCHEMA_CHANGES_SCHEMA.names}
+        row: dict[str, Any] = {name: None for name in SCHEMA_CHANGES_SCHEMA.names}
         row.update(
             target_table=target,
             batch_id=-1,

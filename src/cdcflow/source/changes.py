@@ -125,7 +125,7 @@ class ChangesStreamReader(KafkaStreamReader):
         batches = self._decode(ranges, routes)
         if self.staging is None:
             return batches
-        return self._stage(ranges, batches)
+        return self._stage(self.staging, ranges, batches)
 
     def _decode(self, ranges: Sequence[Any], routes: Sequence[SourceTopics]) -> Iterator[Any]:
         states: dict[str, list[Any]] = {}
@@ -134,14 +134,16 @@ class ChangesStreamReader(KafkaStreamReader):
                 states[route.name] = route.decode.load_state()
             yield from route.decode.records(read_records(self.opts, part), states[route.name])
 
-    def _stage(self, ranges: Sequence[Any], batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
-        os.makedirs(self.staging, exist_ok=True)
+    def _stage(
+        self, staging: str, ranges: Sequence[Any], batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[Any]:
+        os.makedirs(staging, exist_ok=True)
         first = ranges[0]
         name = f"{_UNSAFE.sub('_', first.topic)}-{first.partition}-{first.start}-{first.end}"
         if len(ranges) > 1:  # the task's ranges, named so that a re-run writes the same file
             digest = hashlib.sha1(repr(ranges).encode(), usedforsecurity=False).hexdigest()
             name = f"{name}-and-{len(ranges) - 1}-{digest[:16]}"
-        path = os.path.join(self.staging, f"{name}.arrow")
+        path = os.path.join(staging, f"{name}.arrow")
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         rows = 0
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, EVENT_SCHEMA) as writer:

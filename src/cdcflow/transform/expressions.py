@@ -534,8 +534,12 @@ class _Parser:
             if kind is str:
                 ok, wants = isinstance(value, str), "a string literal"
             else:
-                ok = isinstance(value, int) and not isinstance(value, bool)
-                ok = ok and (low is None or value >= low) and (high is None or value <= high)
+                ok = (
+                    isinstance(value, int)
+                    and not isinstance(value, bool)
+                    and (low is None or value >= low)
+                    and (high is None or value <= high)
+                )
                 wants = "an integer literal" + ("" if low is None else f" from {low}")
                 wants += "" if high is None else f" to {high}"
             if not ok:
@@ -744,11 +748,11 @@ def _norm(arr: pa.Array) -> pa.Array:
 
 
 def _is_num(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
 
 
 def _is_moment(t: pa.DataType) -> bool:
-    return pa.types.is_date(t) or pa.types.is_timestamp(t)
+    return bool(pa.types.is_date(t) or pa.types.is_timestamp(t))
 
 
 def _common_type(types: Sequence[pa.DataType]) -> pa.DataType | None:

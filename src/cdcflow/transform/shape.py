@@ -99,7 +99,8 @@ def _typed(name: str, values: list[Any], logical: str | None) -> tuple[pa.Array,
         return arrow_column(name, values, logical), [None] * len(values)
     except ApplyError:
         pass
-    out, errors = [], []
+    out: list[Any] = []
+    errors: list[str | None] = []
     for v in values:
         try:
             out.append(arrow_column(name, [v], logical)[0].as_py())
@@ -126,7 +127,8 @@ def _override(values: pa.Array, o: TypeOverride) -> pa.Array:
 
 def _json_values(values: pa.Array) -> list[Any]:
     """Arrow values in the form :func:`cdcflow.model.dumps` writes canonically."""
-    return values.to_pylist()
+    out: list[Any] = values.to_pylist()
+    return out
 
 
 class _Images:
@@ -146,7 +148,11 @@ class _Images:
     def column(self, images: list[dict[str, Any] | None], name: str, rows: list[int]) -> pa.Array:
         """Column ``name`` of ``images[rows]``, typed; a value that does not fit its type
         fails its row."""
-        values = [images[i].get(name) for i in rows]  # type: ignore[union-attr]
+        values = []
+        for i in rows:
+            image = images[i]
+            assert image is not None, "rows index images that are present"
+            values.append(image.get(name))
         array, errors = _typed(name, values, self.types.get(name))
         for i, e in zip(rows, errors, strict=True):
             if e is not None:
@@ -194,7 +200,9 @@ def _apply_overrides(img: _Images, overrides: Mapping[str, TypeOverride]) -> Non
                         )
                         cast.append(None)
             for i, v in zip(rows, cast, strict=True):
-                images[i][name] = v  # type: ignore[index]
+                image = images[i]
+                assert image is not None, "rows index images that are present"
+                image[name] = v
         img.types[name] = o.logical
 
 
@@ -215,7 +223,9 @@ def _apply_computed(
             if e is not None:
                 img.fail(i, f"computed column {name!r} ({expr.text}): {e}")
             else:
-                img.afters[i][name] = v  # type: ignore[index]
+                after = img.afters[i]
+                assert after is not None, "_with_all's rows index images that are present"
+                after[name] = v
 
 
 def _metadata(part: pa.Table, fields: Mapping[str, str]) -> dict[str, list[Any]]:
@@ -324,7 +334,8 @@ def shape(
         for i, image in enumerate(img.afters):
             if image is not None:
                 image[name] = values[i]
-    skip, to_delete = [False] * n, []
+    skip: list[bool] = [False] * n
+    to_delete: list[int] = []
     if shaping.filter is not None:
         skip, to_delete = _apply_filter(img, shaping.filter, part)
 

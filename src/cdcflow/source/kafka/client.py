@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from cdcflow.errors import ConfigError, SourceError
 from cdcflow.source.kafka.options import KafkaSourceOptions
@@ -21,6 +21,7 @@ from cdcflow.source.kafka.options import KafkaSourceOptions
 __all__ = [
     "REQUEST_TIMEOUT_S",
     "ErrorSink",
+    "Refusal",
     "client_config",
     "error_text",
     "is_transient",
@@ -222,7 +223,11 @@ _AUTHORIZATION_ERRORS = (
 )
 
 
-def refused_access(err: Any) -> str | None:
+#: what the brokers refused: the client's credentials, or its access
+Refusal = Literal["authentication", "authorization"]
+
+
+def refused_access(err: Any) -> Refusal | None:
     """``"authentication"`` when the brokers refused the client's credentials (a failed
     SASL handshake, an SSL failure), ``"authorization"`` when they refused it access (ACLs),
     else ``None``.
@@ -263,19 +268,18 @@ def kafka_error(exc: BaseException, what: str) -> SourceError:
     )
 
 
-def _refused_error(exc: BaseException, what: str, refused: str) -> SourceError:
+def _refused_error(exc: BaseException, what: str, refused: Refusal) -> SourceError:
     if refused == "authentication":
         return SourceError(
             f"{what}: authentication failed, the brokers refused the client's credentials "
             f"({error_text(exc)}); fix kafka.options: security.protocol, sasl.mechanism, "
             "sasl.username and sasl.password (or the ssl.* settings)"
         )
-    if refused == "authorization":
-        return SourceError(
-            f"{what}: authorization failed, the brokers refused access ({error_text(exc)}); "
-            "the user of kafka.options' sasl.username needs Describe and Read on the topics "
-            "(Kafka ACLs)"
-        )
+    return SourceError(
+        f"{what}: authorization failed, the brokers refused access ({error_text(exc)}); "
+        "the user of kafka.options' sasl.username needs Describe and Read on the topics "
+        "(Kafka ACLs)"
+    )
 
 
 def watermarks_of(

@@ -39,8 +39,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -83,6 +83,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 FORMAT = "cdcflow_kafka"
 """Name of the Python data source (``spark.readStream.format(FORMAT)``)."""
@@ -175,7 +177,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return error_text(detail if detail is not None else exc)
 
-    def _retry(self, what: str, attempt: Any) -> Any:
+    def _retry(self, what: str, attempt: Callable[[], _T]) -> _T:
         """``attempt()`` retried within the outage budget; other Kafka errors are
         SourceErrors at once.
 
@@ -192,7 +194,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 key=self.opts.outage_budget_key,
             )
 
-        def timed(timeout_s: float) -> Any:
+        def timed(timeout_s: float) -> _T:
             self._timeout_s = timeout_s
             result = attempt()
             if self._consumer is not None and self._errors is not None:
@@ -220,7 +222,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         (default: all), looked up together and retried together within the outage budget
         (a partition that vanished meanwhile is not asked about again)."""
 
-        def attempt() -> tuple[list, dict]:
+        def attempt() -> tuple[list[TopicPartitionKey], dict[TopicPartitionKey, tuple[int, int]]]:
             tps = self._list_partitions()
             present = set(tps)
             chosen = tps if only is None else [tp for tp in only if tp in present]
@@ -292,7 +294,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -------------------------------------------------------------- offsets
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, dict[str, int]]:
         """Offsets a new query starts from, per ``startingOffsets``.
 
         Returns:
@@ -349,7 +351,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadAllAvailable()
         return ReadMaxRows(self.opts.max_offsets_per_trigger)
 
-    def latestOffset(self, start: dict, limit: Any = None) -> dict:
+    def latestOffset(
+        self, start: Mapping[str, Mapping[str, int]], limit: Any = None
+    ) -> dict[str, dict[str, int]]:
         """The end offsets of the next micro-batch.
 
         Discovers topics and partitions (new ones start at their earliest offset),
@@ -405,11 +409,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[tp] += n
         return offsets_to_json(end)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
         """High watermarks seen by the last ``latestOffset`` call (for query progress)."""
         return offsets_to_json(self._latest) if self._latest else None
 
-    def partitions(self, start: dict, end: dict) -> Sequence[Any]:
+    def partitions(
+        self, start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]
+    ) -> Sequence[Any]:
         """One input partition per topic-partition with records in ``[start, end)``, or
         with ``maxPartitions`` those ranges packed into that many (:func:`pack_ranges`).
 
@@ -440,7 +446,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for part in ranges_of(partition):
             yield from read_partition(self.opts, part)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Mapping[str, Mapping[str, int]]) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, not in Kafka."""
 
     def stop(self) -> None:
@@ -483,7 +489,7 @@ def register(spark: Any) -> None:
     register_once(spark, KafkaDataSource)
 
 
-def register_once(spark: Any, source: type) -> None:
+def register_once(spark: Any, source: type[DataSource]) -> None:
     """Register the Python data source class ``source`` with ``spark`` unless this
     session has it already (a second registration replaces it with a WARN line)."""
     done: set[str] = spark.__dict__.setdefault("_cdcflow_data_sources", set())
