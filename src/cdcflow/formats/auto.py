@@ -149,7 +149,8 @@ def _dataworks(obj: dict[str, Any]) -> bool:
 
 def _qlik(obj: dict[str, Any]) -> bool:
     if "magic" in obj:
-        return obj["magic"] == _QLIK_MAGIC
+        magic: object = obj["magic"]
+        return magic == _QLIK_MAGIC
     headers = obj.get("headers")
     if headers.__class__ is dict:  # a data message without the envelope
         return "operation" in headers and ("data" in obj or "beforeData" in obj)
@@ -380,7 +381,7 @@ class AutoOptions(DecoderOptions):
 # --------------------------------------------------------------------------- decoder
 
 
-class AutoDecoder(Decoder):
+class AutoDecoder(Decoder[AutoOptions]):
     """Detects each record's format and decodes it with that format's decoder.
 
     Delegates are created on first use, once per format, and keep their state (Qlik
@@ -388,7 +389,7 @@ class AutoDecoder(Decoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = AutoOptions
+    options_class = AutoOptions
     options: AutoOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:

@@ -421,14 +421,14 @@ def _convert(item: Any, col: str) -> tuple[Any, str | None]:
 # --------------------------------------------------------------------------- decoder
 
 
-class DtsAvroDecoder(Decoder):
+class DtsAvroDecoder(Decoder[DtsAvroOptions]):
     """Decodes DTS Avro records (see the module doc and ``docs/formats/dts-avro.md``)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = DtsAvroOptions
+    options_class = DtsAvroOptions
     binary_values: ClassVar[bool] = True
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: DtsAvroOptions | None = None) -> None:
         super().__init__(options)
         self._schema = record_schema()
         self._tables: dict[str | None, SourceTable] = {}

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from cdcflow.errors import Code, DecodeError
-from cdcflow.formats.base import Decoder, Record
+from cdcflow.formats.base import Decoder, OptionsT, Record
 from cdcflow.model import ChangeEvent
 from cdcflow.types import json_text
 
@@ -82,7 +82,7 @@ def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
     return image
 
 
-class ExactJsonDecoder(Decoder):
+class ExactJsonDecoder(Decoder[OptionsT]):
     """A JSON decoder whose numbers stay exact: parse with orjson, and parse again with
     :func:`loads_exact` when the message holds a number orjson would round
     (:class:`InexactNumber`) or when the options ask for decimals (``self._exact``).
