@@ -411,7 +411,7 @@ class AutoDecoder(Decoder[AutoOptions]):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     def _options_for(self, fmt: str) -> DecoderOptions:
         from cdcflow.formats import decoder_class
@@ -460,9 +460,9 @@ class AutoDecoder(Decoder[AutoOptions]):
                 the detected format.
             SkipRecord: as the delegate raises it.
         """
-        value = record.value
+        value: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         try:
-            obj = _loads(value)  # type: ignore[arg-type]
+            obj = _loads(value)
         except _JSONDecodeError as exc:
             if self._avro:
                 return self._avro_fallback(record, "the value is not JSON")
@@ -591,7 +591,7 @@ def _parsed_entry(decoder: Decoder) -> Callable[[Any, Record], list[ChangeEvent]
             try:
                 return [inner(obj, record, False)]
             except InexactNumber:
-                return [inner(loads_exact(record.value, False), record, True)]  # type: ignore[arg-type]
+                return [inner(loads_exact(record.value, False), record, True)]  # type: ignore[arg-type]  # parsed() is handed decoded values only: never a tombstone
 
         return parsed
     decode = decoder.decode

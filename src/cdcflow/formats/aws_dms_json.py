@@ -184,7 +184,7 @@ class AwsDmsJsonDecoder(ExactJsonDecoder[AwsDmsJsonOptions]):
         data = require(msg, "data", dict)
         json_image(data, checked)
         before = None
-        if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]
+        if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]  # _decode() never sees a tombstone (Decoder.decode)
             before = self._split_before(data)
         if op is Op.UPDATE:
             for name in self.options.before_image_fields:

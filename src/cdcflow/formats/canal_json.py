@@ -459,6 +459,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
                         raise ValueError  # the careful path says which column and range
             except Exception:  # noqa: BLE001 - the careful path raises the real error
                 image, cols = _image(row, convs, columns)
+            key: dict[str, Any] | None
             try:
                 if pk1 is not None:
                     key = {pk1: image[pk1]}

@@ -308,7 +308,7 @@ class DataWorksJsonDecoder(Decoder[DataWorksJsonOptions]):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     # ---------------------------------------------------------------- decode
 
@@ -325,7 +325,7 @@ class DataWorksJsonDecoder(Decoder[DataWorksJsonOptions]):
                 type), ``UNKNOWN_OP``, ``BAD_VALUE`` (a value that does not fit its
                 declared type), ``MISSING_KEY`` (no key columns known).
         """
-        raw: bytes = record.value  # type: ignore[assignment]  # never None: decode_batch skips tombstones
+        raw: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         last = self._last
         payload: Any = None
         fast: _PrefixSchema | None

@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
@@ -212,7 +212,7 @@ class DrsAvroOptions(DecoderOptions):
     timestamp_zone: str = "UTC"
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> Self:
         """Options from configuration; ``schema_path`` is required here.
 
         Raises:
@@ -239,7 +239,7 @@ def load_schema(path: str) -> dict[str, Any]:
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            schema = json.load(fh)
+            schema: dict[str, Any] = json.load(fh)  # record.avsc: one record schema
         parse_schema(schema)
     except (OSError, ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise ConfigError(
@@ -249,7 +249,7 @@ def load_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
+def schema_fingerprint(schema: dict[str, Any]) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 

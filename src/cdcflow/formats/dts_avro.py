@@ -437,7 +437,7 @@ class DtsAvroDecoder(Decoder[DtsAvroOptions]):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     # -- reading ---------------------------------------------------------------
 
@@ -456,7 +456,7 @@ class DtsAvroDecoder(Decoder[DtsAvroOptions]):
                 f"{len(value) - buf.tell()} trailing bytes after the DTS Avro Record",
                 Code.BAD_AVRO,
             )
-        return rec  # type: ignore[return-value]
+        return rec  # type: ignore[return-value]  # fastavro types any Avro datum; a DTS Record is a record: a dict
 
     def _source(self, object_name: str | None) -> SourceTable:
         table = self._tables.get(object_name)

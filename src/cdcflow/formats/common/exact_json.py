@@ -100,18 +100,19 @@ class ExactJsonDecoder(Decoder[OptionsT]):
             DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
                 ``UNKNOWN_OP``, ``MISSING_KEY``.
         """
+        value: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         exact = self._exact
         if exact:
-            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
+            msg = loads_exact(value, True)
         else:
             try:
-                msg = orjson.loads(record.value)  # type: ignore[arg-type]
+                msg = orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
         try:
             return [self._decode(msg, record, exact)]
         except InexactNumber:
-            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
+            return [self._decode(loads_exact(value, exact), record, True)]
 
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         raise NotImplementedError
