@@ -86,7 +86,8 @@ def decoder_class(name: str) -> type[Decoder]:
     Raises:
         ConfigError: unknown format name.
     """
-    return load_entry(DECODERS, name, "decoder")
+    cls: type[Decoder] = load_entry(DECODERS, name, "decoder")  # DECODERS names Decoders
+    return cls
 
 
 def decoder_for(name: str, options: Mapping[str, Any] | DecoderOptions | None = None) -> Decoder:

@@ -149,7 +149,8 @@ def _dataworks(obj: dict[str, Any]) -> bool:
 
 def _qlik(obj: dict[str, Any]) -> bool:
     if "magic" in obj:
-        return obj["magic"] == _QLIK_MAGIC
+        magic: object = obj["magic"]
+        return magic == _QLIK_MAGIC
     headers = obj.get("headers")
     if headers.__class__ is dict:  # a data message without the envelope
         return "operation" in headers and ("data" in obj or "beforeData" in obj)
@@ -380,7 +381,7 @@ class AutoOptions(DecoderOptions):
 # --------------------------------------------------------------------------- decoder
 
 
-class AutoDecoder(Decoder):
+class AutoDecoder(Decoder[AutoOptions]):
     """Detects each record's format and decodes it with that format's decoder.
 
     Delegates are created on first use, once per format, and keep their state (Qlik
@@ -388,7 +389,7 @@ class AutoDecoder(Decoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = AutoOptions
+    options_class = AutoOptions
     options: AutoOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
@@ -410,7 +411,7 @@ class AutoDecoder(Decoder):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     def _options_for(self, fmt: str) -> DecoderOptions:
         from cdcflow.formats import decoder_class
@@ -459,9 +460,9 @@ class AutoDecoder(Decoder):
                 the detected format.
             SkipRecord: as the delegate raises it.
         """
-        value = record.value
+        value: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         try:
-            obj = _loads(value)  # type: ignore[arg-type]
+            obj = _loads(value)
         except _JSONDecodeError as exc:
             if self._avro:
                 return self._avro_fallback(record, "the value is not JSON")
@@ -590,7 +591,7 @@ def _parsed_entry(decoder: Decoder) -> Callable[[Any, Record], list[ChangeEvent]
             try:
                 return [inner(obj, record, False)]
             except InexactNumber:
-                return [inner(loads_exact(record.value, False), record, True)]  # type: ignore[arg-type]
+                return [inner(loads_exact(record.value, False), record, True)]  # type: ignore[arg-type]  # parsed() is handed decoded values only: never a tombstone
 
         return parsed
     decode = decoder.decode

@@ -115,16 +115,16 @@ class AwsDmsJsonOptions(DecoderOptions):
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-class AwsDmsJsonDecoder(ExactJsonDecoder):
+class AwsDmsJsonDecoder(ExactJsonDecoder[AwsDmsJsonOptions]):
     """Decodes AWS DMS JSON records (see the module docstring)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = AwsDmsJsonOptions
+    options_class = AwsDmsJsonOptions
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: AwsDmsJsonOptions | None = None) -> None:
         super().__init__(options)
-        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
-        opts: AwsDmsJsonOptions = self.options  # type: ignore[assignment]
+        self._exact: bool = self.options.float_as_decimal
+        opts: AwsDmsJsonOptions = self.options
         self._prefix = opts.before_image_prefix
         self._prefix_bytes = b'"' + opts.before_image_prefix.encode()
         # per table: identity and key columns (options, replaced by what a create-table
@@ -184,17 +184,17 @@ class AwsDmsJsonDecoder(ExactJsonDecoder):
         data = require(msg, "data", dict)
         json_image(data, checked)
         before = None
-        if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]
+        if self._prefix and self._prefix_bytes in record.value:  # type: ignore[operator]  # _decode() never sees a tombstone (Decoder.decode)
             before = self._split_before(data)
         if op is Op.UPDATE:
-            for name in self.options.before_image_fields:  # type: ignore[attr-defined]
+            for name in self.options.before_image_fields:
                 image = msg.get(name)
                 if image is not None:
                     if type(image) is not dict:
                         raise field_error(name, image, "an object")
                     before = {**(before or {}), **json_image(image, checked)}
                     break
-            if before and self.options.infer_nulls_from_before:  # type: ignore[attr-defined]
+            if before and self.options.infer_nulls_from_before:
                 for k in before:
                     if k not in data:
                         data[k] = None

@@ -21,10 +21,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Self
+
+from typing_extensions import TypeVar
 
 from cdcflow.errors import Code, DecodeError, SkipReason, SourceError
-from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable
+from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable, Txn
 
 __all__ = [
     "DEFAULT_MAX_COLUMNS",
@@ -34,6 +36,7 @@ __all__ = [
     "DecodeResult",
     "Decoder",
     "DecoderOptions",
+    "OptionsT",
     "ColumnarEvents",
     "FlatEvent",
     "Record",
@@ -207,7 +210,7 @@ class DecoderOptions:
     keyless: str = "dead_letter"
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> Self:
         """Build options from a plain mapping; unknown keys are a ConfigError."""
         from cdcflow.errors import ConfigError, did_you_mean
 
@@ -230,7 +233,7 @@ class DecoderOptions:
         return cls(**values)
 
     @classmethod
-    def from_options(cls, options: DecoderOptions) -> DecoderOptions:
+    def from_options(cls, options: DecoderOptions) -> Self:
         """``options`` as this class: the options every decoder takes (the fields of
         :class:`DecoderOptions`) carried over, the format's own at their defaults."""
         if isinstance(options, cls):
@@ -270,7 +273,17 @@ def key_columns_for(
 #: declared logical types (a type for every non-null value of the image the event keeps,
 #: and no column that image lacks), the sequence tuple, the source commit time in epoch
 #: ms (or ``None``) and the :class:`~cdcflow.model.Txn` (or ``None``).
-FlatEvent = tuple[Any, Any, dict, dict | None, dict | None, dict, tuple, int | None, Any]
+FlatEvent = tuple[
+    Op,
+    SourceTable,
+    dict[str, Any],
+    dict[str, Any] | None,
+    dict[str, Any] | None,
+    dict[str, str],
+    tuple[int, ...],
+    int | None,
+    Txn | None,
+]
 
 
 @dataclass
@@ -305,17 +318,27 @@ class ColumnarEvents:
     txn_id: Any
 
 
-class Decoder(ABC):
+#: A format's options class: ``Decoder[CanalJsonOptions]`` has ``options`` of that type. A
+#: bare ``Decoder`` is ``Decoder[DecoderOptions]``, the options every format takes; every
+#: format's decoder is one (covariant).
+OptionsT = TypeVar("OptionsT", bound=DecoderOptions, default=DecoderOptions, covariant=True)
+
+
+class Decoder(ABC, Generic[OptionsT]):
     """Decodes the records of one format. Instances are picklable and stateless
-    across records, except for what a format documents (e.g. Qlik metadata)."""
+    across records, except for what a format documents (e.g. Qlik metadata).
+
+    Generic over the format's options class (``class CanalJsonDecoder(Decoder[
+    CanalJsonOptions])``), which each format names in ``options_class``."""
 
     identifier: ClassVar[str]
-    options_class: ClassVar[type[DecoderOptions]] = DecoderOptions
+    #: the format's options class (a class attribute; ``ClassVar`` cannot hold ``OptionsT``)
+    options_class: type[OptionsT]
     #: ``True`` for binary formats (Avro): ``cdcflow decode``/``apply`` read base64 lines.
     binary_values: ClassVar[bool] = False
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
-        self.options = options if options is not None else self.options_class()
+    def __init__(self, options: OptionsT | None = None) -> None:
+        self.options: OptionsT = options if options is not None else self.options_class()
         _check_keyless(self.options.keyless)
         _check_max_columns(self.options.max_columns)
 

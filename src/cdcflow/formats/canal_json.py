@@ -177,7 +177,7 @@ def _float(v: Any, c: str) -> float:
             return float(v)
         except ValueError:
             pass
-    return to_float(v, c)  # type: ignore[return-value]
+    return to_float(v, c)  # type: ignore[return-value]  # v is not None (callers convert non-nulls), so to_float gives a float
 
 
 # MySQL values (dates, booleans, unsigned, BIT, ENUM/SET, binary): the shared layer,
@@ -254,11 +254,11 @@ def _fast(careful: Callable[[Any, str], Any] | None) -> Callable[[str], Any] | N
     return fast if fast is not None else lambda v: careful(v, "")
 
 
-class CanalJsonDecoder(Decoder):
+class CanalJsonDecoder(Decoder[CanalJsonOptions]):
     """Decodes Canal / DTS Canal JSON flat messages. See the module docstring."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = CanalJsonOptions
+    options_class = CanalJsonOptions
     options: CanalJsonOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
@@ -382,7 +382,7 @@ class CanalJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE, MISSING_KEY.
         """
-        msg = load_object(record.value, "a Canal message")  # type: ignore[arg-type]
+        msg = load_object(record.value, "a Canal message")
         get = msg.get
         typ = get("type")
         es = get("es")
@@ -459,6 +459,7 @@ class CanalJsonDecoder(Decoder):
                         raise ValueError  # the careful path says which column and range
             except Exception:  # noqa: BLE001 - the careful path raises the real error
                 image, cols = _image(row, convs, columns)
+            key: dict[str, Any] | None
             try:
                 if pk1 is not None:
                     key = {pk1: image[pk1]}
@@ -466,9 +467,11 @@ class CanalJsonDecoder(Decoder):
                     key = {k: image[k] for k in pks} if pks is not None else None
             except KeyError:
                 key = None
-            before = changed = None
+            after: dict[str, Any] | None = image
+            before: dict[str, Any] | None = None
+            changed = None
             if is_delete:
-                before, image = image, None
+                before, after = image, None
             elif is_update and olds is not None and olds[i] is not None:
                 prior = olds[i]
                 if type(prior) is not dict:
@@ -480,7 +483,7 @@ class CanalJsonDecoder(Decoder):
             # positional (faster): op source key before after columns seq ts_ms txn ddl
             # changed origin
             event = ChangeEvent(
-                op, source, key, before, image, cols, seq, es, txn, None, changed, origin
+                op, source, key, before, after, cols, seq, es, txn, None, changed, origin
             )
             if key is None:
                 self.require_key(event, pks)  # options' keys, or raises MISSING_KEY

@@ -140,7 +140,9 @@ def image_texts(table: pa.Table, placeholders: Collection[str] = ()) -> ImageTex
     name needs escaping. Rows whose values the text cannot vouch for are ``False`` in
     ``ok`` (the caller declines them)."""
     n = table.num_rows
-    names, types, values = [], [], []
+    names: list[str] = []
+    types: list[str | None] = []
+    values: list[Any] = []
     ok = pa.array(np.ones(n, bool))
     for name, column in zip(table.column_names, table.columns, strict=True):
         if pc.match_substring_regex(pa.scalar(name), _ESCAPED).as_py():

@@ -228,7 +228,7 @@ class DataWorksJsonOptions(DecoderOptions):
 class _Schema:
     """What one ``schema`` object means (cached by content; never mutated once built)."""
 
-    __slots__ = ("columns", "kinds", "expect", "dates", "longs", "pk", "pk1", "source")
+    __slots__ = ("columns", "kinds", "expect", "dates", "longs", "pk", "pk1")
 
     def __init__(self, columns: dict[str, str], kinds: dict[str, int], pk: tuple[str, ...]) -> None:
         self.columns = columns  # name -> logical type (copied into each event)
@@ -239,7 +239,22 @@ class _Schema:
         self.longs = tuple(n for n, k in kinds.items() if k == _K_LONG)  # int64 range checked
         self.pk = pk  # declared key columns, () when primaryKey is null or empty
         self.pk1 = pk[0] if len(pk) == 1 else None
-        self.source: SourceTable | None = None  # set for the byte-prefix fast path
+
+
+class _PrefixSchema(_Schema):
+    """A row schema met as the byte prefix of a message (:meth:`DataWorksJsonDecoder.
+    _split`), with the table it names: what the fast path of ``decode`` uses."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, schema: _Schema, source: SourceTable) -> None:
+        super().__init__(schema.columns, schema.kinds, schema.pk)
+        self.source = source
+
+
+#: a row op's parts that ``_decode_full`` gives: (parsed schema, source table, payload,
+#: row-op kind, op text)
+_RowParts = tuple[_Schema, SourceTable, dict[str, Any], int, str]
 
 
 #: kind -> the class a JSON value of that kind already has (no conversion needed)
@@ -257,7 +272,7 @@ _PAYLOAD_KEY = b',"payload":'
 _INSERT_OP, _UPDATE_OP, _DELETE_OP = Op.INSERT, Op.UPDATE, Op.DELETE
 
 
-class DataWorksJsonDecoder(Decoder):
+class DataWorksJsonDecoder(Decoder[DataWorksJsonOptions]):
     """Decodes DataWorks Kafka JSON messages (one message -> one event).
 
     Pure apart from caches keyed by message content (parsed ``schema`` objects, source
@@ -274,17 +289,17 @@ class DataWorksJsonDecoder(Decoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = DataWorksJsonOptions
+    options_class = DataWorksJsonOptions
     options: DataWorksJsonOptions
 
     _CACHE_MAX = 4096
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: DataWorksJsonOptions | None = None) -> None:
         super().__init__(options)
         self._schemas: dict[Any, _Schema] = {}
         self._tables: dict[Any, SourceTable] = {}
-        self._prefixes: dict[bytes, _Schema | None] = {}
-        self._last: tuple[bytes, int, _Schema] | None = None  # most recent prefix hit
+        self._prefixes: dict[bytes, _PrefixSchema | None] = {}
+        self._last: tuple[bytes, int, _PrefixSchema] | None = None  # most recent prefix hit
         # the ',"version":V}' ending of recent messages (V valid JSON); never matches at first
         self._suffix = b"\x00never"
         self._row_id = self.options.row_id_column
@@ -293,7 +308,7 @@ class DataWorksJsonDecoder(Decoder):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     # ---------------------------------------------------------------- decode
 
@@ -310,15 +325,17 @@ class DataWorksJsonDecoder(Decoder):
                 type), ``UNKNOWN_OP``, ``BAD_VALUE`` (a value that does not fit its
                 declared type), ``MISSING_KEY`` (no key columns known).
         """
-        raw: bytes = record.value  # type: ignore[assignment]
+        raw: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         last = self._last
-        payload = None
+        payload: Any = None
+        fast: _PrefixSchema | None
         if last is not None and raw.startswith(last[0]):
-            cut, parsed = last[1], last[2]
+            cut, fast = last[1], last[2]
         else:
             hit = self._split(raw)
-            cut, parsed = hit if hit is not None else (0, None)
-        if parsed is not None:
+            cut, fast = hit if hit is not None else (0, None)
+        kind = None
+        if fast is not None:
             suffix = self._suffix
             if raw.endswith(suffix):  # ',"version":V}' seen before: parse P alone
                 try:
@@ -331,19 +348,19 @@ class DataWorksJsonDecoder(Decoder):
                 except _JSONDecodeError:
                     rest = None
                 if rest.__class__ is dict and "schema" not in rest:
-                    payload = rest.get("payload")  # type: ignore[union-attr]
-                    if len(rest) == 2 and "version" in rest:  # type: ignore[arg-type]
-                        self._learn_suffix(raw, rest["version"])  # type: ignore[index]
-        kind = None
-        if payload.__class__ is dict:
-            op = payload.get("op")  # type: ignore[union-attr]
-            kind = _ROW_OPS.get(op) if op.__class__ is str else None
-            source = parsed.source  # type: ignore[union-attr]
+                    payload = rest.get("payload")
+                    if len(rest) == 2 and "version" in rest:
+                        self._learn_suffix(raw, rest["version"])
+            if payload.__class__ is dict:
+                op: Any = payload.get("op")  # JSON: a str when kind is set
+                kind = _ROW_OPS.get(op) if op.__class__ is str else None
+                parsed: _Schema = fast
+                source = fast.source
         if kind is None:  # the full path: every op, every layout, every error
             full = self._decode_full(record)
-            if full.__class__ is ChangeEvent:
-                return [full]  # type: ignore[list-item]
-            parsed, source, payload, kind, op = full  # type: ignore[misc]
+            if isinstance(full, ChangeEvent):
+                return [full]
+            parsed, source, payload, kind, op = full
 
         # ---- one row change (inlined: this is the hot path)
         field = _IMAGE_FIELD[kind]
@@ -366,6 +383,9 @@ class DataWorksJsonDecoder(Decoder):
                 raise int_range_error(name, value, "int64")
         if parsed.dates:
             _dates(image, parsed.dates)
+        before: dict[str, Any] | None
+        after: dict[str, Any] | None
+        meta: dict[str, Any] | None
         if kind == _INSERT:
             event_op, before, after, meta = _INSERT_OP, None, image, None
         elif kind == _DELETE:
@@ -438,7 +458,7 @@ class DataWorksJsonDecoder(Decoder):
             raise _missing_key(exc.args[0], event.source) from exc
         return event
 
-    def _split(self, raw: bytes) -> tuple[int, _Schema] | None:
+    def _split(self, raw: bytes) -> tuple[int, _PrefixSchema] | None:
         """Find (and remember) the ``{"schema":S,"payload":`` prefix of ``raw``.
 
         Returns:
@@ -458,9 +478,9 @@ class DataWorksJsonDecoder(Decoder):
             try:
                 schema = _loads(raw[10:cut])
                 if schema.__class__ is dict:
-                    parsed = self._schema(schema)
-                    parsed = _Schema(parsed.columns, parsed.kinds, parsed.pk)
-                    parsed.source = self._source(schema.get("source"), required=True)
+                    parsed = _PrefixSchema(
+                        self._schema(schema), self._source(schema.get("source"), required=True)
+                    )
             except (_JSONDecodeError, DecodeError):
                 parsed = None  # e.g. a heartbeat's null schema: always the full path
             if len(self._prefixes) >= self._CACHE_MAX:
@@ -480,14 +500,14 @@ class DataWorksJsonDecoder(Decoder):
         if raw.endswith(suffix):
             self._suffix = suffix
 
-    def _decode_full(self, record: Record) -> Any:
+    def _decode_full(self, record: Record) -> ChangeEvent | _RowParts:
         """Parse the whole message: a finished event for a non-row op, else the parts
         ``(parsed schema, source, payload, kind, op)`` of a row op."""
-        msg = load_object(record.value, "a DataWorks message")  # type: ignore[arg-type]
-        payload = msg.get("payload")
+        msg = load_object(record.value, "a DataWorks message")
+        payload: Any = msg.get("payload")  # checked below: an object
         if payload.__class__ is not dict:
             raise self._object_error("payload", payload)
-        op = payload.get("op")
+        op: Any = payload.get("op")  # JSON: a str when kind is set
         kind = _ROW_OPS.get(op) if op.__class__ is str else None
         if kind is None:
             return self._decode_other(msg, payload, op, record)
@@ -564,7 +584,7 @@ class DataWorksJsonDecoder(Decoder):
             pass
         columns: dict[str, str] = {}
         kinds: dict[str, int] = {}
-        cols = schema.get("dataColumn")
+        cols: Any = schema.get("dataColumn")  # checked below: a list
         if cols.__class__ is not list:
             if cols is None:
                 raise DecodeError(
@@ -579,7 +599,8 @@ class DataWorksJsonDecoder(Decoder):
                 raise DecodeError(
                     f"schema.dataColumn entries must be objects, got {col!r}", Code.BAD_FIELD
                 )
-            name, typ = col.get("name"), col.get("type")
+            name = col.get("name")
+            typ: Any = col.get("type")  # any JSON value: one _TYPES lacks is the error below
             if name.__class__ is not str:
                 raise DecodeError(
                     f"schema.dataColumn entry without a name: {col!r}", Code.BAD_FIELD
@@ -840,7 +861,7 @@ def _ts_ms(ts: Any) -> int | None:
 def _scn(scn: Any) -> int:
     """The Oracle SCN as an int."""
     if scn.__class__ is int:
-        return scn  # type: ignore[no-any-return]
+        return scn
     if scn.__class__ is str:
         try:
             return int(scn)

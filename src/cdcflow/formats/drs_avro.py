@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
@@ -212,7 +212,7 @@ class DrsAvroOptions(DecoderOptions):
     timestamp_zone: str = "UTC"
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> DecoderOptions:
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> Self:
         """Options from configuration; ``schema_path`` is required here.
 
         Raises:
@@ -239,7 +239,7 @@ def load_schema(path: str) -> dict[str, Any]:
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            schema = json.load(fh)
+            schema: dict[str, Any] = json.load(fh)  # record.avsc: one record schema
         parse_schema(schema)
     except (OSError, ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise ConfigError(
@@ -249,7 +249,7 @@ def load_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
+def schema_fingerprint(schema: dict[str, Any]) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
@@ -273,14 +273,14 @@ def split_table_name(name: str) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------- decoder
 
 
-class DrsAvroDecoder(Decoder):
+class DrsAvroDecoder(Decoder[DrsAvroOptions]):
     """Decoder of DRS Avro records (``drs-avro``), one row per record."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = DrsAvroOptions
+    options_class = DrsAvroOptions
     binary_values: ClassVar[bool] = True
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: DrsAvroOptions | None = None) -> None:
         super().__init__(options)
         opts = self.options
         assert isinstance(opts, DrsAvroOptions)
@@ -302,7 +302,7 @@ class DrsAvroDecoder(Decoder):
     # -- bytes -> record ---------------------------------------------------------------
 
     def _read(self, value: bytes) -> dict[str, Any]:
-        framing = self.options.framing  # type: ignore[attr-defined]
+        framing = self.options.framing
         start = 0
         if framing == "single-object" or (framing == "auto" and value[:2] == SINGLE_OBJECT_MAGIC):
             if value[:2] != SINGLE_OBJECT_MAGIC or len(value) < 10:
@@ -314,7 +314,7 @@ class DrsAvroDecoder(Decoder):
                     "the bundled STAND-IN schema (no schema_path given): set "
                     "formats.drs-avro.schema_path to DRS's record.avsc"
                     if self._standin
-                    else f"schema_path={self.options.schema_path!r}"  # type: ignore[attr-defined]
+                    else f"schema_path={self.options.schema_path!r}"
                 )
                 raise DecodeError(
                     f"record written with schema fingerprint {value[2:10].hex()}, but the "
@@ -345,10 +345,10 @@ class DrsAvroDecoder(Decoder):
     def _plan(self, fields: Any) -> tuple[dict[str, str], tuple[Any, ...]]:
         """(declared types, ((column, converter or None), ...)) of a ``fields`` list."""
         opts = self.options
-        name_key, type_key = opts.field_name_key, opts.field_type_key  # type: ignore[attr-defined]
+        name_key, type_key = opts.field_name_key, opts.field_type_key
         if fields.__class__ is not list:
             raise DecodeError(
-                f"{opts.fields_field!r} must be a list of columns",  # type: ignore[attr-defined]
+                f"{opts.fields_field!r} must be a list of columns",
                 Code.BAD_FIELD,
             )
         try:
@@ -389,7 +389,7 @@ class DrsAvroDecoder(Decoder):
                 f"{field!r} must be a list with one item per column ({len(plan)})",
                 Code.BAD_FIELD,
             )
-        value_key = self.options.value_key  # type: ignore[attr-defined]
+        value_key = self.options.value_key
         row: dict[str, Any] = {}
         for (name, logical, conv), item in zip(plan, items, strict=True):
             value = item.get(value_key) if item.__class__ is dict else item
@@ -413,8 +413,8 @@ class DrsAvroDecoder(Decoder):
 
     def _source(self, rec: dict[str, Any]) -> SourceTable:
         opts = self.options
-        raw = rec.get(opts.table_field)  # type: ignore[attr-defined]
-        db_field = opts.database_field  # type: ignore[attr-defined]
+        raw = rec.get(opts.table_field)
+        db_field = opts.database_field
         db = rec.get(db_field) if db_field else None
         try:
             return self._tables[(db, raw)]
@@ -422,7 +422,7 @@ class DrsAvroDecoder(Decoder):
             pass
         if not isinstance(raw, str) or not raw.strip():
             raise DecodeError(
-                f"no table name in {opts.table_field!r}",  # type: ignore[attr-defined]
+                f"no table name in {opts.table_field!r}",
                 Code.MISSING_FIELD,
             )
         database, schema, table = split_table_name(raw)

@@ -263,7 +263,9 @@ def mysql_column(
         ``(logical type or None, converter or None)``; ``None`` type: not declared (an
         unknown type, or a decimal without precision); ``None`` converter: keep the value.
     """
-    base, args, unsigned = None, (), False
+    base: str | None = None
+    args: tuple[str, ...] = ()
+    unsigned = False
     if type_name.__class__ is str:
         base, args, unsigned, _ = parse_mysql_type(type_name)
     if base is None or base not in _MYSQL_TYPES:
@@ -386,13 +388,13 @@ def _json_values(
     return columns
 
 
-class _DrsJsonDecoderBase(Decoder):
+class _DrsJsonDecoderBase(Decoder[DrsJsonOptions]):
     """Shared implementation; ``_json_c`` selects the JSON-C rules."""
 
-    options_class: ClassVar[type[DecoderOptions]] = DrsJsonOptions
+    options_class = DrsJsonOptions
     _json_c: ClassVar[bool] = False
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: DrsJsonOptions | None = None) -> None:
         super().__init__(options)
         self._zone = zone_option(getattr(self.options, "timestamp_zone", "UTC"))
         self._tables: dict[tuple[Any, Any], _Table] = {}
@@ -423,7 +425,7 @@ class _DrsJsonDecoderBase(Decoder):
         mt = mysql_type if mysql_type.__class__ is dict else {}
         st = sql_type if sql_type.__class__ is dict else {}
         columns: dict[str, str] = {}
-        ints: list[str] = []
+        ints: list[tuple[str, int, int]] = []
         strings: list[str] = []
         convs: list[tuple[str, Converter]] = []
         for name in {**st, **mt}:
@@ -431,7 +433,9 @@ class _DrsJsonDecoderBase(Decoder):
             if logical is not None:
                 columns[name] = logical
             if conv is int32_text or conv is int64_text:
-                ints.append((name, *INT_RANGES[logical]))  # type: ignore[index]
+                assert logical is not None  # mysql_column gives these with int32 or int64
+                lo, hi = INT_RANGES[logical]
+                ints.append((name, lo, hi))
             elif conv is not None:
                 convs.append((name, conv))
             elif logical in _STRING_TYPES:
@@ -459,7 +463,7 @@ class _DrsJsonDecoderBase(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 MISSING_KEY or BAD_VALUE (see ``docs/formats/drs-json.md``).
         """
-        msg = load_object(record.value, "a DRS message")  # type: ignore[arg-type]
+        msg = load_object(record.value, "a DRS message")
         get = msg.get
         typ = get("type")
         seq_id = get("id")

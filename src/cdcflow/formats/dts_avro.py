@@ -421,14 +421,14 @@ def _convert(item: Any, col: str) -> tuple[Any, str | None]:
 # --------------------------------------------------------------------------- decoder
 
 
-class DtsAvroDecoder(Decoder):
+class DtsAvroDecoder(Decoder[DtsAvroOptions]):
     """Decodes DTS Avro records (see the module doc and ``docs/formats/dts-avro.md``)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = DtsAvroOptions
+    options_class = DtsAvroOptions
     binary_values: ClassVar[bool] = True
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: DtsAvroOptions | None = None) -> None:
         super().__init__(options)
         self._schema = record_schema()
         self._tables: dict[str | None, SourceTable] = {}
@@ -437,7 +437,7 @@ class DtsAvroDecoder(Decoder):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     # -- reading ---------------------------------------------------------------
 
@@ -456,7 +456,7 @@ class DtsAvroDecoder(Decoder):
                 f"{len(value) - buf.tell()} trailing bytes after the DTS Avro Record",
                 Code.BAD_AVRO,
             )
-        return rec  # type: ignore[return-value]
+        return rec  # type: ignore[return-value]  # fastavro types any Avro datum; a DTS Record is a record: a dict
 
     def _source(self, object_name: str | None) -> SourceTable:
         table = self._tables.get(object_name)

@@ -135,15 +135,15 @@ def _key_names(key: bytes) -> list[str] | None:
     return None
 
 
-class MaxwellJsonDecoder(ExactJsonDecoder):
+class MaxwellJsonDecoder(ExactJsonDecoder[MaxwellJsonOptions]):
     """Decodes Maxwell JSON messages (see the module docstring for the rules)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = MaxwellJsonOptions
+    options_class = MaxwellJsonOptions
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: MaxwellJsonOptions | None = None) -> None:
         super().__init__(options)
-        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
+        self._exact: bool = self.options.float_as_decimal
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self._files: dict[str, int] = {}  # binlog file name -> its number
 
@@ -264,7 +264,7 @@ class MaxwellJsonDecoder(ExactJsonDecoder):
             if type(cols) is not list or not {*map(type, cols)} <= _STRINGS:
                 raise field_error("primary_key_columns", cols, "a list of column names")
             return cols
-        if record.key and self.options.key_from_kafka_key:  # type: ignore[attr-defined]
+        if record.key and self.options.key_from_kafka_key:
             names = _key_names(record.key)
             if names:
                 # Maxwell lower-cases key names; map them back to the row's columns.

@@ -111,16 +111,16 @@ def _split_table(name: str) -> SourceTable:
     return SourceTable(IDENTIFIER, table=name)
 
 
-class OggJsonDecoder(ExactJsonDecoder):
+class OggJsonDecoder(ExactJsonDecoder[OggJsonOptions]):
     """Decodes GoldenGate JSON operation messages (see the module docstring)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = OggJsonOptions
+    options_class = OggJsonOptions
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: OggJsonOptions | None = None) -> None:
         super().__init__(options)
-        self._exact: bool = self.options.float_as_decimal  # type: ignore[attr-defined]
-        opts: OggJsonOptions = self.options  # type: ignore[assignment]
+        self._exact: bool = self.options.float_as_decimal
+        opts: OggJsonOptions = self.options
         self._zone = zone_option(opts.timestamp_zone)
         self._ops = {**OP_CODES, **{c: Op(n) for c, n in dict(opts.op_codes).items()}}
         self._tables: dict[str, TableInfo] = {}
@@ -168,25 +168,29 @@ class OggJsonDecoder(ExactJsonDecoder):
         if op is Op.DELETE:
             if before is None:
                 raise DecodeError("GoldenGate delete without a 'before' image", Code.MISSING_FIELD)
-            after = None
-        elif after is None:
-            raise DecodeError(f"GoldenGate {op.value} without an 'after' image", Code.MISSING_FIELD)
-        elif op is Op.INSERT:
-            before = None
+            after, image = None, before
+        else:
+            if after is None:
+                raise DecodeError(
+                    f"GoldenGate {op.value} without an 'after' image", Code.MISSING_FIELD
+                )
+            if op is Op.INSERT:
+                before = None
+            image = after
         event = ChangeEvent(
             op, source, None, before, after, None, seq, ts_ms, txn, None, None, record.origin, meta
         )
         keys = get("primary_keys")
         if keys is not None and (type(keys) is not list or not {*map(type, keys)} <= _STRINGS):
             raise field_error("primary_keys", keys, "a list of column names")
-        return with_key(self, event, before if after is None else after, keys or info.keys)
+        return with_key(self, event, image, keys or info.keys)
 
     def _image(self, image: Any, name: str, checked: bool) -> dict[str, Any] | None:
         if image is None:
             return None
         if type(image) is not dict:
             raise field_error(name, image, "an object or null")
-        if self.options.is_missing_fields:  # type: ignore[attr-defined]
+        if self.options.is_missing_fields:
             missing = [k for k, v in image.items() if k.endswith("_isMissing") and type(v) is bool]
             for flag in missing:
                 if image.pop(flag):

@@ -137,11 +137,11 @@ class QlikJsonOptions(DecoderOptions):
 
 
 def _conv_int32(value: Any, column: str) -> int:
-    return in_int_range(to_int(value, column), column, "int32")  # type: ignore[arg-type]
+    return in_int_range(to_int(value, column), column, "int32")  # type: ignore[arg-type]  # value is not None (callers convert non-nulls), so to_int gives an int
 
 
 def _conv_int64(value: Any, column: str) -> int:
-    return in_int_range(to_int(value, column), column, "int64")  # type: ignore[arg-type]
+    return in_int_range(to_int(value, column), column, "int64")  # type: ignore[arg-type]  # value is not None (callers convert non-nulls), so to_int gives an int
 
 
 def _conv_str(value: Any, column: str) -> str:
@@ -168,7 +168,9 @@ def _conv_numeric(value: Any, column: str, quantum: decimal.Decimal | None) -> d
     except (decimal.InvalidOperation, ValueError):
         raise bad_value(column, value, "decimal") from None
     if q != d:
-        raise bad_value(column, value, f"decimal of scale {-quantum.as_tuple().exponent}")
+        exponent = quantum.as_tuple().exponent
+        assert isinstance(exponent, int)  # quantum is finite (_quantum)
+        raise bad_value(column, value, f"decimal of scale {-exponent}")
     return q
 
 
@@ -456,7 +458,7 @@ def _version(table: _Table) -> int:
 # --------------------------------------------------------------------------- decoder
 
 
-class QlikJsonDecoder(Decoder):
+class QlikJsonDecoder(Decoder[QlikJsonOptions]):
     """Decodes Qlik Replicate JSON data and metadata messages (module doc for the rules).
 
     State: the metadata of every table version seen (MD messages and preloaded
@@ -464,10 +466,10 @@ class QlikJsonDecoder(Decoder):
     """
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = QlikJsonOptions
+    options_class = QlikJsonOptions
     options: QlikJsonOptions
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: QlikJsonOptions | None = None) -> None:
         super().__init__(options)
         self._by_id: dict[str, _Table] = {}
         self._by_name: dict[str, _Table] = {}  # "schema.table" -> newest version
@@ -563,7 +565,7 @@ class QlikJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE, MISSING_KEY.
         """
-        obj = load_object(record.value, "a Replicate message")  # type: ignore[arg-type]
+        obj = load_object(record.value, "a Replicate message")
         schema_id = None
         if "magic" in obj:
             if obj["magic"] != MAGIC:
@@ -603,8 +605,8 @@ class QlikJsonDecoder(Decoder):
         count = len(meta["tableStructure"]["tableColumns"])
         if count > self.options.max_columns:  # refused before it is learned (base.py)
             lin = meta["lineage"]
-            table = SourceTable(IDENTIFIER, "", lin["schema"], lin["table"])
-            raise self.too_many_columns(table, "metadata message", "it declares", count)
+            named = SourceTable(IDENTIFIER, "", lin["schema"], lin["table"])
+            raise self.too_many_columns(named, "metadata message", "it declares", count)
         table = self._learn(meta)
         return ChangeEvent(
             op=Op.DDL,

@@ -239,13 +239,13 @@ def _wrong(name: str, want: str, value: Any) -> DecodeError:
 # --------------------------------------------------------------------------- decoder
 
 
-class SharePlexJsonDecoder(Decoder):
+class SharePlexJsonDecoder(Decoder[SharePlexJsonOptions]):
     """Decodes SharePlex JSON messages (see the module doc)."""
 
     identifier: ClassVar[str] = IDENTIFIER
-    options_class: ClassVar[type[DecoderOptions]] = SharePlexJsonOptions
+    options_class = SharePlexJsonOptions
 
-    def __init__(self, options: DecoderOptions | None = None) -> None:
+    def __init__(self, options: SharePlexJsonOptions | None = None) -> None:
         super().__init__(options)
         self._tables: dict[str, SourceTable] = {}
         opts = self.options
@@ -271,7 +271,7 @@ class SharePlexJsonDecoder(Decoder):
             DecodeError: BAD_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_FIELD, UNKNOWN_OP,
                 BAD_VALUE (with ``column_types``), MISSING_KEY.
         """
-        doc = load_object(record.value, "a SharePlex message")  # type: ignore[arg-type]
+        doc = load_object(record.value, "a SharePlex message")
         meta = require(doc, "meta", dict)
         op_raw = meta.get("op")
         if type(op_raw) is not str:

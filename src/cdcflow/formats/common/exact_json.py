@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from cdcflow.errors import Code, DecodeError
-from cdcflow.formats.base import Decoder, Record
+from cdcflow.formats.base import Decoder, OptionsT, Record
 from cdcflow.model import ChangeEvent
 from cdcflow.types import json_text
 
@@ -82,7 +82,7 @@ def json_image(image: dict[str, Any], checked: bool) -> dict[str, Any]:
     return image
 
 
-class ExactJsonDecoder(Decoder):
+class ExactJsonDecoder(Decoder[OptionsT]):
     """A JSON decoder whose numbers stay exact: parse with orjson, and parse again with
     :func:`loads_exact` when the message holds a number orjson would round
     (:class:`InexactNumber`) or when the options ask for decimals (``self._exact``).
@@ -100,18 +100,19 @@ class ExactJsonDecoder(Decoder):
             DecodeError: ``BAD_JSON``, ``NOT_AN_OBJECT``, ``MISSING_FIELD``, ``BAD_FIELD``,
                 ``UNKNOWN_OP``, ``MISSING_KEY``.
         """
+        value: bytes = record.value  # type: ignore[assignment]  # decode() never sees a tombstone (Decoder.decode)
         exact = self._exact
         if exact:
-            msg = loads_exact(record.value, True)  # type: ignore[arg-type]
+            msg = loads_exact(value, True)
         else:
             try:
-                msg = orjson.loads(record.value)  # type: ignore[arg-type]
+                msg = orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 raise DecodeError(f"value is not JSON: {exc}", Code.BAD_JSON) from None
         try:
             return [self._decode(msg, record, exact)]
         except InexactNumber:
-            return [self._decode(loads_exact(record.value, exact), record, True)]  # type: ignore[arg-type]
+            return [self._decode(loads_exact(value, exact), record, True)]
 
     def _decode(self, msg: Any, record: Record, checked: bool) -> ChangeEvent:
         raise NotImplementedError

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from cdcflow.errors import Code, DecodeError
 
 __all__ = ["field_error", "json_kind", "require"]
+
+_T = TypeVar("_T")
 
 #: JSON type -> how a message names it
 _WANTS: dict[type, str] = {
@@ -41,6 +43,16 @@ def field_error(name: str, value: Any, want: str) -> DecodeError:
     return DecodeError(
         f"field {name!r} must be {want}, got a JSON {json_kind(value)}", Code.BAD_FIELD
     )
+
+
+@overload
+def require(obj: Mapping[str, Any], key: str, kind: type[_T], want: str | None = None) -> _T: ...
+
+
+@overload
+def require(
+    obj: Mapping[str, Any], key: str, kind: tuple[type, ...], want: str | None = None
+) -> Any: ...
 
 
 def require(

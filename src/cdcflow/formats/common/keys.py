@@ -3,6 +3,7 @@ fast path of :meth:`Decoder.require_key` for images that hold the declared key."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cdcflow.formats.base import Decoder, key_columns_for
@@ -24,7 +25,7 @@ class TableInfo:
 
 
 def with_key(
-    decoder: Decoder, event: ChangeEvent, image: dict[str, Any], declared: list[str] | None
+    decoder: Decoder, event: ChangeEvent, image: dict[str, Any], declared: Sequence[str] | None
 ) -> ChangeEvent:
     """``decoder.require_key(event, declared)`` with a fast path for the common case:
     declared key columns that are all in ``image`` (the after image, else the before)."""

@@ -315,11 +315,12 @@ def set_text(labels: tuple[str, ...], by_index: bool) -> Converter:
 def latin1_text(value: Any, column: str) -> bytes:
     """Binary printed one char per byte (ISO-8859-1; Canal, Alibaba DTS) -> bytes."""
     try:
-        return value.encode("latin-1")
+        encoded: bytes = value.encode("latin-1")  # a str (anything else: AttributeError)
     except (UnicodeEncodeError, AttributeError):
         raise bad_value(
             column, value, "binary value (ISO-8859-1 text, one char per byte)"
         ) from None
+    return encoded
 
 
 def hex_text(value: Any, column: str) -> bytes:

@@ -159,9 +159,9 @@ def connect_schema(
                 "types ([null, T]) come from Kafka Connect's Avro converter",
                 Code.BAD_AVRO,
             )
-        out = dict(connect_schema(branches[0], named, namespace))
-        out["optional"] = len(avro) > 1
-        return out
+        branch = dict(connect_schema(branches[0], named, namespace))
+        branch["optional"] = len(avro) > 1
+        return branch
     if isinstance(avro, str):
         if avro in _PRIMITIVES:
             return {"type": _PRIMITIVES[avro], "optional": False}

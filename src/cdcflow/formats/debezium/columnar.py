@@ -18,7 +18,7 @@ Source document: Debezium's PostgreSQL connector event format
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import msgspec
 import numpy as np
@@ -85,6 +85,19 @@ class _Envelope(msgspec.Struct):
 _decode_envelope = msgspec.json.Decoder(_Envelope).decode
 
 
+_T = TypeVar("_T")
+
+
+def _none_free(items: list[_T | None]) -> TypeGuard[list[_T]]:
+    """Whether no item is ``None``."""
+    return None not in items
+
+
+def _all_truthy(items: list[_T | None]) -> TypeGuard[list[_T]]:
+    """Whether every item is truthy (so none is ``None``)."""
+    return all(items)
+
+
 class _Declined(Exception):
     """The window is not all of the shape this path answers for."""
 
@@ -109,7 +122,7 @@ def decode_columnar(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> Colu
 def _decode(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> ColumnarEvents:
     n = len(records)
     values = [r.value for r in records]
-    if None in values or any(r.headers for r in records):
+    if not _none_free(values) or any(r.headers for r in records):
         raise _Declined
     if max(map(len, values)) > dec.options.max_record_bytes:
         raise _Declined
@@ -117,7 +130,7 @@ def _decode(dec: DebeziumJsonDecoder, records: Sequence[Record]) -> ColumnarEven
         raise _Declined
     envelopes = [_decode_envelope(v) for v in values]  # msgspec.DecodeError: declined
     sources = [e.source for e in envelopes]
-    if None in sources or any(len(e.payload) for e in envelopes):
+    if not _none_free(sources) or any(len(e.payload) for e in envelopes):
         raise _Declined
     if not all(t is _NULL or t == _NULL for t in [e.transaction for e in envelopes]):
         raise _Declined
@@ -211,7 +224,7 @@ def _key_names(
         if names is None:
             raise _Declined
         return names
-    if not all(keys):
+    if not _all_truthy(keys):
         raise _Declined
     loads = orjson.loads
     objects = [loads(k) for k in keys]  # orjson.JSONDecodeError: declined
@@ -244,12 +257,11 @@ def _binlog_positions(dec: DebeziumJsonDecoder, sources: list[_Source]) -> pa.Ar
     (MySQL, MariaDB), the file numbers as the exact way reads them (``SourceSequence``:
     ``mysql-bin.000003`` is 3; a name without a number declines)."""
     files = [s.file for s in sources]
-    numbers: dict[str, int] = {}
-    for name in set(files):
-        if name.__class__ is not str:
-            raise _Declined
-        numbers[name] = dec.sequence.binlog_number(name)  # DecodeError: declined
-    number = pa.array([numbers[f] for f in files], pa.int64())  # type: ignore[index]
+    if not _none_free(files):
+        raise _Declined
+    # DecodeError: declined (binlog_number only caches what it reads)
+    numbers = {name: dec.sequence.binlog_number(name) for name in set(files)}
+    number = pa.array([numbers[f] for f in files], pa.int64())
     pos = pa.array([s.pos for s in sources], pa.int64())
     row = pa.array([s.row for s in sources], pa.int64())
     return seq_key_columns([_non_negative(number), _non_negative(pos), _non_negative(row)])

@@ -119,6 +119,8 @@ def _b64(value: Any, column: str) -> bytes:
 # A converter is ``fn(value, column, exact) -> python value`` for a non-null JSON value.
 
 Conv = Callable[[Any, str, bool], Any]
+#: a converter to an exact decimal
+DecimalConv = Callable[[Any, str, bool], decimal.Decimal]
 
 
 def _int_checked(value: Any, column: str, exact: bool, lo: int, hi: int, want: str) -> int:
@@ -149,9 +151,9 @@ _FLOAT_WORDS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": floa
 
 
 def _c_float(value: Any, column: str, exact: bool) -> float:
-    c = value.__class__
-    if c is float:
+    if value.__class__ is float:
         return value
+    c = value.__class__
     if c is int or isinstance(value, decimal.Decimal):
         return float(value)
     if c is str and value in _FLOAT_WORDS:  # Jackson writes non-finite doubles as text
@@ -252,7 +254,7 @@ def _c_var_decimal(value: Any, column: str, exact: bool) -> decimal.Decimal:
     raise bad_value(column, value, 'VariableScaleDecimal {"scale": int, "value": base64}')
 
 
-def _decimal_conv(scale: int) -> Conv:
+def _decimal_conv(scale: int) -> DecimalConv:
     """``org.apache.kafka.connect.data.Decimal``: base64 two's-complement big-endian
     unscaled value (``decimal.format=BASE64``) or a JSON number (``NUMERIC``)."""
 
@@ -385,9 +387,9 @@ def _field_conv(field: Mapping[str, Any], options: DebeziumJsonOptions) -> tuple
             and source_type.split(" ")[0].upper() in _DECIMAL_SOURCE_TYPES
         ):
             length = _param_int(params, "__debezium.source.column.length", column)
-            scale = _param_int(params, "__debezium.source.column.scale", column)
-            if length is not None and scale is not None and scale >= 0:
-                return T.decimal_type(length, scale), _decimal_text_conv(scale)
+            source_scale = _param_int(params, "__debezium.source.column.scale", column)
+            if length is not None and source_scale is not None and source_scale >= 0:
+                return T.decimal_type(length, source_scale), _decimal_text_conv(source_scale)
     base = _BASE_TYPES.get(ftype) if isinstance(ftype, str) else None
     if base is None:
         raise DecodeError(

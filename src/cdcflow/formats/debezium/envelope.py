@@ -69,7 +69,7 @@ def envelope_row(schema: dict[str, Any]) -> dict[str, Any]:
     fields = schema.get("fields")
     if fields.__class__ is list and schema.get("type") == "struct":
         # one pass, no allocation: this runs for every record with a schema
-        row = None
+        row: dict[str, Any] | None = None
         seen = 0
         for f in fields:
             if f.__class__ is dict:
@@ -83,8 +83,8 @@ def envelope_row(schema: dict[str, Any]) -> dict[str, Any]:
                     seen |= 4
                 elif name == "op":
                     seen |= 8
-        if seen == 15:
-            return row  # type: ignore[return-value]
+        if seen == 15 and row is not None:  # seen & 1: row is set
+            return row
     raise not_an_envelope(schema)
 
 

@@ -150,7 +150,7 @@ _new_row_change = (
 )
 
 
-class DebeziumJsonDecoder(Decoder):
+class DebeziumJsonDecoder(Decoder[DebeziumJsonOptions]):
     """Decodes Debezium JSON change events (see the module docstring).
 
     Instances hold only caches (source tables, compiled schemas, binlog file numbers);
@@ -320,12 +320,12 @@ class DebeziumJsonDecoder(Decoder):
             if lsn.__class__ is not int:
                 return None
             if text.__class__ is str and text.startswith('["'):
-                last = text[2 : text.find('"', 2)]
+                first = text[2 : text.find('"', 2)]
                 # isdecimal, not isdigit: int() refuses digits such as '²' (and more
                 # than 4,300 of them): the general path reports those
-                if len(last) > 20 or not last.isdecimal():
+                if len(first) > 20 or not first.isdecimal():
                     return None
-                seq: tuple[int, ...] = (int(last), lsn)
+                seq: tuple[int, ...] = (int(first), lsn)
             elif text is None or (text.__class__ is str and text.startswith("[null,")):
                 seq = (0, lsn)
             else:
@@ -346,11 +346,10 @@ class DebeziumJsonDecoder(Decoder):
         last = self._last_source
         if not name:
             return None
-        if name == last[2] and schema == last[1] and db == last[0]:
-            table = self._last_table
-        else:
+        table = self._last_table  # None until a first table is found
+        if table is None or not (name == last[2] and schema == last[1] and db == last[0]):
             try:
-                table = self._tables.get((db, schema, name))  # type: ignore[arg-type]
+                table = self._tables.get((db, schema, name))
             except TypeError:  # an object or array where a name belongs
                 return None
             if table is None:
