@@ -207,7 +207,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # the warehouse first: a folder without cdcflow tables is said at once, and the
     # brokers are asked only for partitions the warehouse has applied records of
     found = status(warehouse, pipeline_id)
-    brokers = "give CONFIG to ask the brokers"
+    brokers: str | None = "give CONFIG to ask the brokers"
     if config is not None:
         if args.no_brokers:
             brokers = "--no-brokers"
@@ -267,9 +267,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     else:
         out = sys.stdout if args.output in (None, "-") else open(args.output, "w")  # noqa: SIM115
         try:
-            delimiter = None
-            if args.key_delimiter is not None:
-                delimiter = _key_delimiter(args).decode("latin-1")
+            key_delimiter = _key_delimiter(args)
+            delimiter = None if key_delimiter is None else key_delimiter.decode("latin-1")
             for line in export_lines(letters, args.values, delimiter):
                 out.write(line + "\n")
         finally:

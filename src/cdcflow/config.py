@@ -601,9 +601,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
         while pending:
             ann = pending.pop()
             if isinstance(ann, type) and issubclass(ann, BaseModel):
-                if ann is TableRules:
-                    ann = TableRule
-                model = ann
+                model = TableRule if ann is TableRules else ann
                 break
             pending.extend(get_args(ann))
     return model
@@ -653,11 +651,12 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
         raise ConfigError(
             "the configuration must be a YAML mapping (key: value), see docs/configuration.md"
         )
-    data = resolve_references(dict(data), base_dir)
-    if isinstance(data.get("tables"), list):
-        data["tables"] = tuple(data["tables"])
+    # a mapping in, the same mapping out, its strings resolved
+    resolved: dict[str, Any] = resolve_references(dict(data), base_dir)
+    if isinstance(resolved.get("tables"), list):
+        resolved["tables"] = tuple(resolved["tables"])
     try:
-        config = PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(resolved)
     except ValidationError as exc:
         # not chained: pydantic's own text repeats the input values, secrets included
         raise ConfigError(_explain(exc)) from None

@@ -46,7 +46,8 @@ __all__ = ["ReplayReport", "replay"]
 
 log = logging.getLogger(__name__)
 
-LetterKey = tuple[str, int, int, str, int]  # topic, partition, offset, stage, committed_at_ms
+#: topic, partition, offset, stage, committed_at_ms (None where the row has none: an Arrow null)
+LetterKey = tuple[str, int, int, str, int | None]
 
 
 @dataclass
@@ -149,6 +150,7 @@ def _marks(
     identity: str, generation: int, rows: list[dict[str, Any]], outcomes: list[str] | None
 ) -> pa.Table:
     now = int(time.time() * 1000)
+    marks: list[str | None] = [*outcomes] if outcomes else [None] * len(rows)
     return pa.table(
         {
             "source": [identity] * len(rows),
@@ -159,7 +161,7 @@ def _marks(
             "stage": [r["stage"] for r in rows],
             "letter_committed_at_ms": pa.array([r["committed_at_ms"] for r in rows], pa.int64()),
             "code": [r["code"] for r in rows],
-            "outcome": pa.array(outcomes or [None] * len(rows), pa.string()),
+            "outcome": pa.array(marks, pa.string()),
             "recorded_at_ms": pa.array([now] * len(rows), pa.int64()),
         },
         schema=REPLAYS_SCHEMA,

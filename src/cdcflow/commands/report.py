@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -199,7 +199,7 @@ def _read_sources(wh: DeltaWarehouse, pipeline_id: str | None, max_batches: int)
     dead letters by code and batch."""
     prefix = None if pipeline_id is None else f"{pipeline_id}."
 
-    def wanted(source: str | None) -> bool:
+    def wanted(source: str | None) -> TypeGuard[str]:
         return source is not None and (prefix is None or source.startswith(prefix))
 
     # aggregated in Arrow first: a long-lived warehouse has a row per apply and partition
@@ -292,7 +292,7 @@ def _rates(batches: list[_Batch]) -> None:
 # ---------------------------------------------------------------------------- plots
 
 
-def _local(ms: int) -> datetime:
+def _local(ms: float) -> datetime:
     """A commit time as the naive local datetime plotly draws as it is."""
     return datetime.fromtimestamp(ms / 1000)
 
@@ -495,8 +495,8 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
                 )
                 shown.add(code)
             stacks: dict[int, int] = defaultdict(int)
-            for per_batch in s.dead_letters.values():
-                for b, n in per_batch.items():
+            for counts in s.dead_letters.values():
+                for b, n in counts.items():
                     stacks[b] += n
             if max(stacks.values()) <= 6:  # whole dead letters: no 0.5 ticks
                 figure.update_yaxes(tick0=0, dtick=1, row=row, col=1)

@@ -41,9 +41,11 @@ from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
+from cdcflow.runtime.metrics import Metrics
 from cdcflow.runtime.progress import ProgressReporter
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.source.group_offsets import GroupOffsets
 from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 from cdcflow.transform.router import Router
 
@@ -306,8 +308,8 @@ class Pipeline:
         self._expiry_clock = ExpiryClock()
         #: Prometheus metrics (``monitoring.prometheus_port``) and the monitoring consumer
         #: group's offsets (``kafka.commit_offsets``), while the query runs
-        self._metrics = None
-        self._group = None
+        self._metrics: Metrics | None = None
+        self._group: GroupOffsets | None = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -471,20 +473,17 @@ class Pipeline:
         """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""
         monitoring = self.config.monitoring
         if monitoring.prometheus_port is not None:
-            from cdcflow.runtime.metrics import Metrics
-
             try:
-                self._metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
+                metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
             except OSError as exc:
                 raise ConfigError(
                     f"monitoring.prometheus_port: cannot listen on {monitoring.prometheus_host}:"
                     f"{monitoring.prometheus_port} ({exc.strerror or exc}); choose a free port "
                     "or set it to null"
                 ) from None
-            self.progress.write(f"metrics at {self._metrics.url}")
+            self._metrics = metrics
+            self.progress.write(f"metrics at {metrics.url}")
         if self.config.kafka.commit_offsets:
-            from cdcflow.source.group_offsets import GroupOffsets
-
             self._group = GroupOffsets(options, self.config.group_id)
         if monitoring.spark_ui:
             url = self.spark.sparkContext.uiWebUrl
@@ -560,8 +559,9 @@ class Pipeline:
                 for name, ev in parts.items()
             ]
         for future in futures:
-            if future.exception() is not None:
-                raise future.exception()
+            exc = future.exception()
+            if exc is not None:
+                raise exc
         return {name: future.result() for name, future in zip(parts, futures, strict=True)}
 
     def _apply_source(
@@ -742,7 +742,7 @@ class Pipeline:
             pending.describe(),
         )
         decode = self._decode_function(source)
-        batches = []
+        batches: list[pa.RecordBatch] = []
         for (topic, partition), (first, last) in sorted(pending.ranges.items()):
             batches.extend(decode(read_range(options, topic, partition, first, last)))
         events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
@@ -841,6 +841,7 @@ class Pipeline:
                 raise
             finally:
                 _stop_queries([query])
+            assert self._lane is not None  # _start made the lane before it returned
             self._lane.wait()  # the last micro-batch's apply
         finally:
             self._unfollow()  # its line, after the last apply
@@ -849,10 +850,10 @@ class Pipeline:
                 signum = restore()
                 if signum is not None and query.exception() is None:
                     raise Interrupted(signum)
-        if query.exception() is not None:
-            exc = query.exception()
-            self._raise_failure(exc)
-            raise exc
+        failure = query.exception()
+        if failure is not None:
+            self._raise_failure(failure)
+            raise failure
         return self.summary
 
     def _settle(self) -> None:

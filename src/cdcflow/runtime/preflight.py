@@ -157,12 +157,12 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     topics: dict[str, set[str]] = {}
     for topic, _ in partitions:
         try:
-            source = routing.source_of(topic)
+            source_name = routing.source_of(topic)
         except ConfigError as exc:
             return [*checks, Check("sources", False, exc.message, 0.0, exc)]
-        if source is not None:
-            found[source] += 1
-            topics.setdefault(source, set()).add(topic)
+        if source_name is not None:
+            found[source_name] += 1
+            topics.setdefault(source_name, set()).add(topic)
     for i, source in enumerate(config.sources):
         mine = topics.get(source.name, set())
         missing = sorted(set(source.topics) - mine)
