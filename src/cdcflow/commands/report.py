@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
 from cdcflow.errors import ConfigError
+from cdcflow.runtime.progress import human_duration
 from cdcflow.sinks.system_tables import (
     BATCHES,
     BATCHES_SCHEMA,
@@ -399,8 +400,6 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from cdcflow.runtime.progress import human_duration
-
     x_range = _x_range(sources)
     colour = _colours(sources)
     out: list[tuple[str, Any | None, str]] = []
@@ -641,7 +640,6 @@ def _plots(sources: list[_Source]) -> list[dict[str, Any]]:
 
 def _source_rows(st: Status, sources: list[_Source]) -> list[dict[str, Any]]:
     """The sources table's rows: each source's swatch colour and its cells' text."""
-    from cdcflow.runtime.progress import human_duration
 
     last_of = {s.name: s for s in st.sources}
     colour = _colours(sources)

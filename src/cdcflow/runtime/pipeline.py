@@ -40,12 +40,16 @@ from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
+from cdcflow.model import dumps
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
 from cdcflow.runtime.metrics import Metrics
-from cdcflow.runtime.progress import ProgressReporter
+from cdcflow.runtime.progress import ProgressReporter, attach, detach
+from cdcflow.runtime.spark import get_or_create_session, workers_import_cdcflow
+from cdcflow.sinks.delta_spark import SparkDeltaWarehouse, delta_spark_ready
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.source.group_offsets import GroupOffsets
+from cdcflow.source.starting_offsets import EARLIEST, LATEST
 from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 from cdcflow.transform.router import Router
 
@@ -276,26 +280,19 @@ class Pipeline:
         self.kafka_engine = kafka_engine
         self.staging = staging
         if spark is not None:
-            from cdcflow.runtime.spark import workers_import_cdcflow
-
             workers_import_cdcflow(spark)  # a notebook's session: its workers find cdcflow
         else:
-            from cdcflow.runtime.spark import get_or_create_session
-
             spark = get_or_create_session(
                 app_name=f"cdcflow-{config.pipeline_id}",
                 delta_spark=config.sink == "delta-spark",
                 ui=config.monitoring.spark_ui,
             )
-        if config.sink == "delta-spark":
-            from cdcflow.sinks.delta_spark import delta_spark_ready
-
-            if not delta_spark_ready(spark):
-                raise ConfigError(
-                    "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
-                    "give spark-submit the arguments `python -m cdcflow.runtime.spark` prints, or "
-                    "set sink: delta-rs"
-                )
+        if config.sink == "delta-spark" and not delta_spark_ready(spark):
+            raise ConfigError(
+                "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
+                "give spark-submit the arguments `python -m cdcflow.runtime.spark` prints, or "
+                "set sink: delta-rs"
+            )
         self.spark = spark
         self.on_batch = on_batch
         self.fence = fence
@@ -316,8 +313,6 @@ class Pipeline:
         mirrors merged by delta-rs or, with ``sink: delta-spark``, by Spark."""
         pipeline_id = f"{self.config.pipeline_id}.{source.name}"
         if self.config.sink == "delta-spark":
-            from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
-
             return SparkDeltaWarehouse(self.config.warehouse, self.spark, pipeline_id=pipeline_id)
         return DeltaWarehouse(
             self.config.warehouse,
@@ -355,6 +350,7 @@ class Pipeline:
         one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``. Each
         topic is decoded by the format of its source.
         """
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.datasource import jvm_kafka_available, read_stream
 
         jvm = self.kafka_engine == "jvm" or (
@@ -363,7 +359,7 @@ class Pipeline:
         if jvm or self.kafka_engine == "python-mapinarrow":
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
             return raw.mapInArrow(DecodeByTopic(routing), spark_event_schema())
-        from cdcflow.model import dumps
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.changes import FORMAT, register
 
         fused = {
@@ -426,6 +422,7 @@ class Pipeline:
         def apply_batch(df, batch_id: int) -> None:
             manifest = None
             if staging is not None:
+                # deferred: pyspark (~1 s); api and replay import this module without Spark
                 from cdcflow.source.changes import read_staged
 
                 manifest = df.toArrow()
@@ -500,8 +497,6 @@ class Pipeline:
     def _follow(self, routing: Subscription) -> None:
         """Let :attr:`progress` follow the query: which source each topic is, and Spark's
         progress events (a ``StreamingQueryListener``, removed when the run ends)."""
-        from cdcflow.runtime.progress import attach
-
         progress = self.progress
         progress.source_of = routing.source_of
         progress.trigger_ms = self.config.trigger.interval_ms
@@ -514,8 +509,6 @@ class Pipeline:
         listener, self._listener = getattr(self, "_listener", None), None
         if listener is None:
             return
-        from cdcflow.runtime.progress import detach
-
         detach(self.spark, listener)
         self.progress.flush()
 
@@ -733,6 +726,7 @@ class Pipeline:
         """Re-read an interrupted apply's exact offset ranges from Kafka and finish it."""
         import pyarrow as pa
 
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.admin import read_range
 
         log.warning(
@@ -760,8 +754,8 @@ class Pipeline:
         """``startingOffsets`` JSON for a new checkpoint: each partition at its source's
         warehouse offset, else at ``carried`` (an old checkpoint's position), else as
         configured. ``None``: neither knows any of these partitions."""
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.admin import list_partitions
-        from cdcflow.source.starting_offsets import EARLIEST, LATEST
 
         carried = carried or {}
         tps = list_partitions(options)

@@ -32,7 +32,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cdcflow.config import PipelineConfig
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.decode.batches import DecodeFunction
+from cdcflow.errors import CdcflowError, ConfigError, SourceError
+from cdcflow.sinks.faults import storage_error
 from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["Check", "STARTUP_KEY", "preflight"]
@@ -90,8 +92,6 @@ def raise_first_failure(checks: list[Check]) -> None:
 
 
 def _writable(item: str, path: str) -> Check:
-    from cdcflow.sinks.faults import storage_error
-
     start = time.monotonic()
     if "://" in path:  # an object store: delta-rs finds out at the first write
         return Check(item, True, f"{path} (not checked: not a local folder)", 0.0)
@@ -125,8 +125,7 @@ def _listenable(host: str, port: int) -> Check:
 
 
 def _kafka(config: PipelineConfig) -> list[Check]:
-    from cdcflow.decode.batches import DecodeFunction
-    from cdcflow.errors import ConfigError, SourceError
+    # deferred: pyspark (~1 s); only the broker check needs it, `validate --no-brokers` never does
     from cdcflow.source.kafka.admin import list_partitions
 
     start = time.monotonic()
