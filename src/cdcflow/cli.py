@@ -27,7 +27,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cdcflow import __version__
+from cdcflow.commands.files import apply_files, decode_files
 from cdcflow.errors import CdcflowError, Code, ConfigError, LeaseHeld, StorageError
+from cdcflow.formats import format_names
+from cdcflow.model import dumps, event_to_json_dict
 
 __all__ = [
     "EXIT_PIPELINE_RUNNING",
@@ -91,9 +95,6 @@ def _key_delimiter(args: argparse.Namespace) -> bytes | None:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from cdcflow.commands.files import decode_files
-    from cdcflow.model import dumps, event_to_json_dict
-
     result = decode_files(args.format, args.files, _format_options(args), _key_delimiter(args))
     out = sys.stdout.buffer
     try:
@@ -119,7 +120,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from cdcflow.commands.files import apply_files
+    # deferred: deltalake (~0.6 s), only this command needs it, not --help
     from cdcflow.sinks.warehouse import DeltaWarehouse
 
     warehouse = str(Path(args.warehouse).resolve())
@@ -153,6 +154,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resume stopped tables; a table that is not in the warehouse is refused (exit 2)
     before anything is written."""
+    # deferred: deltalake (~0.6 s), only this command needs it, not --help
     from cdcflow.apply.schema_log import SchemaLog
     from cdcflow.sinks.system_tables import SYSTEM_FOLDER
     from cdcflow.sinks.warehouse import DeltaWarehouse
@@ -191,6 +193,7 @@ def _warehouse_of(args: argparse.Namespace, command: str) -> tuple[Any, str, str
         raise ConfigError(f"cdcflow {command}: give CONFIG or --warehouse DIR (one of them)")
     if args.warehouse is not None:
         return None, str(Path(args.warehouse).resolve()), None
+    # deferred: pydantic, yaml and deltalake (~2 s), only this command needs it, not --help
     from cdcflow.config import load_config
 
     config = load_config(args.config)
@@ -201,13 +204,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     """The warehouse's view of a pipeline (and, with CONFIG, the records behind)."""
     import json
 
+    # deferred: deltalake (~1 s), only this command needs it, not --help
     from cdcflow.commands.status import describe, status
 
     config, warehouse, pipeline_id = _warehouse_of(args, "status")
     # the warehouse first: a folder without cdcflow tables is said at once, and the
     # brokers are asked only for partitions the warehouse has applied records of
     found = status(warehouse, pipeline_id)
-    brokers = "give CONFIG to ask the brokers"
+    brokers: str | None = "give CONFIG to ask the brokers"
     if config is not None:
         if args.no_brokers:
             brokers = "--no-brokers"
@@ -228,6 +232,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     """list | show | export the dead letters of a pipeline's warehouse."""
     import json
 
+    # deferred: deltalake (~1 s), only this command needs it, not --help
     from cdcflow.commands.dead_letters import (
         LetterFilter,
         export_lines,
@@ -267,9 +272,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     else:
         out = sys.stdout if args.output in (None, "-") else open(args.output, "w")  # noqa: SIM115
         try:
-            delimiter = None
-            if args.key_delimiter is not None:
-                delimiter = _key_delimiter(args).decode("latin-1")
+            key_delimiter = _key_delimiter(args)
+            delimiter = None if key_delimiter is None else key_delimiter.decode("latin-1")
             for line in export_lines(letters, args.values, delimiter):
                 out.write(line + "\n")
         finally:
@@ -285,6 +289,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     them."""
     import json
 
+    # deferred: deltalake and pydantic (~1 s), only this command needs it, not --help
     from cdcflow.commands.inspect import as_dicts, describe, inspect
     from cdcflow.config import load_config
 
@@ -301,6 +306,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """One self-contained HTML file of the run's history (``cdcflow.commands.report``)."""
+    # deferred: deltalake (~1 s), only this command needs it, not --help
     from cdcflow.commands.report import write_report
 
     _, warehouse, pipeline_id = _warehouse_of(args, "report")
@@ -333,6 +339,7 @@ def cmd_broker(args: argparse.Namespace | list[str]) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     """``dead-letters replay CONFIG [--source S] [--code C] --yes``."""
+    # deferred: deltalake and pydantic (~1 s), only this command needs it, not --help
     from cdcflow.commands.replay import replay
     from cdcflow.config import load_config
 
@@ -354,6 +361,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _log_ends(config) -> tuple[dict | None, str | None]:
     """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
+    # deferred: pyspark (~1 s), only this command needs it, not --help
     from cdcflow.source.kafka.admin import log_end_offsets
 
     options = {**config.kafka.reader_options(), **config.subscription()}
@@ -366,6 +374,7 @@ def _log_ends(config) -> tuple[dict | None, str | None]:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Start sources over: delete their checkpoints (and, with --warehouse, the tables)."""
+    # deferred: deltalake and pydantic (~1 s), only this command needs it, not --help
     from cdcflow.commands.reset import plan_reset, reset
 
     plan = plan_reset(args.config, args.source, args.warehouse)
@@ -382,6 +391,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    # deferred: deltalake and pydantic (~1 s), only this command needs it, not --help
     from cdcflow.commands.maintain import maintain
 
     report = maintain(args.config)
@@ -416,6 +426,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """The configuration, the brokers, the topics and the folders, without running."""
     import json
 
+    # deferred: pydantic, yaml and deltalake (~2 s), only this command needs it, not --help
     from cdcflow.config import load_config
     from cdcflow.runtime.preflight import preflight, raise_first_failure
 
@@ -443,6 +454,7 @@ def _console(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # deferred: deltalake, pydantic and then pyspark (~2 s), only this command needs them, not --help
     from cdcflow.runtime.progress import ProgressReporter
     from cdcflow.runtime.runner import run
 
@@ -461,8 +473,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cdcflow import __version__
-
     # -v and --log-level go before or after the command; SUPPRESS keeps a command's
     # parser from resetting what was given before it
     common = argparse.ArgumentParser(add_help=False)
@@ -511,8 +521,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="no line per micro-batch on stderr (the summary at the end stays)",
     )
     p.set_defaults(func=cmd_run)
-
-    from cdcflow.formats import format_names
 
     def add_format_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(

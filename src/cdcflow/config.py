@@ -100,9 +100,13 @@ from pydantic import (
 from cdcflow.apply.options import TableRule, TableRules
 from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import CdcflowError, ConfigError, did_you_mean
+from cdcflow.formats import decoder_for, format_names
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
+from cdcflow.source.kafka.options import FORBIDDEN_KAFKA_KEYS
+from cdcflow.source.starting_offsets import parse_starting_offsets
+from cdcflow.source.subscription import subscription, topic_named_twice
 from cdcflow.transform.router import RouteRule, Routing, compile_pattern
 
 __all__ = [
@@ -206,8 +210,6 @@ class KafkaConfig(_Strict):
     @field_validator("starting_offsets")
     @classmethod
     def _starting_offsets(cls, v: str) -> str:
-        from cdcflow.source.starting_offsets import parse_starting_offsets
-
         parse_starting_offsets(v)  # ValueError names the fix
         return v
 
@@ -234,7 +236,6 @@ class KafkaConfig(_Strict):
     def _client_options(cls, v: Any) -> Any:
         if not isinstance(v, Mapping):
             return v  # pydantic names the type error
-        from cdcflow.source.kafka.options import FORBIDDEN_KAFKA_KEYS
 
         out = {}
         for key, value in v.items():
@@ -321,7 +322,6 @@ class SourceConfig(_Strict):
     def subscription(self) -> dict[str, str]:
         """The Kafka source option that reads this source's topics (``subscribe`` or
         ``subscribePattern``)."""
-        from cdcflow.source.subscription import subscription
 
         return subscription([(self.topics, self.topic_pattern)])
 
@@ -338,8 +338,6 @@ class SourceConfig(_Strict):
     @field_validator("format")
     @classmethod
     def _known_format(cls, v: str) -> str:
-        from cdcflow.formats import format_names
-
         if v not in format_names():
             raise ValueError(f"unknown format {v!r}; valid formats: {format_names()}")
         return v
@@ -360,7 +358,6 @@ class SourceConfig(_Strict):
         fmt = info.data.get("format")
         if fmt is None or not v:
             return v  # an unknown format is reported on its own key
-        from cdcflow.formats import decoder_for
 
         try:
             decoder_for(fmt, v)  # the format's options class checks names and values
@@ -553,7 +550,6 @@ class PipelineConfig(_Strict):
 
     def subscription(self) -> dict[str, str]:
         """The Kafka source option that reads every source's topics."""
-        from cdcflow.source.subscription import subscription
 
         return subscription((s.topics, s.topic_pattern) for s in self.sources)
 
@@ -583,7 +579,6 @@ class PipelineConfig(_Strict):
                 raise ValueError(
                     f"sources: two sources are called {name!r}; give each a distinct 'name'"
                 )
-        from cdcflow.source.subscription import topic_named_twice
 
         twice = topic_named_twice((s.name, s.topics) for s in self.sources)
         if twice is not None:
@@ -601,9 +596,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
         while pending:
             ann = pending.pop()
             if isinstance(ann, type) and issubclass(ann, BaseModel):
-                if ann is TableRules:
-                    ann = TableRule
-                model = ann
+                model = TableRule if ann is TableRules else ann
                 break
             pending.extend(get_args(ann))
     return model
@@ -653,11 +646,12 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Pipel
         raise ConfigError(
             "the configuration must be a YAML mapping (key: value), see docs/configuration.md"
         )
-    data = resolve_references(dict(data), base_dir)
-    if isinstance(data.get("tables"), list):
-        data["tables"] = tuple(data["tables"])
+    # a mapping in, the same mapping out, its strings resolved
+    resolved: dict[str, Any] = resolve_references(dict(data), base_dir)
+    if isinstance(resolved.get("tables"), list):
+        resolved["tables"] = tuple(resolved["tables"])
     try:
-        config = PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(resolved)
     except ValidationError as exc:
         # not chained: pydantic's own text repeats the input values, secrets included
         raise ConfigError(_explain(exc)) from None

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.formats import decoder_class
 from cdcflow.model import dumps
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA, DEAD_LETTERS
 from cdcflow.sinks.warehouse import DeltaWarehouse
@@ -133,7 +134,6 @@ def show_lines(letters: pa.Table, last: int = 5, width: int = 300) -> list[str]:
 
 def _binary(fmt: str | None) -> bool:
     """Whether ``fmt``'s values are bytes (Avro): written as base64 for ``cdcflow decode``."""
-    from cdcflow.formats import decoder_class
 
     try:
         return bool(decoder_class(fmt or "").binary_values)

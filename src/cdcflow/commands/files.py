@@ -16,6 +16,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdcflow.formats import decoder_class, decoder_for
+from cdcflow.formats.base import Record
+from cdcflow.model import Origin
+
 if TYPE_CHECKING:
     from cdcflow.apply.accounting import BatchReport
     from cdcflow.formats.base import DecodeResult, Record
@@ -41,9 +45,6 @@ def read_records(
         OSError: a file cannot be read.
         binascii.Error: a line of a binary format is not base64.
     """
-    from cdcflow.formats import decoder_class
-    from cdcflow.formats.base import Record
-    from cdcflow.model import Origin
 
     binary = decoder_class(fmt).binary_values
     for name in files:
@@ -85,7 +86,6 @@ def decode_files(
     Raises:
         ConfigError: unknown format or option.
     """
-    from cdcflow.formats import decoder_for
 
     decoder = decoder_for(fmt, dict(options or {}) or None)
     return decoder.decode_batch(read_records(fmt, files, key_delimiter))
@@ -122,9 +122,9 @@ def apply_files(
     """
     import pyarrow as pa
 
+    # deferred: deltalake and pydantic (~1 s); `cdcflow decode` writes JSON lines and never applies
     from cdcflow.apply.batch import BatchApplier
     from cdcflow.decode.batches import decode_records, load_decoder_state
-    from cdcflow.formats import decoder_for
     from cdcflow.sinks.warehouse import DeltaWarehouse
     from cdcflow.transform.router import Router
 

@@ -22,6 +22,10 @@ import orjson
 
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.errors import ConfigError
+from cdcflow.formats import decoder_for
+from cdcflow.formats.auto import detect
+from cdcflow.formats.base import Record
+from cdcflow.model import Origin
 
 __all__ = ["InspectedRecord", "describe", "inspect"]
 
@@ -49,8 +53,6 @@ class InspectedRecord:
 
 
 def _detected(value: bytes | None) -> tuple[str, ...]:
-    from cdcflow.formats.auto import detect
-
     if value is None:
         return ("tombstone",)
     try:
@@ -62,6 +64,7 @@ def _detected(value: bytes | None) -> tuple[str, ...]:
 
 
 def _partitions(config: PipelineConfig, source: SourceConfig, topic: str | None) -> tuple:
+    # deferred: pyspark (~1 s); inspecting files needs no Kafka reader
     from cdcflow.source.kafka.admin import watermarks
 
     options = config.kafka.reader_options()
@@ -71,8 +74,7 @@ def _partitions(config: PipelineConfig, source: SourceConfig, topic: str | None)
 
 
 def _records(options: dict, tp: tuple[str, int], first: int, last: int) -> Iterator[Any]:
-    from cdcflow.formats.base import Record
-    from cdcflow.model import Origin
+    # deferred: pyspark (~1 s); inspecting files needs no Kafka reader
     from cdcflow.source.kafka.admin import read_range
 
     for batch in read_range(options, tp[0], tp[1], first, last):
@@ -96,7 +98,6 @@ def inspect(
         ConfigError: ``topic`` belongs to no source of the configuration.
         SourceError: the brokers do not answer within ``kafka.startup_timeout_s``.
     """
-    from cdcflow.formats import decoder_for
 
     sources = list(config.sources)
     if topic is not None:

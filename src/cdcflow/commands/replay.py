@@ -36,17 +36,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.commands.dead_letters import LetterFilter, read_letters
 from cdcflow.config import PipelineConfig, SourceConfig
+from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import ConfigError, LeaseLost
 from cdcflow.event_schema import EVENT_SCHEMA
+from cdcflow.runtime.pipeline import applier_for
+from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import DEAD_LETTER_SCHEMA, DEAD_LETTERS, REPLAYS, REPLAYS_SCHEMA
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.transform.router import Router
 
 __all__ = ["ReplayReport", "replay"]
 
 log = logging.getLogger(__name__)
 
-LetterKey = tuple[str, int, int, str, int]  # topic, partition, offset, stage, committed_at_ms
+#: topic, partition, offset, stage, committed_at_ms (None where the row has none: an Arrow null)
+LetterKey = tuple[str, int, int, str, int | None]
 
 
 @dataclass
@@ -91,7 +97,6 @@ def replay(
         LeaseHeld: the pipeline is running (exit 75).
         StorageError: the warehouse cannot be read or written.
     """
-    from cdcflow.sinks.lease import PipelineLease
 
     if config.sink == "delta-spark":
         raise ConfigError("cdcflow dead-letters replay: sink delta-spark is not supported yet")
@@ -113,7 +118,6 @@ def _replay_source(
     codes: Sequence[str] | None,
     fence: Callable[[], None],
 ) -> ReplayReport:
-    from cdcflow.commands.dead_letters import LetterFilter, read_letters
 
     started = time.perf_counter()
     identity = f"{config.pipeline_id}.{source.name}"
@@ -149,6 +153,7 @@ def _marks(
     identity: str, generation: int, rows: list[dict[str, Any]], outcomes: list[str] | None
 ) -> pa.Table:
     now = int(time.time() * 1000)
+    marks: list[str | None] = [*outcomes] if outcomes else [None] * len(rows)
     return pa.table(
         {
             "source": [identity] * len(rows),
@@ -159,7 +164,7 @@ def _marks(
             "stage": [r["stage"] for r in rows],
             "letter_committed_at_ms": pa.array([r["committed_at_ms"] for r in rows], pa.int64()),
             "code": [r["code"] for r in rows],
-            "outcome": pa.array(outcomes or [None] * len(rows), pa.string()),
+            "outcome": pa.array(marks, pa.string()),
             "recorded_at_ms": pa.array([now] * len(rows), pa.int64()),
         },
         schema=REPLAYS_SCHEMA,
@@ -176,7 +181,6 @@ def _run(
     report: ReplayReport,
 ) -> None:
     """Decode and apply one generation's letters, then record their outcomes."""
-    from cdcflow.runtime.pipeline import applier_for
 
     if not rows:
         return
@@ -223,9 +227,8 @@ def _events(
 ) -> tuple[pa.Table, set[LetterKey]]:
     """The letters' records decoded as configured now, in Kafka order; and the keys of
     apply letters whose record Kafka no longer holds."""
-    from cdcflow.decode.batches import DecodeFunction
+    # deferred: pyspark (~1 s); only a replay that re-reads Kafka needs it
     from cdcflow.source.kafka.schema import ARROW_SCHEMA
-    from cdcflow.transform.router import Router
 
     raw: dict[tuple[str, int, int], dict[str, Any]] = {}
     targets: dict[tuple[str, int, int], set[str]] = {}  # apply letters: the refusing tables
@@ -300,6 +303,7 @@ def _reread(
     config: PipelineConfig, source: SourceConfig, where: list[tuple[str, int, int]]
 ) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The records at ``where`` from Kafka (those it still holds), key, value and headers."""
+    # deferred: pyspark (~1 s); only a replay that re-reads Kafka needs it
     from cdcflow.source.kafka.admin import read_range
 
     if not where:

@@ -37,13 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
 from cdcflow.errors import ConfigError
+from cdcflow.runtime.progress import human_duration
 from cdcflow.sinks.system_tables import (
     BATCHES,
     BATCHES_SCHEMA,
@@ -199,7 +200,7 @@ def _read_sources(wh: DeltaWarehouse, pipeline_id: str | None, max_batches: int)
     dead letters by code and batch."""
     prefix = None if pipeline_id is None else f"{pipeline_id}."
 
-    def wanted(source: str | None) -> bool:
+    def wanted(source: str | None) -> TypeGuard[str]:
         return source is not None and (prefix is None or source.startswith(prefix))
 
     # aggregated in Arrow first: a long-lived warehouse has a row per apply and partition
@@ -292,7 +293,7 @@ def _rates(batches: list[_Batch]) -> None:
 # ---------------------------------------------------------------------------- plots
 
 
-def _local(ms: int) -> datetime:
+def _local(ms: float) -> datetime:
     """A commit time as the naive local datetime plotly draws as it is."""
     return datetime.fromtimestamp(ms / 1000)
 
@@ -399,8 +400,6 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from cdcflow.runtime.progress import human_duration
-
     x_range = _x_range(sources)
     colour = _colours(sources)
     out: list[tuple[str, Any | None, str]] = []
@@ -495,8 +494,8 @@ def _figures(sources: list[_Source]) -> list[tuple[str, Any | None, str]]:
                 )
                 shown.add(code)
             stacks: dict[int, int] = defaultdict(int)
-            for per_batch in s.dead_letters.values():
-                for b, n in per_batch.items():
+            for counts in s.dead_letters.values():
+                for b, n in counts.items():
                     stacks[b] += n
             if max(stacks.values()) <= 6:  # whole dead letters: no 0.5 ticks
                 figure.update_yaxes(tick0=0, dtick=1, row=row, col=1)
@@ -641,7 +640,6 @@ def _plots(sources: list[_Source]) -> list[dict[str, Any]]:
 
 def _source_rows(st: Status, sources: list[_Source]) -> list[dict[str, Any]]:
     """The sources table's rows: each source's swatch colour and its cells' text."""
-    from cdcflow.runtime.progress import human_duration
 
     last_of = {s.name: s for s in st.sources}
     colour = _colours(sources)

@@ -21,6 +21,7 @@ from pathlib import Path
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import ConfigError
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint
+from cdcflow.sinks.lease import PipelineLease
 
 __all__ = ["ResetPlan", "plan_reset", "reset"]
 
@@ -130,7 +131,6 @@ def reset(
         ConfigError: as :func:`plan_reset`.
         LeaseHeld: a run of the pipeline holds its lease; nothing was deleted.
     """
-    from cdcflow.sinks.lease import PipelineLease
 
     config = _config(config)
     plan = plan_reset(config, sources, warehouse)

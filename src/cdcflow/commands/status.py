@@ -22,6 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcflow.apply.schema_log import SchemaLog
+from cdcflow.errors import ConfigError
+from cdcflow.runtime.progress import counts, human_duration
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import (
     BATCHES,
@@ -130,7 +133,6 @@ def status(
         ConfigError: ``warehouse`` holds no cdcflow tables (a wrong folder).
         StorageError: a table cannot be read.
     """
-    from cdcflow.errors import ConfigError
 
     wh = DeltaWarehouse(warehouse, storage_options=dict(storage_options or {}))
     if wh.open(wh.system_path(BATCHES)) is None and not wh.mirrors():
@@ -183,8 +185,6 @@ def _sources(
 
 
 def _tables(wh: DeltaWarehouse) -> list[TableStatus]:
-    from cdcflow.apply.schema_log import SchemaLog
-
     stopped = SchemaLog(wh).stopped()
     out = []
     for folder in wh.mirrors():
@@ -241,8 +241,6 @@ def _lease(wh: DeltaWarehouse, warehouse: str, pipeline_id: str | None) -> str:
 
 
 def _ago(ms: int) -> str:
-    from cdcflow.runtime.progress import human_duration
-
     return human_duration(max(0, ms) / 1000)
 
 
@@ -255,7 +253,6 @@ def _when(ms: int | None, now_ms: int) -> str:
 
 def describe(s: Status, now_ms: int | None = None) -> list[str]:
     """The lines ``cdcflow status`` prints."""
-    from cdcflow.runtime.progress import counts, human_duration
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     lines = [f"warehouse {s.warehouse}", f"lease     {s.lease}"]

@@ -40,10 +40,16 @@ from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
+from cdcflow.model import dumps
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
-from cdcflow.runtime.progress import ProgressReporter
+from cdcflow.runtime.metrics import Metrics
+from cdcflow.runtime.progress import ProgressReporter, attach, detach
+from cdcflow.runtime.spark import get_or_create_session, workers_import_cdcflow
+from cdcflow.sinks.delta_spark import SparkDeltaWarehouse, delta_spark_ready
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.source.group_offsets import GroupOffsets
+from cdcflow.source.starting_offsets import EARLIEST, LATEST
 from cdcflow.source.subscription import DecodeByTopic, SourceTopics, Subscription
 from cdcflow.transform.router import Router
 
@@ -274,26 +280,19 @@ class Pipeline:
         self.kafka_engine = kafka_engine
         self.staging = staging
         if spark is not None:
-            from cdcflow.runtime.spark import workers_import_cdcflow
-
             workers_import_cdcflow(spark)  # a notebook's session: its workers find cdcflow
         else:
-            from cdcflow.runtime.spark import get_or_create_session
-
             spark = get_or_create_session(
                 app_name=f"cdcflow-{config.pipeline_id}",
                 delta_spark=config.sink == "delta-spark",
                 ui=config.monitoring.spark_ui,
             )
-        if config.sink == "delta-spark":
-            from cdcflow.sinks.delta_spark import delta_spark_ready
-
-            if not delta_spark_ready(spark):
-                raise ConfigError(
-                    "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
-                    "give spark-submit the arguments `python -m cdcflow.runtime.spark` prints, or "
-                    "set sink: delta-rs"
-                )
+        if config.sink == "delta-spark" and not delta_spark_ready(spark):
+            raise ConfigError(
+                "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
+                "give spark-submit the arguments `python -m cdcflow.runtime.spark` prints, or "
+                "set sink: delta-rs"
+            )
         self.spark = spark
         self.on_batch = on_batch
         self.fence = fence
@@ -306,16 +305,14 @@ class Pipeline:
         self._expiry_clock = ExpiryClock()
         #: Prometheus metrics (``monitoring.prometheus_port``) and the monitoring consumer
         #: group's offsets (``kafka.commit_offsets``), while the query runs
-        self._metrics = None
-        self._group = None
+        self._metrics: Metrics | None = None
+        self._group: GroupOffsets | None = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
         mirrors merged by delta-rs or, with ``sink: delta-spark``, by Spark."""
         pipeline_id = f"{self.config.pipeline_id}.{source.name}"
         if self.config.sink == "delta-spark":
-            from cdcflow.sinks.delta_spark import SparkDeltaWarehouse
-
             return SparkDeltaWarehouse(self.config.warehouse, self.spark, pipeline_id=pipeline_id)
         return DeltaWarehouse(
             self.config.warehouse,
@@ -353,6 +350,7 @@ class Pipeline:
         one JVM round trip fewer); on Spark's JVM Kafka source it is a ``mapInArrow``. Each
         topic is decoded by the format of its source.
         """
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.datasource import jvm_kafka_available, read_stream
 
         jvm = self.kafka_engine == "jvm" or (
@@ -361,7 +359,7 @@ class Pipeline:
         if jvm or self.kafka_engine == "python-mapinarrow":
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
             return raw.mapInArrow(DecodeByTopic(routing), spark_event_schema())
-        from cdcflow.model import dumps
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.changes import FORMAT, register
 
         fused = {
@@ -424,6 +422,7 @@ class Pipeline:
         def apply_batch(df, batch_id: int) -> None:
             manifest = None
             if staging is not None:
+                # deferred: pyspark (~1 s); api and replay import this module without Spark
                 from cdcflow.source.changes import read_staged
 
                 manifest = df.toArrow()
@@ -471,20 +470,17 @@ class Pipeline:
         """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""
         monitoring = self.config.monitoring
         if monitoring.prometheus_port is not None:
-            from cdcflow.runtime.metrics import Metrics
-
             try:
-                self._metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
+                metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
             except OSError as exc:
                 raise ConfigError(
                     f"monitoring.prometheus_port: cannot listen on {monitoring.prometheus_host}:"
                     f"{monitoring.prometheus_port} ({exc.strerror or exc}); choose a free port "
                     "or set it to null"
                 ) from None
-            self.progress.write(f"metrics at {self._metrics.url}")
+            self._metrics = metrics
+            self.progress.write(f"metrics at {metrics.url}")
         if self.config.kafka.commit_offsets:
-            from cdcflow.source.group_offsets import GroupOffsets
-
             self._group = GroupOffsets(options, self.config.group_id)
         if monitoring.spark_ui:
             url = self.spark.sparkContext.uiWebUrl
@@ -501,8 +497,6 @@ class Pipeline:
     def _follow(self, routing: Subscription) -> None:
         """Let :attr:`progress` follow the query: which source each topic is, and Spark's
         progress events (a ``StreamingQueryListener``, removed when the run ends)."""
-        from cdcflow.runtime.progress import attach
-
         progress = self.progress
         progress.source_of = routing.source_of
         progress.trigger_ms = self.config.trigger.interval_ms
@@ -515,8 +509,6 @@ class Pipeline:
         listener, self._listener = getattr(self, "_listener", None), None
         if listener is None:
             return
-        from cdcflow.runtime.progress import detach
-
         detach(self.spark, listener)
         self.progress.flush()
 
@@ -560,8 +552,9 @@ class Pipeline:
                 for name, ev in parts.items()
             ]
         for future in futures:
-            if future.exception() is not None:
-                raise future.exception()
+            exc = future.exception()
+            if exc is not None:
+                raise exc
         return {name: future.result() for name, future in zip(parts, futures, strict=True)}
 
     def _apply_source(
@@ -733,6 +726,7 @@ class Pipeline:
         """Re-read an interrupted apply's exact offset ranges from Kafka and finish it."""
         import pyarrow as pa
 
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.admin import read_range
 
         log.warning(
@@ -742,7 +736,7 @@ class Pipeline:
             pending.describe(),
         )
         decode = self._decode_function(source)
-        batches = []
+        batches: list[pa.RecordBatch] = []
         for (topic, partition), (first, last) in sorted(pending.ranges.items()):
             batches.extend(decode(read_range(options, topic, partition, first, last)))
         events = pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
@@ -760,8 +754,8 @@ class Pipeline:
         """``startingOffsets`` JSON for a new checkpoint: each partition at its source's
         warehouse offset, else at ``carried`` (an old checkpoint's position), else as
         configured. ``None``: neither knows any of these partitions."""
+        # deferred: pyspark (~1 s); api and replay import this module without Spark
         from cdcflow.source.kafka.admin import list_partitions
-        from cdcflow.source.starting_offsets import EARLIEST, LATEST
 
         carried = carried or {}
         tps = list_partitions(options)
@@ -841,6 +835,7 @@ class Pipeline:
                 raise
             finally:
                 _stop_queries([query])
+            assert self._lane is not None  # _start made the lane before it returned
             self._lane.wait()  # the last micro-batch's apply
         finally:
             self._unfollow()  # its line, after the last apply
@@ -849,10 +844,10 @@ class Pipeline:
                 signum = restore()
                 if signum is not None and query.exception() is None:
                     raise Interrupted(signum)
-        if query.exception() is not None:
-            exc = query.exception()
-            self._raise_failure(exc)
-            raise exc
+        failure = query.exception()
+        if failure is not None:
+            self._raise_failure(failure)
+            raise failure
         return self.summary
 
     def _settle(self) -> None:

@@ -32,7 +32,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cdcflow.config import PipelineConfig
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.decode.batches import DecodeFunction
+from cdcflow.errors import CdcflowError, ConfigError, SourceError
+from cdcflow.sinks.faults import storage_error
 from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["Check", "STARTUP_KEY", "preflight"]
@@ -90,8 +92,6 @@ def raise_first_failure(checks: list[Check]) -> None:
 
 
 def _writable(item: str, path: str) -> Check:
-    from cdcflow.sinks.faults import storage_error
-
     start = time.monotonic()
     if "://" in path:  # an object store: delta-rs finds out at the first write
         return Check(item, True, f"{path} (not checked: not a local folder)", 0.0)
@@ -125,8 +125,7 @@ def _listenable(host: str, port: int) -> Check:
 
 
 def _kafka(config: PipelineConfig) -> list[Check]:
-    from cdcflow.decode.batches import DecodeFunction
-    from cdcflow.errors import ConfigError, SourceError
+    # deferred: pyspark (~1 s); only the broker check needs it, `validate --no-brokers` never does
     from cdcflow.source.kafka.admin import list_partitions
 
     start = time.monotonic()
@@ -157,12 +156,12 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     topics: dict[str, set[str]] = {}
     for topic, _ in partitions:
         try:
-            source = routing.source_of(topic)
+            source_name = routing.source_of(topic)
         except ConfigError as exc:
             return [*checks, Check("sources", False, exc.message, 0.0, exc)]
-        if source is not None:
-            found[source] += 1
-            topics.setdefault(source, set()).add(topic)
+        if source_name is not None:
+            found[source_name] += 1
+            topics.setdefault(source_name, set()).add(topic)
     for i, source in enumerate(config.sources):
         mine = topics.get(source.name, set())
         missing = sorted(set(source.topics) - mine)

@@ -235,6 +235,7 @@ class ProgressReporter:
         """A ``StreamingQueryProgress`` (its ``json``, or parsed)."""
         if isinstance(progress, str):
             progress = json.loads(progress)
+        assert isinstance(progress, dict)  # a progress's json is one JSON object
         batch_id = progress.get("batchId")
         if batch_id is None or not progress.get("numInputRows"):
             return  # a trigger that found nothing new

@@ -110,6 +110,7 @@ def get_or_create_session(
     if delta_spark:
         from delta import configure_spark_with_delta_pip
 
+        # deferred: deltalake (~0.6 s), only for a session with Delta
         from cdcflow.sinks.delta_spark import DELTA_EXTENSION
 
         builder = configure_spark_with_delta_pip(
@@ -132,6 +133,7 @@ def delta_submit_args() -> list[str]:
     """The ``spark-submit`` arguments that give a cdcflow run the ``delta-spark`` sink:
     Delta Lake's jars (without the dependencies Spark already ships, which also spares
     copying them to every executor) and its session extension and catalog."""
+    # deferred: deltalake (~0.6 s), only for a session with Delta
     from cdcflow.sinks.delta_spark import DELTA_EXTENSION
 
     return [
