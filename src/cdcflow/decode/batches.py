@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from cdcflow.errors import Code, SkipReason
 from cdcflow.event_schema import EVENT_SCHEMA, KIND_DEAD, KIND_EVENT, KIND_JOINED, KIND_SKIP
+from cdcflow.formats import decoder_for
 from cdcflow.formats.base import (
     ColumnarEvents,
     Decoder,
@@ -703,6 +704,7 @@ def load_decoder_state(
     """
     if not path:
         return []
+    # deferred: the warehouse loads deltalake, which only decoders that keep state need
     from cdcflow.sinks.system_tables import DECODER_STATE_SCHEMA
     from cdcflow.sinks.warehouse import DeltaWarehouse
 
@@ -750,8 +752,6 @@ class DecodeFunction:
                 reading several partitions of one source reads them once); they are
                 copied, so one list serves several decoders. ``None``: read them now.
         """
-        from cdcflow.formats import decoder_for
-
         decoder = decoder_for(self.format_name, self.options or None)
         decoder.load_state(self.load_state() if state is None else copy.deepcopy(state))
         return decoder

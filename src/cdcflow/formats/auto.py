@@ -414,6 +414,7 @@ class AutoDecoder(Decoder[AutoOptions]):
         self.__init__(state["options"])  # type: ignore[misc]  # unpickling re-runs __init__; mypy refuses __init__ on an instance
 
     def _options_for(self, fmt: str) -> DecoderOptions:
+        # deferred: the registry (cdcflow.formats) names this module, so a top import is a cycle
         from cdcflow.formats import decoder_class
 
         cls: type[Decoder] = decoder_class(fmt)
@@ -434,6 +435,7 @@ class AutoDecoder(Decoder[AutoOptions]):
         """The decoder of format ``fmt`` (created on first use)."""
         found = self._delegates.get(fmt)
         if found is None:
+            # deferred: the registry (cdcflow.formats) names this module (an import cycle)
             from cdcflow.formats import decoder_for
 
             found = decoder_for(fmt, self._delegate_options[fmt])

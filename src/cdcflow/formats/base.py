@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Generic, Self
 
 from typing_extensions import TypeVar
 
-from cdcflow.errors import Code, DecodeError, SkipReason, SourceError
+from cdcflow.errors import Code, ConfigError, DecodeError, SkipReason, SourceError, did_you_mean
 from cdcflow.model import ROW_OPS, ChangeEvent, DeadLetter, Op, Origin, SourceTable, Txn
 
 __all__ = [
@@ -159,15 +159,11 @@ DEFAULT_MAX_COLUMNS = 4096
 
 
 def _check_keyless(value: Any) -> None:
-    from cdcflow.errors import ConfigError
-
     if value not in KEYLESS_MODES:
         raise ConfigError(f"keyless must be one of {list(KEYLESS_MODES)}, not {value!r}")
 
 
 def _check_max_columns(value: Any) -> None:
-    from cdcflow.errors import ConfigError
-
     if value.__class__ is not int or value < 1:
         raise ConfigError(
             f"max_columns must be a positive integer (columns per row image and per table "
@@ -212,8 +208,6 @@ class DecoderOptions:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> Self:
         """Build options from a plain mapping; unknown keys are a ConfigError."""
-        from cdcflow.errors import ConfigError, did_you_mean
-
         values = dict(values or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)

@@ -20,6 +20,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from cdcflow.source.kafka.client import client_config
+from cdcflow.source.kafka.options import parse_options
+
 __all__ = ["GroupOffsets"]
 
 log = logging.getLogger(__name__)
@@ -108,9 +111,6 @@ class GroupOffsets:
     def _client(self) -> Any:
         if self._consumer is None:
             from confluent_kafka import Consumer
-
-            from cdcflow.source.kafka.client import client_config
-            from cdcflow.source.kafka.options import parse_options
 
             options = dict(self.options)
             if not any(k.lower() in _SUBSCRIPTIONS for k in options):

@@ -24,6 +24,7 @@ from cdcflow.formats.base import (
 )
 from cdcflow.formats.common.exact_json import loads_exact
 from cdcflow.formats.common.fields import field_error, json_kind, require
+from cdcflow.formats.debezium.columnar import decode_columnar
 from cdcflow.formats.debezium.connect_types import (
     Struct,
     as_floats,
@@ -255,8 +256,6 @@ class DebeziumJsonDecoder(Decoder[DebeziumJsonOptions]):
         """The window's events as columns when every record has the common shape
         (:mod:`cdcflow.formats.debezium.columnar`); ``None`` sends it record by record.
         See :meth:`Decoder.decode_columnar`."""
-        from cdcflow.formats.debezium.columnar import decode_columnar
-
         return decode_columnar(self, records)
 
     def _fast_row(self, payload: dict[str, Any], record: Record) -> ChangeEvent | None:
