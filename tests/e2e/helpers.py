@@ -123,7 +123,7 @@ def _system_rows(wh, name: str) -> list[dict[str, Any]]:
 ROW_OPS = frozenset({"insert", "update", "delete", "snapshot", "truncate"})
 
 
-def check_accounting(wh, produced, unrecorded_skips: int = 0):
+def check_accounting(wh, produced, unrecorded_skips: int = 0, first_offsets=None):
     """Every offset accounted for once: the strict check every e2e path ends with.
 
     - ``_cdcflow/batches`` holds every offset once, in contiguous ranges, and each
@@ -142,6 +142,9 @@ def check_accounting(wh, produced, unrecorded_skips: int = 0):
     gap pinned by ``tests/transform/test_shape.py::test_records_shaping_skips_are_skipped_in_the_batches_ledger``);
     with them the equations are checked over the whole run instead of per batch row.
 
+    ``first_offsets``: ``{partition: offset}`` where the pipeline was to start reading
+    (``starting_offsets: latest`` over a topic with history); 0 when not given.
+
     Returns the batch rows.
     """
     batches = wh.read("batches", system=True).to_pylist()
@@ -158,7 +161,9 @@ def check_accounting(wh, produced, unrecorded_skips: int = 0):
             assert o not in offsets, f"offset {o} of {b['topic']}[{b['partition']}] applied twice"
             offsets.add(o)
     for (topic, partition), offsets in sorted(seen.items()):
-        gaps = sorted(set(range(max(offsets) + 1)) - offsets)
+        first = (first_offsets or {}).get(partition, 0)
+        assert min(offsets) >= first, f"{topic}[{partition}]: read before offset {first}"
+        gaps = sorted(set(range(first, max(offsets) + 1)) - offsets)
         assert not gaps, f"{topic}[{partition}]: offsets {gaps[:5]} were never accounted for"
 
     def where(row):
