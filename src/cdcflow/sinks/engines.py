@@ -133,6 +133,8 @@ class ArrowMerge:
     """
 
     name = "arrow"
+    #: merge in Arrow whenever the table allows (unpartitioned); else only wide mirrors
+    prefer_arrow = True
 
     def __init__(self, target_file_rows: int = TARGET_FILE_ROWS) -> None:
         self.target_file_rows = target_file_rows
@@ -145,7 +147,7 @@ class ArrowMerge:
         spec: MergeSpec,
         commit: CommitContext,
     ) -> dict[str, Any]:
-        return _delta_merge(self, warehouse, table, source, spec, commit, prefer_arrow=True)
+        return _delta_merge(self, warehouse, table, source, spec, commit, self.prefer_arrow)
 
     def truncate(
         self,
@@ -166,16 +168,7 @@ class DeltaRsMerge(ArrowMerge):
     """
 
     name = "delta-rs"
-
-    def merge(
-        self,
-        warehouse: DeltaWarehouse,
-        table: DeltaTable,
-        source: pa.Table,
-        spec: MergeSpec,
-        commit: CommitContext,
-    ) -> dict[str, Any]:
-        return _delta_merge(self, warehouse, table, source, spec, commit, prefer_arrow=False)
+    prefer_arrow = False
 
 
 def merge_engine(name: str, target_file_rows: int = TARGET_FILE_ROWS) -> MergeEngine:
