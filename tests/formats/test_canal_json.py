@@ -500,6 +500,39 @@ def test_gtid_becomes_the_transaction_id():
     assert _events(_msg())[0].txn is None
 
 
+def test_dts_operation_ids_give_a_copy_at_any_offset_or_partition_the_same_seq():
+    """``id_semantics="operation"`` (decision 62): DTS's ``id`` names one operation, so
+    ``seq`` is ``(es, id, row_index)`` without the Kafka offset; the default ("batch",
+    Canal's shared batch id) keeps the offset, so the same message at two offsets has two."""
+    msg = orjson.dumps(_msg(data=[{"id": "1", "v": "a"}, {"id": "2", "v": "b"}]))
+    ddl = orjson.dumps(
+        _msg(type="ALTER", isDdl=True, data=None, mysqlType=None, sqlType=None, sql="ALTER")
+    )
+    at = [Origin("t", 0, 5), Origin("t", 1, 90), Origin("u", 0, 5)]
+
+    def seqs(**options: Any) -> list[list[Any]]:
+        decoder = decoder_for("canal-json", options or None)
+        decoder = pickle.loads(pickle.dumps(decoder))  # as shipped to an executor
+        return [
+            [e.seq for e in decoder.decode_batch([Record(value=v, origin=o)]).events]
+            for o in at
+            for v in (msg, ddl)
+        ]
+
+    es = 1_700_000_000_000
+    once = [[(es, 7, 0), (es, 7, 1)], [(es, 7, 0)]]
+    assert seqs(id_semantics="operation") == once * len(at)
+    batch = seqs()
+    assert batch[0] == [(es, 7, 5, 0), (es, 7, 5, 1)] and batch[1] == [(es, 7, 5, 0)]
+    assert batch[2] == [(es, 7, 90, 0), (es, 7, 90, 1)]
+
+
+def test_id_semantics_is_checked():
+    assert CanalJsonOptions().id_semantics == "batch"
+    with pytest.raises(ConfigError, match="id_semantics must be one of"):
+        CanalJsonOptions(id_semantics="dts")
+
+
 def test_without_es_there_is_no_sequence_or_time():
     msg = _msg()
     del msg["es"], msg["id"]

@@ -525,20 +525,6 @@ class KnownBug:
 
 KNOWN_BUGS: list[KnownBug] = [
     KnownBug(
-        # seq = (es, id, kafka_offset, row): one change has another seq in another
-        # partition or as a duplicate, so the changelog deduplicated by (table, seq) holds
-        # it twice (and decision 18's distinct on (table, key, seq, op) too); within one
-        # Canal batch (same es and id) a replayed older message outranks newer ones
-        # (test_a_replayed_canal_message_never_overwrites_a_newer_one_of_its_canal_batch)
-        "canal-seq-holds-the-kafka-offset",
-        "formats/canal_json.py seq",
-        r"under another seq",
-        Scenario("canal-json", seed=2, changes=2, partitions=2),
-        frozenset({"canal-json"}),
-        # a change's message at a second offset: a copy, a replay, another partition
-        lambda s: s.duplicates or s.replays or s.partitions > 1,
-    ),
-    KnownBug(
         # SharePlex UPDATE order_lines SET line_no = 4 WHERE (order_id, line_no) = (1, 2)
         # carries only the key columns; its message (keyed by the new key) is in partition
         # 0 and applied in batch 1, before INSERT (1, 2) from partition 1 (batch 2): the
@@ -577,6 +563,14 @@ FIXED: list[tuple[str, Scenario]] = [
     # SharePlex UPDATE SET id = 2 (only `id` in the image) left the moved row's other
     # columns NULL
     ("partial-key-change-lost-columns", Scenario("shareplex-json", seed=8, changes=10)),
+    # canal-json seq held the Kafka offset: a change copied to another offset or
+    # partition had another seq, so the changelog held it twice (decision 62: DTS's `id`
+    # names one operation, id_semantics="operation" leaves the offset out)
+    ("canal-seq-held-the-kafka-offset", Scenario("canal-json", seed=2, changes=2, partitions=2)),
+    (
+        "canal-seq-held-the-kafka-offset-with-copies-and-replays",
+        Scenario("canal-json", seed=2, changes=30, partitions=2, duplicates=True, replays=True),
+    ),
     # DRS "decimal" without precision was typed by the batch's first row: a wider value
     # later in the batch was a TYPE_CONFLICT dead letter
     ("undeclared-decimal-typed-by-the-first-row", Scenario("drs-json", seed=29, changes=3)),
@@ -668,9 +662,6 @@ def test_fixed_bug_minimal_case(case):
 
 #: a problem line each known bug's symptom matches, as the checks above word it
 _SYMPTOM_LINES = {
-    "canal-seq-holds-the-kafka-offset": (
-        "changelog event ('orders', '0001') at 1/0 is source change 1 under another seq"
-    ),
     "partial-key-change-before-its-old-row-arrives-loses-columns": (
         "db.order_lines: row (1, 4) column 'sku': expected 'a', got None "
         "[moved here from key (1, 2)]"
@@ -761,25 +752,55 @@ def test_the_workload_state_is_its_changes_replayed(seed, n):
         assert moved and workload.added_columns
 
 
-@pytest.mark.xfail(strict=True, reason="canal-seq-holds-the-kafka-offset (formats/canal_json.py)")
-def test_a_replayed_canal_message_never_overwrites_a_newer_one_of_its_canal_batch(tmp_path):
-    """Canal gives every message of one Canal batch the same ``id`` and ``es``; the
-    decoder orders them by Kafka offset, so a replay (at a higher offset) of the batch's
-    insert outranks the batch's later update."""
+def _canal_insert_update_replay(
+    tmp_path, seqs: tuple[int, int], options: dict
+) -> tuple[list, list[dict]]:
+    """INSERT (1, 'a') then UPDATE to (1, 'b'), written with ``id`` = ``seqs``, applied
+    in batch 0; the insert again at a higher offset (a replay) in batch 1. The mirror's
+    names, and the changelog."""
     encoder = encoder_for("canal-json")
     table = SourceTable("", "shop", "", "items")
     columns = {"id": "int64", "name": "string"}
     a, b = {"id": 1, "name": "a"}, {"id": 1, "name": "b"}
+    ts = 1_700_000_000_000
     changes = [
-        SourceChange(Op.INSERT, table, columns, ("id",), None, a, seq=7, ts_ms=1_700_000_000_000),
-        SourceChange(Op.UPDATE, table, columns, ("id",), a, b, seq=7, ts_ms=1_700_000_000_000),
+        SourceChange(Op.INSERT, table, columns, ("id",), None, a, seq=seqs[0], ts_ms=ts),
+        SourceChange(Op.UPDATE, table, columns, ("id",), a, b, seq=seqs[1], ts_ms=ts),
     ]
     insert, update = (m for c in changes for m in encoder.encode(c))
     log = [KafkaRecord(0, i, m.key, m.value) for i, m in enumerate([insert, update, insert])]
     applier = BatchApplier(DeltaWarehouse(str(tmp_path)))
-    _apply(applier, "canal-json", {}, 0, log[:2])
-    _apply(applier, "canal-json", {}, 1, log[2:])  # the insert, replayed
-    assert applier.warehouse.read("shop.items")["name"].to_pylist() == ["b"]
+    _apply(applier, "canal-json", options, 0, log[:2])
+    _apply(applier, "canal-json", options, 1, log[2:])  # the insert, replayed
+    wh = applier.warehouse
+    return wh.read("shop.items")["name"].to_pylist(), _read(wh, "changelog")
+
+
+def test_a_replayed_dts_canal_message_never_overwrites_a_newer_change(tmp_path):
+    """DTS gives every operation its own ``id`` (decision 62): with
+    ``id_semantics="operation"`` the replay has its original's ``seq`` (no Kafka offset
+    in it), below the update's, so it changes nothing, and the changelog taken distinct
+    on (table, key, seq, op) (decision 18) holds the insert once. Same ``es``: only
+    ``id`` orders."""
+    names, changelog = _canal_insert_update_replay(tmp_path, (7, 8), {"id_semantics": "operation"})
+    assert names == ["b"]
+    inserts = [r for r in changelog if r["op"] == Op.INSERT.value]
+    assert sorted(r["offset"] for r in inserts) == [0, 2]  # the original and the replay
+    assert len({(r["table"], r["key"], r["seq"], r["op"]) for r in inserts}) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="limit of canal-json id_semantics=batch (decision 62): a Canal batch's messages "
+    "share es and id, so only the Kafka offset orders them and a replay looks newer",
+)
+def test_a_replayed_canal_message_never_overwrites_a_newer_one_of_its_canal_batch(tmp_path):
+    """Open-source Canal gives every message of one Canal batch the same ``id`` and
+    ``es``; the decoder (default ``id_semantics="batch"``) orders them by Kafka offset, so
+    a replay (at a higher offset) of the batch's insert outranks the batch's later update.
+    The message carries nothing that tells a replay from a later message of its batch;
+    the limit is on the format's page (docs/formats/canal-json.md)."""
+    assert _canal_insert_update_replay(tmp_path, (7, 7), {})[0] == ["b"]
 
 
 def test_a_batch_of_only_type_conflicts_dead_letters_them(tmp_path):

@@ -7,7 +7,8 @@ Source documents: Alibaba Cloud DTS *Data storage formats in message queues*, pa
     {"data": [{col: "text", ...}, ...], "old": [{col: "old text"}, ...] | null,
      "database", "table", "pkNames": [...], "isDdl": bool, "sql", "type",
      "mysqlType": {col: "int(11) unsigned"}, "sqlType": {col: java.sql.Types},
-     "es": source ms, "ts": writer ms, "id": batch id, ["gtid"]}
+     "es": source ms, "ts": writer ms, "id": batch id (Canal) or operation serial
+     number (DTS), ["gtid"]}
 
 Decoding rules (details and the type table: ``docs/formats/canal-json.md``):
 
@@ -21,12 +22,15 @@ Decoding rules (details and the type table: ``docs/formats/canal-json.md``):
 * Values arrive as text and are parsed by ``mysqlType`` (case-insensitive, with
   lengths and ``unsigned``/``zerofill``), falling back to ``sqlType`` for a column that
   ``mysqlType`` does not name.
-* ``ts_ms`` is ``es``. ``seq`` is ``(es, id, kafka_offset, row_index)``: ``es`` first
-  because Canal's ``id`` is a batch id that can start again after a restart; ``id``
-  orders events of the same millisecond; every message of one Canal batch shares
-  ``id`` and ``es`` (seen in SeaTunnel's capture from a real server), so the Kafka
-  offset (the order Canal published them) comes next, then the index in ``data``.
-  Without ``es`` (e.g. Flink-written canal-json) ``seq`` is ``None``.
+* ``ts_ms`` is ``es``. ``seq`` depends on what ``id`` means (option ``id_semantics``,
+  decision 62): ``"batch"`` (default; open-source Canal, whose ``id`` is the batch id
+  every message of one Canal batch shares, as SeaTunnel's and Paimon's captures show):
+  ``(es, id, kafka_offset, row_index)``, the Kafka offset ordering the messages of one
+  batch; ``"operation"`` (Alibaba DTS, whose ``id`` is "the serial number of the
+  operation"): ``(es, id, row_index)``, so a copy or replay of a message at another
+  offset or partition has the original's ``seq``. ``es`` first because Canal's batch
+  ids start again after a restart. Without ``es`` (e.g. Flink-written canal-json)
+  ``seq`` is ``None``.
 * Key: ``pkNames``, else ``options.primary_keys``, else ``MISSING_KEY``.
 """
 
@@ -117,6 +121,9 @@ ROW_OPS = {
 
 _BINARY_ENCODINGS = ("latin1", "hex", "base64")
 _ENUM_MODES = ("index", "label")
+ID_BATCH = "batch"  # open-source Canal: ``id`` is the batch id, shared by a batch's messages
+ID_OPERATION = "operation"  # Alibaba DTS: ``id`` is the serial number of one operation
+_ID_SEMANTICS = (ID_BATCH, ID_OPERATION)
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,15 @@ class CanalJsonOptions(DecoderOptions):
         time_as_string: decode ``TIME`` as its text (``string``), for columns holding
             durations outside 00:00:00-23:59:59 (default ``False``: ``time``; an
             out-of-range value is a ``BAD_VALUE`` dead letter).
+        id_semantics: what the message's ``id`` identifies (decision 62). ``"batch"``
+            (default; open-source Canal: the batch id, shared by every message of one
+            Canal batch): ``seq`` is ``(es, id, kafka_offset, row_index)``, so messages
+            of one batch are ordered by their Kafka offset. ``"operation"`` (Alibaba
+            DTS: "the serial number of the operation", one per change): ``seq`` is
+            ``(es, id, row_index)``, so a duplicate or replay of a message, at any
+            offset or partition, has the original's ``seq`` and never outranks a newer
+            change. Set ``"operation"`` only for a writer that gives every change its
+            own ``id``: on Canal batches it gives different changes the same ``seq``.
     """
 
     tinyint1_as_boolean: bool = True
@@ -148,8 +164,13 @@ class CanalJsonOptions(DecoderOptions):
     binary_encoding: str = "latin1"
     enum_values: str = "index"
     time_as_string: bool = False
+    id_semantics: str = ID_BATCH
 
     def __post_init__(self) -> None:
+        if self.id_semantics not in _ID_SEMANTICS:
+            raise ConfigError(
+                f"id_semantics must be one of {list(_ID_SEMANTICS)}, not {self.id_semantics!r}"
+            )
         if self.binary_encoding not in _BINARY_ENCODINGS:
             raise ConfigError(
                 f"binary_encoding must be one of {list(_BINARY_ENCODINGS)}, "
@@ -275,6 +296,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
         ]
         self._specs: dict[str, Spec] = {}
         self._tables: dict[Any, list[Any]] = {}
+        self._by_offset = o.id_semantics == ID_BATCH  # the Kafka offset is part of seq
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}  # caches hold closures: rebuilt after unpickling
@@ -402,12 +424,20 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
         gtid = get("gtid")
         txn = Txn(gtid) if gtid and type(gtid) is str else None
         origin = record.origin
-        offset = origin.offset
+        # seq without its row index: (es, id, offset) for Canal batch ids, (es, id) for
+        # DTS operation ids (decision 62)
+        head = (
+            None
+            if es is None
+            else (es, batch_id, origin.offset)
+            if self._by_offset
+            else (es, batch_id)
+        )
         op = ROW_OPS.get(typ) if type(typ) is str else None
         if op is None:
             if type(typ) is not str:
                 raise field_error("type", msg.get("type"), "the operation name, e.g. INSERT")
-            return [self._statement(msg, typ, is_ddl, es, batch_id, offset, txn, origin)]
+            return [self._statement(msg, typ, is_ddl, es, head, txn, origin)]
         if is_ddl:
             raise DecodeError(
                 f"type {typ} with isDdl true: a row change cannot be DDL", Code.BAD_FIELD
@@ -479,7 +509,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
                 prior, cols = _image(prior, convs, cols)
                 before = {**image, **prior}
                 changed = tuple(prior)
-            seq = None if es is None else (es, batch_id, offset, i)
+            seq = None if head is None else head + (i,)
             # positional (faster): op source key before after columns seq ts_ms txn ddl
             # changed origin
             event = ChangeEvent(
@@ -505,8 +535,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
         typ: str,
         is_ddl: bool,
         es: int | None,
-        batch_id: int,
-        offset: int,
+        head: tuple[int, ...] | None,
         txn: Txn | None,
         origin: Origin,
     ) -> ChangeEvent:
@@ -540,7 +569,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
         return ChangeEvent(
             op,
             source,
-            seq=None if es is None else (es, batch_id, offset, 0),
+            seq=None if head is None else (*head, 0),
             ts_ms=es,
             txn=txn,
             ddl=sql if op is Op.DDL else (sql or None),

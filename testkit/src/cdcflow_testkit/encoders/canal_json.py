@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import orjson
 
 from cdcflow.formats.canal_json import (
+    ID_OPERATION,
     IDENTIFIER,
     ROW_OPS,
     TYPE_TRUNCATE,
@@ -65,17 +67,26 @@ def _encode_value(v: Any) -> Any:
 
 
 class CanalJsonEncoder(Encoder):
-    """Encodes workload changes as Canal's flat messages (one row per message).
+    """Encodes workload changes as Alibaba DTS's Canal Json (one row per message).
 
-    ``es``/``ts`` are the change's ``ts_ms`` and ``id`` its ``seq``; deletes carry the
-    row in ``data`` (Canal and DTS after 2022-03-20); snapshots are DTS ``INIT`` rows;
-    updates carry the changed columns' old values in ``old``. ``timestamptz`` values are
-    written as UTC text, which decodes exactly only with ``timestamp_zone="UTC"``.
+    ``es``/``ts`` are the change's ``ts_ms`` and ``id`` its ``seq``: DTS's "serial number
+    of the operation", one per change (:meth:`decoder_options` says so to the decoder:
+    ``id_semantics="operation"``). Changes given one ``seq`` model one open-source Canal
+    batch (its batch id), which a consumer reads with the default ``id_semantics="batch"``.
+    Deletes carry the row in ``data`` (Canal and DTS after 2022-03-20); snapshots are DTS
+    ``INIT`` rows; updates carry the changed columns' old values in ``old``.
+    ``timestamptz`` values are written as UTC text, which decodes exactly only with
+    ``timestamp_zone="UTC"``.
     """
 
     identifier: ClassVar[str] = IDENTIFIER
     # every type it writes, but timestamptz (its zone is the decoder's timestamp_zone)
     exact_types: ClassVar[frozenset[str]] = frozenset({*ENCODE_TYPES, "decimal"} - {"timestamptz"})
+
+    def decoder_options(self, changes: Iterable[SourceChange]) -> dict[str, Any]:
+        """``{"id_semantics": "operation"}``: every change has its own ``id`` (as DTS
+        writes it), so a copy or replay of a message keeps the original's ``seq``."""
+        return {"id_semantics": ID_OPERATION}
 
     def encode(self, change: SourceChange) -> list[Message]:
         table = change.table
