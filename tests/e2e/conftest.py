@@ -1,3 +1,4 @@
-"""The end-to-end tests run on tansu and on Apache Kafka."""
+"""The end-to-end tests run on the default broker (tansu); those marked
+``tests.brokers.every_broker`` run on tansu and on Apache Kafka (see ``tests/brokers.py``)."""
 
-from tests.brokers import broker  # noqa: F401 - the fixture, parametrized over the brokers
+from tests.brokers import broker_where_it_matters  # noqa: F401 - the ``broker`` fixture

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from tests.brokers import DEFAULT_BROKER, every_broker
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 
 from cdcflow.formats import embedded_formats
@@ -22,7 +23,13 @@ from cdcflow_testkit.encoders import Message
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("fmt", embedded_formats())
+@pytest.mark.parametrize(
+    ("broker", "fmt"),
+    # decoding does not depend on the broker: every format on the default one, and the
+    # default format on Apache Kafka too
+    [(DEFAULT_BROKER, fmt) for fmt in embedded_formats()] + [("apache-kafka", "debezium-json")],
+    indirect=["broker"],
+)
 def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt)
     s.produce(300)
@@ -32,7 +39,12 @@ def test_every_format_mirrors_its_source(spark, broker, tmp_path, fmt):
     check_accounting(wh, s.produced)
 
 
-@pytest.mark.parametrize("fmt", ["debezium-json", "dataworks-json"])
+@pytest.mark.parametrize(
+    ("broker", "fmt"),
+    [(DEFAULT_BROKER, "debezium-json"), (DEFAULT_BROKER, "dataworks-json")]
+    + [("apache-kafka", "debezium-json")],
+    indirect=["broker"],
+)
 def test_restart_from_checkpoint_has_no_duplicate_and_no_loss(spark, broker, tmp_path, fmt):
     s = Scenario(broker, fmt, seed=5)
     s.produce(400)
@@ -136,6 +148,7 @@ def test_malformed_records_and_unknown_ops_are_dead_letters_and_the_stream_goes_
     assert sum(b["dead_letters"] for b in batches) == 3
 
 
+@every_broker  # records with a null value
 def test_tombstones_are_skipped_on_purpose_and_counted(spark, broker, tmp_path):
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=4)
@@ -188,6 +201,7 @@ def test_every_decode_path_gives_the_same_tables(spark, broker, tmp_path, engine
     assert not staged.exists() or not any(staged.iterdir()), "staged files are removed after commit"
 
 
+@every_broker  # fetching at the offsets the warehouse gives
 def test_a_deleted_checkpoint_loses_and_duplicates_nothing(spark, broker, tmp_path):
     """The probe of issue 8: with the warehouse kept, a rerun after `rm -rf checkpoint`
     restarted Spark's batch ids at 0 and skipped or re-applied records."""

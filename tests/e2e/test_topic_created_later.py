@@ -6,6 +6,7 @@ applies them all."""
 from __future__ import annotations
 
 import pytest
+from tests.brokers import every_broker
 from tests.e2e.helpers import (
     PARTITIONS,
     Scenario,
@@ -22,6 +23,7 @@ from cdcflow.sinks.warehouse import DeltaWarehouse
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 
+@every_broker  # topic metadata of a topic created later
 def test_a_run_before_the_topic_exists_then_a_run_after_applies_everything(spark, broker, tmp_path):
     s = Scenario(broker, "debezium-json", create_topic=False)
     config = pipeline_config(tmp_path, broker, s.fmt, s.topic, s.options)
@@ -39,6 +41,7 @@ def test_a_run_before_the_topic_exists_then_a_run_after_applies_everything(spark
     check_accounting(wh, s.produced)
 
 
+@every_broker  # topic metadata of a topic created later
 def test_a_run_at_latest_that_read_nothing_then_a_run_after_applies_the_new_changes(
     spark, broker, tmp_path
 ):

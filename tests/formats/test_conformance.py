@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from dataclasses import replace
 
 import pytest
 
 from cdcflow.errors import Code
 from cdcflow.formats import decoder_for, embedded_formats
-from cdcflow.formats.base import Record
+from cdcflow.formats.base import DecoderOptions, Record
 from cdcflow.model import Op, Origin, SourceTable, seq_key
 from cdcflow_testkit.encoders import SourceChange, encoder_for
 
@@ -119,6 +120,15 @@ def test_bad_input_becomes_a_dead_letter_with_a_stable_code(fmt, value):
     assert dead.code in KNOWN_CODES
     assert dead.value == value and dead.origin == Origin("t", 3, 9) and dead.format == fmt
     assert dead.message
+
+
+def test_the_options_every_format_takes_can_be_given_as_plain_decoder_options(fmt):
+    """``decoder_for(fmt, DecoderOptions(...))``: the common options (here ``max_columns``)
+    carry over into the format's own options class, whose own options keep their defaults."""
+    decoder = decoder_for(fmt, DecoderOptions(max_columns=3))
+    assert type(decoder.options) is decoder.options_class
+    assert decoder.options.max_columns == 3
+    assert decoder.options == replace(decoder.options_class(), max_columns=3)
 
 
 def test_round_trip_through_the_formats_own_encoder(fmt):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from tests.apply.helpers import dele, ins, table_of, upd
+from tests.sinks.log_clock import age_log
 
 import cdcflow
 from cdcflow.apply.batch import BatchApplier
@@ -260,10 +261,8 @@ def test_delta_rs_drops_log_files_past_the_retention_at_a_checkpoint(tmp_path):
     checkpoint after version 199 removes the commit files older than that and than the
     checkpoint before it, and the table reads the same. delta-rs 1.6 keeps the log from
     the last checkpoint at or before the oldest version still within the retention, so
-    versions 0-100 are made older than a second before the checkpoint at 199 (without
-    the second pause the test passes or fails with the speed of the loop)."""
-    import time
-
+    versions 0-100 are made older than a second before the checkpoint at 199 (their files'
+    mtimes set 10 s back: :func:`~tests.sinks.log_clock.age_log`)."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -272,14 +271,13 @@ def test_delta_rs_drops_log_files_past_the_retention_at_a_checkpoint(tmp_path):
     _new_keys(BatchApplier(wh, maintenance=second), 1)
     path = wh.table_path(TARGET)
     assert _log_retention(path) == "interval 1 seconds"
-    time.sleep(1.5)
     table = DeltaTable(path)
     row = table.to_pyarrow_table().slice(0, 1)
-    for until, pause_s in ((101, 1.5), (200, 0)):
+    for until in (101, 200):
+        age_log(path, 10)  # the versions so far: past the retention (instead of a pause)
         while table.version() < until:
             write_deltalake(table, pa.Table.from_batches([], schema=row.schema), mode="append")
             table.update_incremental()
-        time.sleep(pause_s)
     log = sorted(os.listdir(os.path.join(path, "_delta_log")))
     assert "00000000000000000199.checkpoint.parquet" in log
     assert log[0] == "00000000000000000099.checkpoint.parquet"  # 0..98: cleaned up

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from tests.sinks.log_clock import age_log
 
 from cdcflow.sinks.refresh import REOPEN_AFTER_VERSIONS, refresh
 from cdcflow.sinks.warehouse import DeltaWarehouse
@@ -42,7 +42,7 @@ def test_a_handle_older_than_the_cleaned_up_log_is_brought_up_to_date(tmp_path):
         _append(path, v)
     writer.update_incremental()
     writer.create_checkpoint()
-    time.sleep(1.5)
+    age_log(path, 10)  # past the one second of retention
     _append(path, 6)
     writer.update_incremental()
     writer.cleanup_metadata()

@@ -121,7 +121,7 @@ class AwsDmsJsonDecoder(ExactJsonDecoder[AwsDmsJsonOptions]):
     identifier: ClassVar[str] = IDENTIFIER
     options_class = AwsDmsJsonOptions
 
-    def __init__(self, options: AwsDmsJsonOptions | None = None) -> None:
+    def __init__(self, options: AwsDmsJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._exact: bool = self.options.float_as_decimal
         opts: AwsDmsJsonOptions = self.options

@@ -331,8 +331,12 @@ class Decoder(ABC, Generic[OptionsT]):
     #: ``True`` for binary formats (Avro): ``cdcflow decode``/``apply`` read base64 lines.
     binary_values: ClassVar[bool] = False
 
-    def __init__(self, options: OptionsT | None = None) -> None:
-        self.options: OptionsT = options if options is not None else self.options_class()
+    def __init__(self, options: OptionsT | DecoderOptions | None = None) -> None:
+        # the options every decoder takes, given as plain DecoderOptions, carry over; the
+        # format's own are then at their defaults
+        self.options: OptionsT = (
+            self.options_class() if options is None else self.options_class.from_options(options)
+        )
         _check_keyless(self.options.keyless)
         _check_max_columns(self.options.max_columns)
 

@@ -294,7 +294,7 @@ class DataWorksJsonDecoder(Decoder[DataWorksJsonOptions]):
 
     _CACHE_MAX = 4096
 
-    def __init__(self, options: DataWorksJsonOptions | None = None) -> None:
+    def __init__(self, options: DataWorksJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._schemas: dict[Any, _Schema] = {}
         self._tables: dict[Any, SourceTable] = {}

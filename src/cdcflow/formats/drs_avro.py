@@ -280,7 +280,7 @@ class DrsAvroDecoder(Decoder[DrsAvroOptions]):
     options_class = DrsAvroOptions
     binary_values: ClassVar[bool] = True
 
-    def __init__(self, options: DrsAvroOptions | None = None) -> None:
+    def __init__(self, options: DrsAvroOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         opts = self.options
         assert isinstance(opts, DrsAvroOptions)

@@ -394,7 +394,7 @@ class _DrsJsonDecoderBase(Decoder[DrsJsonOptions]):
     options_class = DrsJsonOptions
     _json_c: ClassVar[bool] = False
 
-    def __init__(self, options: DrsJsonOptions | None = None) -> None:
+    def __init__(self, options: DrsJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._zone = zone_option(getattr(self.options, "timestamp_zone", "UTC"))
         self._tables: dict[tuple[Any, Any], _Table] = {}

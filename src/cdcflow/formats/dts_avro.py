@@ -428,7 +428,7 @@ class DtsAvroDecoder(Decoder[DtsAvroOptions]):
     options_class = DtsAvroOptions
     binary_values: ClassVar[bool] = True
 
-    def __init__(self, options: DtsAvroOptions | None = None) -> None:
+    def __init__(self, options: DtsAvroOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._schema = record_schema()
         self._tables: dict[str | None, SourceTable] = {}

@@ -141,7 +141,7 @@ class MaxwellJsonDecoder(ExactJsonDecoder[MaxwellJsonOptions]):
     identifier: ClassVar[str] = IDENTIFIER
     options_class = MaxwellJsonOptions
 
-    def __init__(self, options: MaxwellJsonOptions | None = None) -> None:
+    def __init__(self, options: MaxwellJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._exact: bool = self.options.float_as_decimal
         self._tables: dict[tuple[str, str], TableInfo] = {}

@@ -117,7 +117,7 @@ class OggJsonDecoder(ExactJsonDecoder[OggJsonOptions]):
     identifier: ClassVar[str] = IDENTIFIER
     options_class = OggJsonOptions
 
-    def __init__(self, options: OggJsonOptions | None = None) -> None:
+    def __init__(self, options: OggJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._exact: bool = self.options.float_as_decimal
         opts: OggJsonOptions = self.options

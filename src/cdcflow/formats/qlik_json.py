@@ -469,7 +469,7 @@ class QlikJsonDecoder(Decoder[QlikJsonOptions]):
     options_class = QlikJsonOptions
     options: QlikJsonOptions
 
-    def __init__(self, options: QlikJsonOptions | None = None) -> None:
+    def __init__(self, options: QlikJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._by_id: dict[str, _Table] = {}
         self._by_name: dict[str, _Table] = {}  # "schema.table" -> newest version

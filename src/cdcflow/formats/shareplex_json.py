@@ -245,7 +245,7 @@ class SharePlexJsonDecoder(Decoder[SharePlexJsonOptions]):
     identifier: ClassVar[str] = IDENTIFIER
     options_class = SharePlexJsonOptions
 
-    def __init__(self, options: SharePlexJsonOptions | None = None) -> None:
+    def __init__(self, options: SharePlexJsonOptions | DecoderOptions | None = None) -> None:
         super().__init__(options)
         self._tables: dict[str, SourceTable] = {}
         opts = self.options
