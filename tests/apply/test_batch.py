@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from tests.apply.helpers import ev, ins, table_of, upd
+from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
@@ -199,30 +199,64 @@ def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, mo
     assert ap.ledger.pending() is None and ap.ledger.completed_id() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: apply/netchange.py folds a late image (older than the stored row) "
-    "into the key's last, partial change, so the mirror depends on how batches are cut",
-)
-def test_a_late_image_in_the_batch_of_a_partial_update_changes_nothing(tmp_path):
-    """Stored: key 1 at seq 10 (qty 5). One batch: a late full update at seq 3 (qty 3,
-    older than the stored row: ignored on its own) and a partial update at seq 12 that
-    sets only ``name``. The source's row is name B, qty 5; applied in two batches cdcflow
-    gives that, in one batch it gives qty 3."""
+def _name_b(seq: int):
+    """A partial update of key 1 that sets only ``name`` (SharePlex, Qlik ``columnMask``)."""
+    return ev(Op.UPDATE, 1, after={"id": 1, "name": "B"}, seq=seq, offset=90 + seq)
+
+
+#: (stored before, the changes, the mirror every cut of the changes gives)
+_LATE_BEFORE_A_PARTIAL = {
+    # the late full update at seq 3 is older than the stored row (seq 10): ignored alone
+    "late-full-image": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [upd(1, "X", qty=3, seq=3, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 5}},
+    ),
+    # the late delete at seq 3 removes nothing alone, so it NULLs no column either
+    "late-delete": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [dele(1, seq=3, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 5}},
+    ),
+    # a late change between the stored row and the partial one counts, in any cut
+    "newer-than-stored": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [upd(1, "X", qty=3, seq=11, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 3}},
+    ),
+    # key 1 deleted at seq 10: the late update at seq 3 is dropped by the tombstone
+    # alone, so its qty is not inserted with the partial update either
+    "behind-a-tombstone": (
+        [ins(1, "A", qty=5, seq=1, offset=0), dele(1, seq=10, offset=2)],
+        [upd(1, "X", qty=3, seq=3, offset=3), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": None}},
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", ["arrow", "delta-rs"])
+@pytest.mark.parametrize("case", sorted(_LATE_BEFORE_A_PARTIAL))
+def test_a_late_image_in_the_batch_of_a_partial_update_changes_nothing(tmp_path, case, engine):
+    """Stored: key 1 at seq 10 (qty 5). A late full update at seq 3 (qty 3, older than
+    the stored row: ignored on its own) and a partial update at seq 12 that sets only
+    ``name``: the source's row is name B, qty 5, applied in two batches or in one (the
+    late image once gave qty 3 in one batch). Likewise a late delete, and the tombstone's
+    guard; a change newer than the stored row counts in every cut. Both merge engines."""
+    stored, changes, expected = _LATE_BEFORE_A_PARTIAL[case]
     mirrors = []
     for cut in ([1, 2], [2]):  # the two changes in two batches, then in one
-        wh = DeltaWarehouse(str(tmp_path / f"wh{len(cut)}"), pipeline_id="t")
+        wh = DeltaWarehouse(
+            str(tmp_path / f"wh{len(cut)}"), pipeline_id="t", merge_engine=engine
+        )
         ap = BatchApplier(wh)
-        ap.apply(table_of(ins(1, "A", qty=5, seq=10, offset=0)), 0)
-        changes = [
-            upd(1, "X", qty=3, seq=3, offset=1),
-            ev(Op.UPDATE, 1, after={"id": 1, "name": "B"}, seq=12, offset=2),
-        ]
+        for i, event in enumerate(stored):
+            ap.apply(table_of(event), i)
+        start = len(stored)
         if len(cut) == 2:
-            ap.apply(table_of(changes[0]), 1)
-            ap.apply(table_of(changes[1]), 2)
+            ap.apply(table_of(changes[0]), start)
+            ap.apply(table_of(changes[1]), start + 1)
         else:
-            ap.apply(table_of(*changes), 1)
+            ap.apply(table_of(*changes), start)
         mirrors.append(mirror_by_key(wh.read("db.items")))
-    assert mirrors[0] == {1: {"id": 1, "name": "B", "qty": 5}}  # two batches: right
-    assert mirrors[1] == mirrors[0]  # one batch: qty 3 from the late image
+    assert mirrors[0] == expected  # two batches
+    assert mirrors[1] == mirrors[0]  # one batch

@@ -14,7 +14,12 @@ Rules (see docs/semantics.md):
 * The last change of a key wins. Where it is a *partial* update (some declared columns are
   absent: Qlik ``columnMask``, an unavailable TOAST value), earlier images of the same key
   in the batch are folded in first, so only columns nobody in the batch set stay "not
-  present" (the sink keeps the stored value for those).
+  present" (the sink keeps the stored value for those). A column an earlier change set
+  carries that change's sequence (``column_seqs``; the columns a full image or delete
+  before it left NULL: its sequence, ``rest``), because the stored row decides whether it
+  counts: a change older than the stored row sets nothing, as when it comes alone, so the
+  mirror does not depend on how batches are cut
+  (docs/decisions/0063-a-late-change-sets-no-column-of-a-newer-row.md).
 
 Everything is vectorized with Arrow compute; only keys whose last change is partial and
 that changed more than once in the batch go through Python.
@@ -134,6 +139,7 @@ def net_change(events: pa.Table) -> NetChange:
                 "after": pa.array([], pa.string()),
                 "partial": pa.array([], pa.bool_()),
                 "moved_from": pa.array([], pa.string()),
+                "column_seqs": pa.array([], pa.string()),
             }
         )
         return NetChange(empty, truncate_seq, 0, 0)
@@ -154,9 +160,10 @@ def net_change(events: pa.Table) -> NetChange:
     after = last["after"]
     partial = pc.fill_null(last["partial"], False)
     moved_from = pa.nulls(last.num_rows, pa.string())
+    column_seqs = pa.nulls(last.num_rows, pa.string())
     if pc.any(partial).as_py():
         t = t.take(order)  # whole groups: the earlier images of the same key
-        after, partial = _fold_partials(t, last, last_mask)
+        after, partial, column_seqs = _fold_partials(t, last, last_mask)
         if pc.any(pc.and_(partial, pc.is_valid(last["old_key"]))).as_py():
             after, partial, moved_from = _fold_moves(t, last, after, partial)
 
@@ -169,6 +176,7 @@ def net_change(events: pa.Table) -> NetChange:
             "after": after,
             "partial": partial,
             "moved_from": moved_from,
+            "column_seqs": column_seqs,
         }
     )
     return NetChange(rows, truncate_seq, events_in, events_in - rows.num_rows)
@@ -181,36 +189,66 @@ def _groups(t: pa.Table, last_mask: pa.Array) -> list[tuple[int, int]]:
     return list(zip(starts, ends, strict=True))
 
 
-def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool]:
-    """Fold one key's images in order; returns (after JSON, still partial)."""
-    ops = t["op"].slice(start, end - start + 1).to_pylist()
-    afters = t["after"].slice(start, end - start + 1).to_pylist()
-    partials = t["partial"].slice(start, end - start + 1).to_pylist()
-    deletes = t["is_delete"].slice(start, end - start + 1).to_pylist()
+def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | None]:
+    """Fold one key's images in order; returns (after JSON, still partial, column seqs).
+
+    Column seqs (JSON or ``None``): ``{"columns": {column: seq}, "rest": seq}`` for the
+    columns an earlier change of the batch set (the sequence of the last one that set
+    each), ``rest`` the sequence of the last full image or delete (from which the columns
+    no image holds are NULL; ``None``: no such change). Only sequences older than the
+    last change's are given: a column the last change set, or one set at its sequence,
+    counts whatever the stored row (``None`` when that holds for every column).
+    """
+    width = end - start + 1
+    ops = t["op"].slice(start, width).to_pylist()
+    afters = t["after"].slice(start, width).to_pylist()
+    partials = t["partial"].slice(start, width).to_pylist()
+    deletes = t["is_delete"].slice(start, width).to_pylist()
+    seqs = t["seq"].slice(start, width).to_pylist()
     image: dict[str, Any] | None = None
+    set_at: dict[str, str | None] = {}
+    rest: str | None = None
     full = False
-    for op, after, part, dele in zip(ops, afters, partials, deletes, strict=True):
+    for op, after, part, dele, seq in zip(ops, afters, partials, deletes, seqs, strict=True):
         if dele:
             image, full = None, True  # after a delete, absent columns are NULL
+            set_at, rest = {}, seq
             continue
         row = orjson.loads(after)
         if op != _UPDATE or not part:
             image, full = row, True
+            set_at, rest = dict.fromkeys(row, seq), seq
         elif image is None:
             image, full = row, full
+            set_at.update(dict.fromkeys(row, seq))
         else:
             image = {**image, **row}
-    return (None if image is None else orjson.dumps(image).decode()), not full
+            set_at.update(dict.fromkeys(row, seq))
+    last = seqs[-1]
+    if last is None:
+        older: dict[str, str] = {}  # no sequence: the merge's guard lets it through
+    else:
+        older = {c: s for c, s in set_at.items() if s is not None and s < last}
+        if rest is not None and not rest < last:
+            rest = None
+    seqs_json = None
+    if older or rest is not None:
+        seqs_json = orjson.dumps({"columns": older, "rest": rest}).decode()
+    return (None if image is None else orjson.dumps(image).decode()), not full, seqs_json
 
 
-def _fold_partials(t: pa.Table, last: pa.Table, last_mask: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Fold the groups whose last change is partial; returns (after, partial) columns."""
+def _fold_partials(
+    t: pa.Table, last: pa.Table, last_mask: pa.Array
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Fold the groups whose last change is partial; returns (after, partial, column
+    seqs) columns (:func:`_fold`)."""
     after = last["after"].to_pylist()
     partial = [bool(p) for p in last["partial"].to_pylist()]
+    seqs: list[str | None] = [None] * len(after)
     for g, (start, end) in enumerate(_groups(t, last_mask)):
         if partial[g] and end > start:
-            after[g], partial[g] = _fold(t, start, end)
-    return pa.array(after, pa.string()), pa.array(partial, pa.bool_())
+            after[g], partial[g], seqs[g] = _fold(t, start, end)
+    return pa.array(after, pa.string()), pa.array(partial, pa.bool_()), pa.array(seqs, pa.string())
 
 
 def _fold_moves(

@@ -36,6 +36,7 @@ from cdcflow.sinks.merge import (
     BOOKKEEPING_COLUMNS,
     CHANGE_FEED_PROPERTY,
     DELETE_FLAG,
+    FROM_PREFIX,
     PRESENT_PREFIX,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
@@ -79,6 +80,53 @@ def _images_read(
     if removed is None:
         return None
     return pa.concat_tables([after, removed]).combine_chunks()
+
+
+def _has_column_seqs(rows: pa.Table) -> bool:
+    """Whether a net change row took columns from older changes (``column_seqs``)."""
+    return "column_seqs" in rows.column_names and rows["column_seqs"].null_count < len(rows)
+
+
+def _column_seqs(rows: pa.Table) -> list[dict[str, Any] | None]:
+    """Each row's ``column_seqs`` (:func:`cdcflow.apply.netchange.net_change`), parsed."""
+    if not _has_column_seqs(rows):
+        return [None] * rows.num_rows
+    return [None if q is None else orjson.loads(q) for q in rows["column_seqs"].to_pylist()]
+
+
+def _guard_columns(rows: pa.Table, tombs: Mapping[str, str], watermark: str | None) -> pa.Table:
+    """The tombstone and truncate guards for the columns older changes of the batch set:
+    a column whose change is at or before its key's tombstone (or before the last
+    truncate) is taken out of the image, as that change would be dropped alone (where
+    no row is stored the column is then NULL; a stored row is newer than the tombstone,
+    so the merge keeps its value anyway)."""
+    since = _column_seqs(rows)
+    afters = rows["after"].to_pylist()
+    changed = False
+    for i, (key, q) in enumerate(zip(rows["key"].to_pylist(), since, strict=True)):
+        if q is None or afters[i] is None:
+            continue
+        tomb, image = tombs.get(key), orjson.loads(afters[i])
+        dropped = [
+            c
+            for c, s in q["columns"].items()
+            if (tomb is not None and s <= tomb) or (watermark and s < watermark)
+        ]
+        if dropped:
+            for c in dropped:
+                image.pop(c, None)
+                del q["columns"][c]
+            afters[i] = orjson.dumps(image).decode()
+            changed = True
+    if not changed:
+        return rows
+    rows = rows.set_column(
+        rows.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
+    )
+    seqs = [None if q is None else orjson.dumps(q).decode() for q in since]
+    return rows.set_column(
+        rows.schema.get_field_index("column_seqs"), "column_seqs", pa.array(seqs, pa.string())
+    )
 
 
 @dataclass(slots=True)
@@ -165,6 +213,8 @@ class Mirrors:
                 keep = pc.and_(keep, pc.invert(before_truncate))
         result.dropped_by_guard = rows.num_rows - (pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
         rows = rows.filter(keep)
+        if (tombs or watermark) and _has_column_seqs(rows):
+            rows = _guard_columns(rows, tombs, watermark)
 
         upserts = rows.filter(pc.invert(rows["is_delete"]))
         deletes = rows.filter(rows["is_delete"])
@@ -363,7 +413,9 @@ class Mirrors:
     ) -> pa.Table:
         n_up, n_del = upserts.num_rows, deletes.num_rows
         partial = upserts["partial"].to_pylist()
-        data = None if any(partial) else _images_read(upserts, deletes, types, columns)
+        since = _column_seqs(upserts)
+        by_column = any(partial) or any(since)
+        data = None if by_column else _images_read(upserts, deletes, types, columns)
         if data is None:  # the exact way: a dict per row
             after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
             key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
@@ -392,7 +444,7 @@ class Mirrors:
         data = data.append_column(
             DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
         )
-        if any(partial):
+        if by_column:
             for c in columns:
                 if c in key_columns:
                     continue
@@ -401,6 +453,15 @@ class Mirrors:
                 ] + [True] * n_del
                 if not all(present):
                     data = data.append_column(PRESENT_PREFIX + c, pa.array(present))
+                if any(since):
+                    # set by an older change of the batch (the rest: by its full image or
+                    # delete): written only over a stored row not newer than that change
+                    froms = [
+                        None if q is None else (q["columns"].get(c) if c in r else q["rest"])
+                        for r, q in zip(after_rows, since, strict=True)
+                    ] + [None] * n_del
+                    if any(f is not None for f in froms):
+                        data = data.append_column(FROM_PREFIX + c, pa.array(froms, pa.string()))
         return data
 
 
