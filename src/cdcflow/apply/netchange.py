@@ -163,9 +163,9 @@ def net_change(events: pa.Table) -> NetChange:
     column_seqs = pa.nulls(last.num_rows, pa.string())
     if pc.any(partial).as_py():
         t = t.take(order)  # whole groups: the earlier images of the same key
-        after, partial, column_seqs = _fold_partials(t, last, last_mask)
-        if pc.any(pc.and_(partial, pc.is_valid(last["old_key"]))).as_py():
-            after, partial, moved_from = _fold_moves(t, last, after, partial)
+        after, partial, column_seqs, moves = _fold_partials(t, last, last_mask)
+        if any(moves):
+            after, partial, moved_from = _fold_moves(t, moves, after, partial)
 
     rows = pa.table(
         {
@@ -189,8 +189,13 @@ def _groups(t: pa.Table, last_mask: pa.Array) -> list[tuple[int, int]]:
     return list(zip(starts, ends, strict=True))
 
 
-def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | None]:
-    """Fold one key's images in order; returns (after JSON, still partial, column seqs).
+#: a key's last move into it in the batch: (old key JSON, the move's ``_seq``)
+_Move = tuple[str, str]
+
+
+def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | None, _Move | None]:
+    """Fold one key's images in order; returns (after JSON, still partial, column seqs,
+    the move the row still takes its absent columns from).
 
     Column seqs (JSON or ``None``): ``{"columns": {column: seq}, "rest": seq}`` for the
     columns an earlier change of the batch set (the sequence of the last one that set
@@ -198,6 +203,10 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | No
     no image holds are NULL; ``None``: no such change). Only sequences older than the
     last change's are given: a column the last change set, or one set at its sequence,
     counts whatever the stored row (``None`` when that holds for every column).
+
+    A partial image that moved a row here (SharePlex ``upd`` of a key column) starts the
+    row again: its absent columns are the old key's (:func:`_fold_moves`), not this
+    key's, so the move is returned while no full image or delete came after it.
     """
     width = end - start + 1
     ops = t["op"].slice(start, width).to_pylist()
@@ -205,19 +214,27 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | No
     partials = t["partial"].slice(start, width).to_pylist()
     deletes = t["is_delete"].slice(start, width).to_pylist()
     seqs = t["seq"].slice(start, width).to_pylist()
+    old_keys = t["old_key"].slice(start, width).to_pylist()
+    orders = t["_seq"].slice(start, width).to_pylist()
     image: dict[str, Any] | None = None
     set_at: dict[str, str | None] = {}
     rest: str | None = None
+    move: _Move | None = None
     full = False
-    for op, after, part, dele, seq in zip(ops, afters, partials, deletes, seqs, strict=True):
+    for i, (op, after, part, dele, seq) in enumerate(
+        zip(ops, afters, partials, deletes, seqs, strict=True)
+    ):
         if dele:
             image, full = None, True  # after a delete, absent columns are NULL
-            set_at, rest = {}, seq
+            set_at, rest, move = {}, seq, None
             continue
         row = orjson.loads(after)
         if op != _UPDATE or not part:
             image, full = row, True
-            set_at, rest = dict.fromkeys(row, seq), seq
+            set_at, rest, move = dict.fromkeys(row, seq), seq, None
+        elif old_keys[i] is not None:
+            image, full = row, False  # moved here: the rest is the old key's row
+            set_at, rest, move = dict.fromkeys(row, seq), None, (old_keys[i], orders[i])
         elif image is None:
             image, full = row, full
             set_at.update(dict.fromkeys(row, seq))
@@ -234,39 +251,52 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | No
     seqs_json = None
     if older or rest is not None:
         seqs_json = orjson.dumps({"columns": older, "rest": rest}).decode()
-    return (None if image is None else orjson.dumps(image).decode()), not full, seqs_json
+    after_json = None if image is None else orjson.dumps(image).decode()
+    return after_json, not full, seqs_json, (None if full else move)
 
 
 def _fold_partials(
     t: pa.Table, last: pa.Table, last_mask: pa.Array
-) -> tuple[pa.Array, pa.Array, pa.Array]:
+) -> tuple[pa.Array, pa.Array, pa.Array, list[_Move | None]]:
     """Fold the groups whose last change is partial; returns (after, partial, column
-    seqs) columns (:func:`_fold`)."""
+    seqs) columns and each group's move (:func:`_fold`)."""
     after = last["after"].to_pylist()
     partial = [bool(p) for p in last["partial"].to_pylist()]
+    old_keys = last["old_key"].to_pylist()
+    orders = last["_seq"].to_pylist()
     seqs: list[str | None] = [None] * len(after)
+    moves: list[_Move | None] = [None] * len(after)
     for g, (start, end) in enumerate(_groups(t, last_mask)):
-        if partial[g] and end > start:
-            after[g], partial[g], seqs[g] = _fold(t, start, end)
-    return pa.array(after, pa.string()), pa.array(partial, pa.bool_()), pa.array(seqs, pa.string())
+        if not partial[g]:
+            continue
+        if end > start:
+            after[g], partial[g], seqs[g], moves[g] = _fold(t, start, end)
+        elif old_keys[g] is not None:
+            moves[g] = (old_keys[g], orders[g])
+    return (
+        pa.array(after, pa.string()),
+        pa.array(partial, pa.bool_()),
+        pa.array(seqs, pa.string()),
+        moves,
+    )
 
 
 def _fold_moves(
-    t: pa.Table, last: pa.Table, after: pa.Array, partial: pa.Array
+    t: pa.Table, moves: list[_Move | None], after: pa.Array, partial: pa.Array
 ) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Keys whose last change moved a row there with a partial image (SharePlex ``upd``
-    of a key column carries only the changed columns): the old key's images earlier in the
-    batch fill the absent columns; what is still absent comes from the old key's stored
-    row in the sink (``moved_from``)."""
+    """Keys whose row a partial image moved there (SharePlex ``upd`` of a key column
+    carries only the changed columns; ``moves``: each key's last move, from
+    :func:`_fold`): the old key's images earlier in the batch fill the absent columns;
+    what is still absent comes from the old key's stored row in the sink
+    (``moved_from``)."""
     after_l = after.to_pylist()
     partial_l = partial.to_pylist()
-    moved_from: list[str | None] = [None] * last.num_rows
+    moved_from: list[str | None] = [None] * len(moves)
     keys = t["key"].to_pylist()
-    for g, (old_key, seq) in enumerate(
-        zip(last["old_key"].to_pylist(), last["_seq"].to_pylist(), strict=True)
-    ):
-        if not (partial_l[g] and old_key):
+    for g, move in enumerate(moves):
+        if move is None or not partial_l[g]:
             continue
+        old_key, seq = move
         # the old key's images before the move (the synthetic delete rows have _sub 0)
         rows = [
             i
