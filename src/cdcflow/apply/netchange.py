@@ -8,7 +8,10 @@ Rules (see docs/semantics.md):
 * A truncate drops every event ordered before it and is applied first (the sink deletes
   stored rows whose sequence is below it).
 * An update that moves a row to another key (before-image key != after-image key) is a
-  delete of the old key followed by an upsert of the new one, at the same sequence.
+  delete of the old key followed by an upsert of the new one, at the same sequence. A
+  partial one (SharePlex) starts the new key's row again: its absent columns are the old
+  key's, from the old key's images in the batch or its stored row (``moved_from``), also
+  under later partial changes of the new key in the batch.
 * An update without an after image (a DataWorks ``UPDATE_BEFOR`` half whose partner is in
   another batch) deletes its key; the partner half, ordered after it, upserts again.
 * The last change of a key wins. Where it is a *partial* update (some declared columns are
@@ -193,7 +196,13 @@ def _groups(t: pa.Table, last_mask: pa.Array) -> list[tuple[int, int]]:
 _Move = tuple[str, str]
 
 
-def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | None, _Move | None]:
+#: the columns :func:`_fold` reads, as Python lists of the rows to fold
+_FOLD_COLUMNS = ["op", "after", "partial", "is_delete", "seq", "old_key", "_seq"]
+
+
+def _fold(
+    rows: dict[str, list[Any]], start: int, end: int
+) -> tuple[str | None, bool, str | None, _Move | None]:
     """Fold one key's images in order; returns (after JSON, still partial, column seqs,
     the move the row still takes its absent columns from).
 
@@ -208,14 +217,10 @@ def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool, str | No
     row again: its absent columns are the old key's (:func:`_fold_moves`), not this
     key's, so the move is returned while no full image or delete came after it.
     """
-    width = end - start + 1
-    ops = t["op"].slice(start, width).to_pylist()
-    afters = t["after"].slice(start, width).to_pylist()
-    partials = t["partial"].slice(start, width).to_pylist()
-    deletes = t["is_delete"].slice(start, width).to_pylist()
-    seqs = t["seq"].slice(start, width).to_pylist()
-    old_keys = t["old_key"].slice(start, width).to_pylist()
-    orders = t["_seq"].slice(start, width).to_pylist()
+    span = slice(start, end + 1)
+    ops, afters, partials = rows["op"][span], rows["after"][span], rows["partial"][span]
+    deletes, seqs = rows["is_delete"][span], rows["seq"][span]
+    old_keys, orders = rows["old_key"][span], rows["_seq"][span]
     image: dict[str, Any] | None = None
     set_at: dict[str, str | None] = {}
     rest: str | None = None
@@ -266,13 +271,25 @@ def _fold_partials(
     orders = last["_seq"].to_pylist()
     seqs: list[str | None] = [None] * len(after)
     moves: list[_Move | None] = [None] * len(after)
+    todo: list[tuple[int, int, int]] = []  # (group, start, end) of the groups to fold
     for g, (start, end) in enumerate(_groups(t, last_mask)):
         if not partial[g]:
             continue
         if end > start:
-            after[g], partial[g], seqs[g], moves[g] = _fold(t, start, end)
+            todo.append((g, start, end))
         elif old_keys[g] is not None:
             moves[g] = (old_keys[g], orders[g])
+    if todo:
+        # one gather and one conversion for every group to fold (not one per group)
+        rows = t.select(_FOLD_COLUMNS).take(
+            pa.array([i for _, start, end in todo for i in range(start, end + 1)], pa.int64())
+        )
+        columns = {c: rows[c].to_pylist() for c in _FOLD_COLUMNS}
+        at = 0
+        for g, start, end in todo:
+            width = end - start + 1
+            after[g], partial[g], seqs[g], moves[g] = _fold(columns, at, at + width - 1)
+            at += width
     return (
         pa.array(after, pa.string()),
         pa.array(partial, pa.bool_()),

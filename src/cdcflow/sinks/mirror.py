@@ -190,7 +190,7 @@ def _complete_partial_rows(
         (its key's events become dead letters; a move's delete of its old key stands).
     """
     n = upserts.num_rows
-    if not n or not any(upserts["partial"].to_pylist()):
+    if not n or not pc.any(upserts["partial"]).as_py():
         return upserts, []
     partial = upserts["partial"].to_pylist()
     keys: list[str] = upserts["key"].to_pylist()
