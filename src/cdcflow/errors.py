@@ -61,6 +61,9 @@ class Code(StrEnum):
     EXPRESSION_FAILED = (
         "EXPRESSION_FAILED"  # a computed column, row filter or type override failed for the row
     )
+    MISSING_OLD_ROW = (
+        "MISSING_OLD_ROW"  # a partial image of a row the mirror does not hold: columns unknown
+    )
     INCOMPLETE_APPLY = "INCOMPLETE_APPLY"  # a micro-batch holds part of an interrupted apply
     PIPELINE_RUNNING = "PIPELINE_RUNNING"  # another run of the pipeline holds its lease
     LEASE_LOST = "LEASE_LOST"  # a running pipeline's lease was taken over; it stops

@@ -397,9 +397,15 @@ class NetChange:
 
     Attributes:
         rows: one row per key: ``key`` (JSON), ``is_delete``, ``seq``, ``ts_ms``, ``after``
-            (JSON or null), ``partial``, ``moved_from`` (the old key's JSON when the key's
-            last change moved it there with a partial image, else null: the sink fills the
-            absent columns from the old key's stored row) -- sorted by key.
+            (JSON or null), ``partial``; ``moved_from`` (the old key's JSON when a
+            partial image moved the row there and no full image or delete of the key
+            came after it in the batch, else null: the sink fills the absent columns from
+            the old key's stored row); ``column_seqs`` (JSON or null: where a partial last
+            change took columns from older changes of the batch,
+            ``{"columns": {column: seq}, "rest": seq}``, the sequence of the change that
+            set each such column and of the last full image or delete before it; the
+            sink writes such a column only over a stored row not newer than it) -- sorted
+            by key.
         truncate_seq: the sequence of the batch's last truncate (``""`` if it had none),
             ``None`` when there was no truncate.
         events_in: row events considered (after the truncate cut).

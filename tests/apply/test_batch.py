@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from tests.apply.helpers import ev, ins, table_of, upd
+from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
@@ -199,30 +199,128 @@ def test_an_apply_cut_after_its_tables_is_finished_under_its_own_id(tmp_path, mo
     assert ap.ledger.pending() is None and ap.ledger.completed_id() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: apply/netchange.py folds a late image (older than the stored row) "
-    "into the key's last, partial change, so the mirror depends on how batches are cut",
-)
-def test_a_late_image_in_the_batch_of_a_partial_update_changes_nothing(tmp_path):
-    """Stored: key 1 at seq 10 (qty 5). One batch: a late full update at seq 3 (qty 3,
-    older than the stored row: ignored on its own) and a partial update at seq 12 that
-    sets only ``name``. The source's row is name B, qty 5; applied in two batches cdcflow
-    gives that, in one batch it gives qty 3."""
+def _name_b(seq: int):
+    """A partial update of key 1 that sets only ``name`` (SharePlex, Qlik ``columnMask``)."""
+    return ev(Op.UPDATE, 1, after={"id": 1, "name": "B"}, seq=seq, offset=90 + seq)
+
+
+#: (stored before, the changes, the mirror every cut of the changes gives)
+_LATE_BEFORE_A_PARTIAL = {
+    # the late full update at seq 3 is older than the stored row (seq 10): ignored alone
+    "late-full-image": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [upd(1, "X", qty=3, seq=3, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 5}},
+    ),
+    # the late delete at seq 3 removes nothing alone, so it NULLs no column either
+    "late-delete": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [dele(1, seq=3, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 5}},
+    ),
+    # a late change between the stored row and the partial one counts, in any cut
+    "newer-than-stored": (
+        [ins(1, "A", qty=5, seq=10, offset=0)],
+        [upd(1, "X", qty=3, seq=11, offset=1), _name_b(12)],
+        {1: {"id": 1, "name": "B", "qty": 3}},
+    ),
+    # key 1 deleted at seq 10: the late update (or insert) at seq 3 is dropped by the
+    # tombstone alone, so the partial update finds no row to complete, in any cut: a
+    # MISSING_OLD_ROW dead letter (once qty 3, or NULL, in one batch)
+    "behind-a-tombstone": (
+        [ins(1, "A", qty=5, seq=1, offset=0), dele(1, seq=10, offset=2)],
+        [upd(1, "X", qty=3, seq=3, offset=3), _name_b(12)],
+        {},
+    ),
+    "insert-behind-a-tombstone": (
+        [ins(1, "A", qty=5, seq=1, offset=0), dele(1, seq=10, offset=2)],
+        [ins(1, "X", qty=3, seq=3, offset=3), _name_b(12)],
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", ["arrow", "delta-rs"])
+@pytest.mark.parametrize("case", sorted(_LATE_BEFORE_A_PARTIAL))
+def test_a_late_image_in_the_batch_of_a_partial_update_changes_nothing(tmp_path, case, engine):
+    """Stored: key 1 at seq 10 (qty 5). A late full update at seq 3 (qty 3, older than
+    the stored row: ignored on its own) and a partial update at seq 12 that sets only
+    ``name``: the source's row is name B, qty 5, applied in two batches or in one (the
+    late image once gave qty 3 in one batch). Likewise a late delete, and the tombstone's
+    guard; a change newer than the stored row counts in every cut. Both merge engines."""
+    stored, changes, expected = _LATE_BEFORE_A_PARTIAL[case]
     mirrors = []
     for cut in ([1, 2], [2]):  # the two changes in two batches, then in one
-        wh = DeltaWarehouse(str(tmp_path / f"wh{len(cut)}"), pipeline_id="t")
+        wh = DeltaWarehouse(str(tmp_path / f"wh{len(cut)}"), pipeline_id="t", merge_engine=engine)
         ap = BatchApplier(wh)
-        ap.apply(table_of(ins(1, "A", qty=5, seq=10, offset=0)), 0)
-        changes = [
-            upd(1, "X", qty=3, seq=3, offset=1),
-            ev(Op.UPDATE, 1, after={"id": 1, "name": "B"}, seq=12, offset=2),
-        ]
+        for i, event in enumerate(stored):
+            ap.apply(table_of(event), i)
+        start = len(stored)
         if len(cut) == 2:
-            ap.apply(table_of(changes[0]), 1)
-            ap.apply(table_of(changes[1]), 2)
+            ap.apply(table_of(changes[0]), start)
+            ap.apply(table_of(changes[1]), start + 1)
         else:
-            ap.apply(table_of(*changes), 1)
+            ap.apply(table_of(*changes), start)
         mirrors.append(mirror_by_key(wh.read("db.items")))
-    assert mirrors[0] == {1: {"id": 1, "name": "B", "qty": 5}}  # two batches: right
-    assert mirrors[1] == mirrors[0]  # one batch: qty 3 from the late image
+    assert mirrors[0] == expected  # two batches
+    assert mirrors[1] == mirrors[0]  # one batch
+
+
+def _move(old: int, new: int, seq: int, **kw):
+    """SharePlex ``UPDATE ... SET id = new WHERE id = old``: only the key column, before
+    and after (the message carries the changed columns alone)."""
+    return ev(Op.UPDATE, new, before={"id": old}, after={"id": new}, seq=seq, **kw)
+
+
+def test_a_partial_change_after_a_partial_key_move_in_its_batch_keeps_the_old_rows_columns(
+    tmp_path,
+):
+    """Stored: key 2 (name a, qty 7). One batch: key 2 moved to 4 (only ``id``), then key
+    4's name set to b (only ``name``): row 4 is (b, 7), its qty from the old row."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(ins(2, "a", qty=7, seq=1)), 0)
+    name_b = ev(Op.UPDATE, 4, after={"id": 4, "name": "b"}, seq=3)
+    assert not ap.apply(table_of(_move(2, 4, seq=2), name_b), 1).dead_letters
+    assert mirror_by_key(wh.read("db.items")) == {4: {"id": 4, "name": "b", "qty": 7}}
+
+
+def test_a_partial_key_move_before_its_old_row_arrives_is_a_dead_letter_not_a_wrong_row(
+    tmp_path,
+):
+    """SharePlex ``UPDATE SET id = 4 WHERE id = 2`` carries only ``id``. Its message (keyed
+    by the new key, another partition) comes before ``INSERT 2`` (seq 1): the mirror does
+    not hold row 2, so the moved row's name and qty are unknown. The move is a
+    ``MISSING_OLD_ROW`` dead letter (once a row 4 with NULL name and qty), its delete of
+    key 2 stands (the late insert is dropped), and a later partial change of 4 is a dead
+    letter too; a copy of the move delivered again is dropped, no new dead letter."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(ins(9, "other", seq=0, offset=0)), 0)
+    report = ap.apply(table_of(_move(2, 4, seq=2, offset=10)), 1)
+    assert dict(report.dead_letters) == {Code.MISSING_OLD_ROW: 1}
+    letters = wh.read("dead_letters", system=True).to_pylist()
+    assert [(d["stage"], d["code"], d["target_table"]) for d in letters] == [
+        ("apply", Code.MISSING_OLD_ROW, "db.items")
+    ]
+    assert orjson.loads(letters[0]["raw_value"])["key"] == '{"id":4}'
+    assert 'key {"id":2}' in letters[0]["message"]
+    late_insert = ins(2, "a", qty=7, seq=1, partition=1, offset=0)
+    assert ap.apply(table_of(late_insert), 2).dead_letters == {}
+    name_b = ev(Op.UPDATE, 4, after={"id": 4, "name": "b"}, seq=3, offset=11)
+    assert dict(ap.apply(table_of(name_b), 3).dead_letters) == {Code.MISSING_OLD_ROW: 1}
+    copy = _move(2, 4, seq=2, offset=12)  # the producer published it twice
+    assert ap.apply(table_of(copy), 4).dead_letters == {}
+    assert set(mirror_by_key(wh.read("db.items"))) == {9}  # no row 2, no wrong row 4
+
+
+def test_a_partial_image_of_a_deleted_key_is_merged_over_its_row_once_it_is_back(tmp_path):
+    """Key 1 deleted (a tombstone), inserted again, then a partial change: merged over the
+    stored row (its qty kept), no dead letter."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="t")
+    ap = BatchApplier(wh)
+    ap.apply(table_of(ins(1, "a", qty=7, seq=1, offset=0), dele(1, seq=2, offset=1)), 0)
+    ap.apply(table_of(ins(1, "c", qty=8, seq=3, offset=2)), 1)
+    name_b = ev(Op.UPDATE, 1, after={"id": 1, "name": "b"}, seq=4, offset=3)
+    assert not ap.apply(table_of(name_b), 2).dead_letters
+    assert mirror_by_key(wh.read("db.items")) == {1: {"id": 1, "name": "b", "qty": 8}}

@@ -8,13 +8,21 @@ Rules (see docs/semantics.md):
 * A truncate drops every event ordered before it and is applied first (the sink deletes
   stored rows whose sequence is below it).
 * An update that moves a row to another key (before-image key != after-image key) is a
-  delete of the old key followed by an upsert of the new one, at the same sequence.
+  delete of the old key followed by an upsert of the new one, at the same sequence. A
+  partial one (SharePlex) starts the new key's row again: its absent columns are the old
+  key's, from the old key's images in the batch or its stored row (``moved_from``), also
+  under later partial changes of the new key in the batch.
 * An update without an after image (a DataWorks ``UPDATE_BEFOR`` half whose partner is in
   another batch) deletes its key; the partner half, ordered after it, upserts again.
 * The last change of a key wins. Where it is a *partial* update (some declared columns are
   absent: Qlik ``columnMask``, an unavailable TOAST value), earlier images of the same key
   in the batch are folded in first, so only columns nobody in the batch set stay "not
-  present" (the sink keeps the stored value for those).
+  present" (the sink keeps the stored value for those). A column an earlier change set
+  carries that change's sequence (``column_seqs``; the columns a full image or delete
+  before it left NULL: its sequence, ``rest``), because the stored row decides whether it
+  counts: a change older than the stored row sets nothing, as when it comes alone, so the
+  mirror does not depend on how batches are cut
+  (docs/decisions/0063-a-late-change-sets-no-column-of-a-newer-row.md).
 
 Everything is vectorized with Arrow compute; only keys whose last change is partial and
 that changed more than once in the batch go through Python.
@@ -134,6 +142,7 @@ def net_change(events: pa.Table) -> NetChange:
                 "after": pa.array([], pa.string()),
                 "partial": pa.array([], pa.bool_()),
                 "moved_from": pa.array([], pa.string()),
+                "column_seqs": pa.array([], pa.string()),
             }
         )
         return NetChange(empty, truncate_seq, 0, 0)
@@ -154,11 +163,12 @@ def net_change(events: pa.Table) -> NetChange:
     after = last["after"]
     partial = pc.fill_null(last["partial"], False)
     moved_from = pa.nulls(last.num_rows, pa.string())
+    column_seqs = pa.nulls(last.num_rows, pa.string())
     if pc.any(partial).as_py():
         t = t.take(order)  # whole groups: the earlier images of the same key
-        after, partial = _fold_partials(t, last, last_mask)
-        if pc.any(pc.and_(partial, pc.is_valid(last["old_key"]))).as_py():
-            after, partial, moved_from = _fold_moves(t, last, after, partial)
+        after, partial, column_seqs, moves = _fold_partials(t, last, last_mask)
+        if any(moves):
+            after, partial, moved_from = _fold_moves(t, moves, after, partial)
 
     rows = pa.table(
         {
@@ -169,6 +179,7 @@ def net_change(events: pa.Table) -> NetChange:
             "after": after,
             "partial": partial,
             "moved_from": moved_from,
+            "column_seqs": column_seqs,
         }
     )
     return NetChange(rows, truncate_seq, events_in, events_in - rows.num_rows)
@@ -181,54 +192,128 @@ def _groups(t: pa.Table, last_mask: pa.Array) -> list[tuple[int, int]]:
     return list(zip(starts, ends, strict=True))
 
 
-def _fold(t: pa.Table, start: int, end: int) -> tuple[str | None, bool]:
-    """Fold one key's images in order; returns (after JSON, still partial)."""
-    ops = t["op"].slice(start, end - start + 1).to_pylist()
-    afters = t["after"].slice(start, end - start + 1).to_pylist()
-    partials = t["partial"].slice(start, end - start + 1).to_pylist()
-    deletes = t["is_delete"].slice(start, end - start + 1).to_pylist()
+#: a key's last move into it in the batch: (old key JSON, the move's ``_seq``)
+_Move = tuple[str, str]
+
+
+#: the columns :func:`_fold` reads, as Python lists of the rows to fold
+_FOLD_COLUMNS = ["op", "after", "partial", "is_delete", "seq", "old_key", "_seq"]
+
+
+def _fold(
+    rows: dict[str, list[Any]], start: int, end: int
+) -> tuple[str | None, bool, str | None, _Move | None]:
+    """Fold one key's images in order; returns (after JSON, still partial, column seqs,
+    the move the row still takes its absent columns from).
+
+    Column seqs (JSON or ``None``): ``{"columns": {column: seq}, "rest": seq}`` for the
+    columns an earlier change of the batch set (the sequence of the last one that set
+    each), ``rest`` the sequence of the last full image or delete (from which the columns
+    no image holds are NULL; ``None``: no such change). Only sequences older than the
+    last change's are given: a column the last change set, or one set at its sequence,
+    counts whatever the stored row (``None`` when that holds for every column).
+
+    A partial image that moved a row here (SharePlex ``upd`` of a key column) starts the
+    row again: its absent columns are the old key's (:func:`_fold_moves`), not this
+    key's, so the move is returned while no full image or delete came after it.
+    """
+    span = slice(start, end + 1)
+    ops, afters, partials = rows["op"][span], rows["after"][span], rows["partial"][span]
+    deletes, seqs = rows["is_delete"][span], rows["seq"][span]
+    old_keys, orders = rows["old_key"][span], rows["_seq"][span]
     image: dict[str, Any] | None = None
+    set_at: dict[str, str | None] = {}
+    rest: str | None = None
+    move: _Move | None = None
     full = False
-    for op, after, part, dele in zip(ops, afters, partials, deletes, strict=True):
+    for i, (op, after, part, dele, seq) in enumerate(
+        zip(ops, afters, partials, deletes, seqs, strict=True)
+    ):
         if dele:
             image, full = None, True  # after a delete, absent columns are NULL
+            set_at, rest, move = {}, seq, None
             continue
         row = orjson.loads(after)
         if op != _UPDATE or not part:
             image, full = row, True
+            set_at, rest, move = dict.fromkeys(row, seq), seq, None
+        elif old_keys[i] is not None:
+            image, full = row, False  # moved here: the rest is the old key's row
+            set_at, rest, move = dict.fromkeys(row, seq), None, (old_keys[i], orders[i])
         elif image is None:
             image, full = row, full
+            set_at.update(dict.fromkeys(row, seq))
         else:
             image = {**image, **row}
-    return (None if image is None else orjson.dumps(image).decode()), not full
+            set_at.update(dict.fromkeys(row, seq))
+    last = seqs[-1]
+    if last is None:
+        older: dict[str, str] = {}  # no sequence: the merge's guard lets it through
+    else:
+        older = {c: s for c, s in set_at.items() if s is not None and s < last}
+        if rest is not None and not rest < last:
+            rest = None
+    seqs_json = None
+    if older or rest is not None:
+        seqs_json = orjson.dumps({"columns": older, "rest": rest}).decode()
+    after_json = None if image is None else orjson.dumps(image).decode()
+    return after_json, not full, seqs_json, (None if full else move)
 
 
-def _fold_partials(t: pa.Table, last: pa.Table, last_mask: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Fold the groups whose last change is partial; returns (after, partial) columns."""
+def _fold_partials(
+    t: pa.Table, last: pa.Table, last_mask: pa.Array
+) -> tuple[pa.Array, pa.Array, pa.Array, list[_Move | None]]:
+    """Fold the groups whose last change is partial; returns (after, partial, column
+    seqs) columns and each group's move (:func:`_fold`)."""
     after = last["after"].to_pylist()
     partial = [bool(p) for p in last["partial"].to_pylist()]
+    old_keys = last["old_key"].to_pylist()
+    orders = last["_seq"].to_pylist()
+    seqs: list[str | None] = [None] * len(after)
+    moves: list[_Move | None] = [None] * len(after)
+    todo: list[tuple[int, int, int]] = []  # (group, start, end) of the groups to fold
     for g, (start, end) in enumerate(_groups(t, last_mask)):
-        if partial[g] and end > start:
-            after[g], partial[g] = _fold(t, start, end)
-    return pa.array(after, pa.string()), pa.array(partial, pa.bool_())
+        if not partial[g]:
+            continue
+        if end > start:
+            todo.append((g, start, end))
+        elif old_keys[g] is not None:
+            moves[g] = (old_keys[g], orders[g])
+    if todo:
+        # one gather and one conversion for every group to fold (not one per group)
+        rows = t.select(_FOLD_COLUMNS).take(
+            pa.array([i for _, start, end in todo for i in range(start, end + 1)], pa.int64())
+        )
+        columns = {c: rows[c].to_pylist() for c in _FOLD_COLUMNS}
+        at = 0
+        for g, start, end in todo:
+            width = end - start + 1
+            after[g], partial[g], seqs[g], moves[g] = _fold(columns, at, at + width - 1)
+            at += width
+    return (
+        pa.array(after, pa.string()),
+        pa.array(partial, pa.bool_()),
+        pa.array(seqs, pa.string()),
+        moves,
+    )
 
 
 def _fold_moves(
-    t: pa.Table, last: pa.Table, after: pa.Array, partial: pa.Array
+    t: pa.Table, moves: list[_Move | None], after: pa.Array, partial: pa.Array
 ) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Keys whose last change moved a row there with a partial image (SharePlex ``upd``
-    of a key column carries only the changed columns): the old key's images earlier in the
-    batch fill the absent columns; what is still absent comes from the old key's stored
-    row in the sink (``moved_from``)."""
+    """Keys whose row a partial image moved there (SharePlex ``upd`` of a key column
+    carries only the changed columns; ``moves``: each key's last move, from
+    :func:`_fold`): the old key's images earlier in the batch fill the absent columns;
+    what is still absent comes from the old key's stored row in the sink
+    (``moved_from``)."""
     after_l = after.to_pylist()
     partial_l = partial.to_pylist()
-    moved_from: list[str | None] = [None] * last.num_rows
+    moved_from: list[str | None] = [None] * len(moves)
     keys = t["key"].to_pylist()
-    for g, (old_key, seq) in enumerate(
-        zip(last["old_key"].to_pylist(), last["_seq"].to_pylist(), strict=True)
-    ):
-        if not (partial_l[g] and old_key):
+    for g, move in enumerate(moves):
+        if move is None or not partial_l[g]:
             continue
+        old_key, seq = move
         # the old key's images before the move (the synthetic delete rows have _sub 0)
         rows = [
             i

@@ -18,7 +18,8 @@ rewrites every file, as delta-rs's MERGE does (issue 18, bench/merge_scale.py).
 
 The rules are the SQL merge's (:func:`cdcflow.sinks.merge.merge_expressions`,
 docs/semantics.md): a stored row is overwritten or deleted only by a row with a sequence
->= its own (or either NULL); a column a partial image lacks keeps its stored value; a
+>= its own (or either NULL); a column a partial image lacks keeps its stored value, and so
+does one an older change of the batch set when the stored row is newer than it; a
 soft-deleting mirror flags ``_deleted``; a keyless table matches NULL-safely.
 
 A mirror with a change data feed (docs/decisions.md 58) takes two things from here:
@@ -53,6 +54,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from cdcflow.sinks.file_stats import file_stats, files_in_range, prunable
 from cdcflow.sinks.merge import (
     DELETE_FLAG,
+    FROM_PREFIX,
     PRESENT_PREFIX,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
@@ -561,6 +563,7 @@ def _updated_rows(
     writes = set(spec.written)
     flags = set(source.column_names)  # a set: Table.column_names builds a new list each call
     arrays = []
+    stored_seq = None
     for f in schema:
         value = stored[f.name].take(take_old)
         if f.name in writes:
@@ -568,6 +571,13 @@ def _updated_rows(
             flag = PRESENT_PREFIX + f.name
             if flag in flags:
                 given = pc.if_else(source[flag].take(take_new), given, value)
+            since = FROM_PREFIX + f.name
+            if since in flags:
+                # set by an older change of the batch: only over a row not newer than it
+                if stored_seq is None:
+                    stored_seq = stored[SEQ_COLUMN].take(take_old)
+                counts = pc.greater_equal(source[since].take(take_new), stored_seq)
+                given = pc.if_else(pc.fill_null(counts, True), given, value)
             value = given
         elif spec.soft_delete and f.name == SOFT_DELETE_COLUMN:
             value = pa.array(np.zeros(len(old), dtype=bool), f.type)

@@ -4,7 +4,9 @@ its specification (:class:`MergeSpec`). The same merge computed in Arrow is
 
 The rules (docs/semantics.md): a stored row is overwritten or deleted only by a row with a
 sequence >= its own (or either NULL); a column a partial image lacks keeps its stored
-value (a ``_cdc_present__<column>`` flag in the source); a soft-deleting mirror flags
+value (a ``_cdc_present__<column>`` flag in the source), and so does a column an older
+change of the batch set, when the stored row is newer than that change (its sequence in
+``_cdc_from__<column>``; docs/decisions/0063-a-late-change-sets-no-column-of-a-newer-row.md); a soft-deleting mirror flags
 ``_deleted`` instead of removing rows; a keyless table matches its key columns NULL-safely.
 
 A table whose Delta property ``delta.enableChangeDataFeed`` is true records what each
@@ -29,11 +31,13 @@ __all__ = [
     "BOOKKEEPING_COLUMNS",
     "CHANGE_FEED_PROPERTY",
     "DELETE_FLAG",
+    "FROM_PREFIX",
     "PRESENT_PREFIX",
     "SEQ_COLUMN",
     "SOFT_DELETE_COLUMN",
     "TS_COLUMN",
     "MergeSpec",
+    "column_written",
     "feeds_changes",
     "key_match",
     "merge_condition",
@@ -49,6 +53,10 @@ TS_COLUMN = "_cdc_ts_ms"
 DELETE_FLAG = "_cdc_delete"
 #: a source column ``_cdc_present__<c>``: false where a partial image lacks ``c``
 PRESENT_PREFIX = "_cdc_present__"
+#: a source column ``_cdc_from__<c>`` (string): the sequence of the older change of the
+#: batch that set ``c`` in a partial image; ``c`` is written only over a stored row whose
+#: sequence is <= it (NULL: the row's own change set it, it counts whatever is stored)
+FROM_PREFIX = "_cdc_from__"
 
 #: Column a soft-deleting mirror keeps: true once the row's key was deleted at the source.
 SOFT_DELETE_COLUMN = "_deleted"
@@ -138,26 +146,39 @@ def merge_expressions(
 ) -> tuple[str, dict[str, str], dict[str, str]]:
     """What a mirror's merge writes, shared by both sinks: the sequence guard (``t``
     target, ``s`` source), and per stored column (unquoted name) the expression of a
-    matched update -- a column a partial image lacks keeps the stored value -- and of an
-    insert. With ``soft_delete`` both clear ``_deleted``."""
+    matched update -- a column a partial image lacks, or one an older change of the batch
+    set over a newer stored row, keeps the stored value (:func:`column_written`) -- and
+    of an insert. With ``soft_delete`` both clear ``_deleted``."""
     seq = quote_column(SEQ_COLUMN)
     newer = f"(t.{seq} IS NULL OR s.{seq} IS NULL OR s.{seq} >= t.{seq})"
-    present = {
-        c[len(PRESENT_PREFIX) :] for c in source.column_names if c.startswith(PRESENT_PREFIX)
-    }
+    names = set(source.column_names)
     data_cols = [*columns, SEQ_COLUMN, TS_COLUMN]
-    updates = {
-        c: (
-            f"CASE WHEN s.{quote_column(PRESENT_PREFIX + c)} THEN s.{quote_column(c)} ELSE t.{quote_column(c)} END"
-            if c in present
+    updates = {}
+    for c in data_cols:
+        written = column_written(c, names, f"t.{seq}")
+        updates[c] = (
+            f"CASE WHEN {written} THEN s.{quote_column(c)} ELSE t.{quote_column(c)} END"
+            if written
             else f"s.{quote_column(c)}"
         )
-        for c in data_cols
-    }
     inserts = {c: f"s.{quote_column(c)}" for c in data_cols}
     if soft_delete:
         updates[SOFT_DELETE_COLUMN] = inserts[SOFT_DELETE_COLUMN] = "false"
     return newer, updates, inserts
+
+
+def column_written(column: str, source_columns: set[str], stored_seq: str) -> str:
+    """The SQL condition under which a matched update writes the source's ``column``
+    (else the stored value stays): its ``_cdc_present__`` flag, and its ``_cdc_from__``
+    sequence not older than ``stored_seq`` (the target's ``_cdc_seq`` expression);
+    ``""`` when the source has neither column (always written)."""
+    terms = []
+    if PRESENT_PREFIX + column in source_columns:
+        terms.append(f"s.{quote_column(PRESENT_PREFIX + column)}")
+    if FROM_PREFIX + column in source_columns:
+        since = f"s.{quote_column(FROM_PREFIX + column)}"
+        terms.append(f"({since} IS NULL OR {stored_seq} IS NULL OR {since} >= {stored_seq})")
+    return " AND ".join(terms)
 
 
 def unchanged(assignments: Mapping[str, str], null_safe_equals: str) -> str:

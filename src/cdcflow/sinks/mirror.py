@@ -36,6 +36,7 @@ from cdcflow.sinks.merge import (
     BOOKKEEPING_COLUMNS,
     CHANGE_FEED_PROPERTY,
     DELETE_FLAG,
+    FROM_PREFIX,
     PRESENT_PREFIX,
     SEQ_COLUMN,
     SOFT_DELETE_COLUMN,
@@ -81,6 +82,167 @@ def _images_read(
     return pa.concat_tables([after, removed]).combine_chunks()
 
 
+def _has_column_seqs(rows: pa.Table) -> bool:
+    """Whether a net change row took columns from older changes (``column_seqs``)."""
+    return "column_seqs" in rows.column_names and rows["column_seqs"].null_count < len(rows)
+
+
+def _column_seqs(rows: pa.Table) -> list[dict[str, Any] | None]:
+    """Each row's ``column_seqs`` (:func:`cdcflow.apply.netchange.net_change`), parsed."""
+    if not _has_column_seqs(rows):
+        return [None] * rows.num_rows
+    return [None if q is None else orjson.loads(q) for q in rows["column_seqs"].to_pylist()]
+
+
+def _guard_columns(rows: pa.Table, tombs: Mapping[str, str], watermark: str | None) -> pa.Table:
+    """The tombstone and truncate guards for the columns older changes of the batch set:
+    a column whose change is at or before its key's tombstone (or before the last
+    truncate) is taken out of the image, as that change would be dropped alone (a stored
+    row is newer than the tombstone, so the merge keeps its value anyway); a full image
+    or delete dropped so leaves the row partial again (:func:`_complete_partial_rows`
+    then looks for its row)."""
+    since = _column_seqs(rows)
+    afters = rows["after"].to_pylist()
+    partial = rows["partial"].to_pylist()
+    changed = False
+
+    def guarded(seq: str, tomb: str | None) -> bool:
+        return (tomb is not None and seq <= tomb) or bool(watermark and seq < watermark)
+
+    for i, (key, q) in enumerate(zip(rows["key"].to_pylist(), since, strict=True)):
+        if q is None or afters[i] is None:
+            continue
+        tomb, image = tombs.get(key), orjson.loads(afters[i])
+        dropped = [c for c, s in q["columns"].items() if guarded(s, tomb)]
+        for c in dropped:
+            image.pop(c, None)
+            del q["columns"][c]
+        if q["rest"] is not None and guarded(q["rest"], tomb):
+            # the full image or delete is dropped too: the row is partial again
+            q["rest"], partial[i] = None, True
+            changed = True
+        if dropped:
+            afters[i] = orjson.dumps(image).decode()
+            changed = True
+    if not changed:
+        return rows
+    rows = rows.set_column(
+        rows.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
+    )
+    rows = rows.set_column(
+        rows.schema.get_field_index("partial"), "partial", pa.array(partial, pa.bool_())
+    )
+    seqs = [None if q is None else orjson.dumps(q).decode() for q in since]
+    return rows.set_column(
+        rows.schema.get_field_index("column_seqs"), "column_seqs", pa.array(seqs, pa.string())
+    )
+
+
+def _stored_rows(
+    table: DeltaTable, keys: set[str], key_columns: Sequence[str], soft_delete: bool
+) -> dict[str, dict[str, Any]]:
+    """The stored rows of ``keys`` (key JSON -> the row's data columns, as JSON values),
+    read through the first key column's values where they filter the table (else the
+    whole table is read); a soft-deleted row is not held. A rare path: partial images
+    whose row must be found (:func:`_complete_partial_rows`)."""
+    data = None
+    if key_columns:
+        first = key_columns[0]
+        values = list({orjson.loads(k).get(first) for k in keys})
+        try:
+            wanted = pa.array(values, arrow_schema(table).field(first).type)
+            data = table.to_pyarrow_dataset().to_table(filter=pc.field(first).isin(wanted))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
+            data = None  # a value the column's type does not take from JSON as is
+    if data is None:
+        data = table.to_pyarrow_table()
+    stored: dict[str, dict[str, Any]] = {}
+    for row in data.to_pylist():
+        if soft_delete and row.get(SOFT_DELETE_COLUMN):
+            continue
+        canon = orjson.loads(dumps({k: v for k, v in row.items() if k not in BOOKKEEPING_COLUMNS}))
+        key = orjson.dumps({k: canon.get(k) for k in key_columns}).decode()
+        if key in keys:
+            stored[key] = canon
+    return stored
+
+
+def _complete_partial_rows(
+    table: DeltaTable,
+    upserts: pa.Table,
+    tombs: Mapping[str, str],
+    key_columns: Sequence[str],
+    soft_delete: bool,
+) -> tuple[pa.Table, list[tuple[str | None, str, str]]]:
+    """The partial upserts whose row must be found before they are merged, and those
+    whose row is not there (docs/decisions/0064-a-partial-image-of-an-unknown-row-is-a-dead-letter.md).
+
+    * A row a partial image moved to a new key (``moved_from``: SharePlex ``upd`` of a
+      key column carries only the changed columns) takes its absent columns from the old
+      key's stored row; without one, from the new key's stored row (a copy of the move
+      delivered again); without either, the columns it lacks are unknown.
+    * A partial image of a key with a tombstone (deleted, moved away, or the new key of
+      a partial move: :func:`cdcflow.sinks.tombstones.tombstone_rows`) is merged over
+      the key's stored row; without one, the columns it lacks are unknown.
+
+    Returns:
+        The upserts to merge, and ``(key JSON, MISSING_OLD_ROW, why)`` for each left out
+        (its key's events become dead letters; a move's delete of its old key stands).
+    """
+    n = upserts.num_rows
+    if not n or not pc.any(upserts["partial"]).as_py():
+        return upserts, []
+    partial = upserts["partial"].to_pylist()
+    keys: list[str] = upserts["key"].to_pylist()
+    moved: list[str | None] = (
+        upserts["moved_from"].to_pylist() if "moved_from" in upserts.column_names else [None] * n
+    )
+    check = [i for i in range(n) if partial[i] and (moved[i] or keys[i] in tombs)]
+    if not check:
+        return upserts, []
+    wanted = {keys[i] for i in check} | {m for i in check if (m := moved[i])}
+    stored = _stored_rows(table, wanted, key_columns, soft_delete)
+    afters = upserts["after"].to_pylist()
+    keep = [True] * n
+    rejected: list[tuple[str | None, str, str]] = []
+    for i in check:
+        old = moved[i]
+        if old and old in stored:
+            afters[i] = orjson.dumps({**stored[old], **orjson.loads(afters[i])}).decode()
+            partial[i] = False
+        elif keys[i] in stored:
+            continue  # merged over the key's own row: absent columns keep their values
+        elif old:
+            keep[i] = False
+            rejected.append(
+                (
+                    keys[i],
+                    Code.MISSING_OLD_ROW,
+                    f"a partial image moved the row of key {old} here, and the mirror does "
+                    "not hold that row (not arrived yet, or never): the columns the image "
+                    "lacks are unknown. The old key's delete is applied",
+                )
+            )
+        else:
+            keep[i] = False
+            rejected.append(
+                (
+                    keys[i],
+                    Code.MISSING_OLD_ROW,
+                    f"a partial image of a row the mirror does not hold (deleted or moved "
+                    f"away at seq {tombs[keys[i]]}, or a partial move here that was a "
+                    "MISSING_OLD_ROW dead letter): the columns it lacks are unknown",
+                )
+            )
+    upserts = upserts.set_column(
+        upserts.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
+    )
+    upserts = upserts.set_column(
+        upserts.schema.get_field_index("partial"), "partial", pa.array(partial, pa.bool_())
+    )
+    return (upserts.filter(pa.array(keep, pa.bool_())) if rejected else upserts), rejected
+
+
 @dataclass(slots=True)
 class MirrorResult:
     """What one mirror commit did."""
@@ -95,7 +257,8 @@ class MirrorResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     #: (key JSON, code, reason) of changes the table refused; not applied. ``TYPE_CONFLICT``:
     #: values that do not fit; ``MISSING_SEQ`` (history tables; key may be ``None``): no
-    #: source sequence
+    #: source sequence; ``MISSING_OLD_ROW``: a partial image of a row the mirror does not
+    #: hold (:func:`_complete_partial_rows`)
     rejected: list[tuple[str | None, str, str]] = field(default_factory=list)
 
 
@@ -140,8 +303,12 @@ class Mirrors:
             change_feed: the mirror records a change data feed: created with the
                 property, or given it before this batch's merge (never turned off).
 
+        A change the table refuses is in :attr:`MirrorResult.rejected`, not applied:
+        ``TYPE_CONFLICT`` (values that do not fit the stored columns), ``MISSING_OLD_ROW``
+        (a partial image of a row the mirror does not hold).
+
         Raises:
-            ApplyError: ``TYPE_CONFLICT`` when values do not fit the stored columns.
+            ApplyError: ``TABLE_FAULT`` and the like when the table cannot be written.
         """
         wh = self.warehouse
         path = wh.table_path(target)
@@ -165,6 +332,8 @@ class Mirrors:
                 keep = pc.and_(keep, pc.invert(before_truncate))
         result.dropped_by_guard = rows.num_rows - (pc.sum(pc.cast(keep, pa.int64())).as_py() or 0)
         rows = rows.filter(keep)
+        if (tombs or watermark) and _has_column_seqs(rows):
+            rows = _guard_columns(rows, tombs, watermark)
 
         upserts = rows.filter(pc.invert(rows["is_delete"]))
         deletes = rows.filter(rows["is_delete"])
@@ -190,13 +359,19 @@ class Mirrors:
         assert table is not None, "ensure_table made the table"
         stored_types = {f.name: logical_from_arrow(f.type) for f in arrow_schema(table)}
         source = None
-        if "moved_from" in upserts.column_names and upserts["moved_from"].null_count < len(upserts):
-            upserts = self._fill_from_moved_rows(table, upserts, key_columns)
+        if not full_row_identity:
+            upserts, unknown = _complete_partial_rows(
+                table, upserts, tombs, key_columns, soft_delete
+            )
+            if unknown:
+                result.rejected.extend(unknown)
+                result.upserts = upserts.num_rows
         if rows.num_rows:
-            source, result.rejected = self._checked_merge_source(
+            source, conflicts = self._checked_merge_source(
                 upserts, deletes, stored_types, columns, key_columns
             )
-            if result.rejected:
+            result.rejected.extend(conflicts)
+            if conflicts:
                 result.upserts = int(pc.sum(pc.invert(source[DELETE_FLAG])).as_py() or 0)
                 result.deletes = source.num_rows - result.upserts
 
@@ -222,36 +397,6 @@ class Mirrors:
             assert table is not None, "the table made above (no truncate ran)"
             wh.mark(table, commit)
         return result
-
-    @staticmethod
-    def _fill_from_moved_rows(
-        table: DeltaTable, upserts: pa.Table, key_columns: Sequence[str]
-    ) -> pa.Table:
-        """Partial images of rows moved to a new key take their absent columns from the old
-        key's stored row (a rare path: SharePlex updates of key columns)."""
-        moved = upserts["moved_from"].to_pylist()
-        wanted = {m for m in moved if m}
-        stored: dict[str, dict[str, Any]] = {}
-        data = table.to_pyarrow_table()
-        for row in data.to_pylist():
-            canon = orjson.loads(
-                dumps({k: v for k, v in row.items() if k not in BOOKKEEPING_COLUMNS})
-            )
-            key = orjson.dumps({k: canon.get(k) for k in key_columns}).decode()
-            if key in wanted:
-                stored[key] = canon
-        afters = upserts["after"].to_pylist()
-        partial = upserts["partial"].to_pylist()
-        for i, old in enumerate(moved):
-            if old and old in stored:
-                afters[i] = orjson.dumps({**stored[old], **orjson.loads(afters[i])}).decode()
-                partial[i] = False
-        upserts = upserts.set_column(
-            upserts.schema.get_field_index("after"), "after", pa.array(afters, pa.string())
-        )
-        return upserts.set_column(
-            upserts.schema.get_field_index("partial"), "partial", pa.array(partial, pa.bool_())
-        )
 
     def copy_renamed_columns(self, target: str, renames: Sequence[tuple[str, str]]) -> None:
         """After a rename ``old -> new``: rows that still hold their value under ``old``
@@ -363,7 +508,9 @@ class Mirrors:
     ) -> pa.Table:
         n_up, n_del = upserts.num_rows, deletes.num_rows
         partial = upserts["partial"].to_pylist()
-        data = None if any(partial) else _images_read(upserts, deletes, types, columns)
+        since = _column_seqs(upserts)
+        by_column = any(partial) or any(since)
+        data = None if by_column else _images_read(upserts, deletes, types, columns)
         if data is None:  # the exact way: a dict per row
             after_rows = [orjson.loads(a) for a in upserts["after"].to_pylist()]
             key_rows = [orjson.loads(k) for k in deletes["key"].to_pylist()]
@@ -392,7 +539,7 @@ class Mirrors:
         data = data.append_column(
             DELETE_FLAG, pa.array([False] * n_up + [True] * n_del, pa.bool_())
         )
-        if any(partial):
+        if by_column:
             for c in columns:
                 if c in key_columns:
                     continue
@@ -401,6 +548,15 @@ class Mirrors:
                 ] + [True] * n_del
                 if not all(present):
                     data = data.append_column(PRESENT_PREFIX + c, pa.array(present))
+                if any(since):
+                    # set by an older change of the batch (the rest: by its full image or
+                    # delete): written only over a stored row not newer than that change
+                    froms = [
+                        None if q is None else (q["columns"].get(c) if c in r else q["rest"])
+                        for r, q in zip(after_rows, since, strict=True)
+                    ] + [None] * n_del
+                    if any(f is not None for f in froms):
+                        data = data.append_column(FROM_PREFIX + c, pa.array(froms, pa.string()))
         return data
 
 

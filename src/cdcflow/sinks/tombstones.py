@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdcflow.model import NetChange
 from cdcflow.sinks.system_tables import TOMBSTONE_SCHEMA, TOMBSTONES
@@ -52,8 +53,14 @@ log = logging.getLogger(__name__)
 
 def tombstone_rows(target: str, net: NetChange, batch_id: int, now_ms: int) -> pa.Table:
     """The :data:`~cdcflow.sinks.system_tables.TOMBSTONE_SCHEMA` rows of one mirror's net
-    change: one per deleted key, and one with a NULL key for a truncate (its watermark)."""
-    deletes = net.rows.filter(net.rows["is_delete"])
+    change: one per deleted key, one per new key of a partial key move (``moved_from``:
+    its row before the move is gone, and a later partial image of it must find the moved
+    row stored, docs/decisions/0064-a-partial-image-of-an-unknown-row-is-a-dead-letter.md),
+    and one with a NULL key for a truncate (its watermark)."""
+    ends = net.rows["is_delete"]
+    if "moved_from" in net.rows.column_names:
+        ends = pc.or_(ends, pc.is_valid(net.rows["moved_from"]))
+    deletes = net.rows.filter(ends)
     keys = deletes["key"].to_pylist()
     seqs = [s or "" for s in deletes["seq"].to_pylist()]
     if net.truncate_seq is not None:
