@@ -14,6 +14,7 @@ import pytest
 from tests.e2e.helpers import Scenario, check_accounting, check_changelog_once, pipeline_config
 from tests.volumes import fill, tmpfs, truncate_last_commit
 
+from cdcflow.config import load_config
 from cdcflow.errors import Code
 from cdcflow.runtime.pipeline import Pipeline
 from cdcflow.sinks.warehouse import DeltaWarehouse
@@ -80,9 +81,11 @@ def _run_cli(config_path: pathlib.Path, cwd: pathlib.Path) -> subprocess.Complet
     )
 
 
-def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broker, tmp_path):
+def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(spark, broker, tmp_path):
     """The probe of issue 8: disk full read "Failed to parse parquet ... No space left on
-    device" inside a long traceback."""
+    device" inside a long traceback. The first run, which only fills the warehouse, runs
+    in this process on the shared session; the run that meets the full disk and the one
+    after it are ``cdcflow run --once`` as a user runs it."""
     from cdcflow.cli import EXIT_STORAGE_ERROR
 
     s = Scenario(broker, FMT, seed=22)
@@ -97,8 +100,7 @@ def test_a_full_disk_exits_74_with_one_line_and_the_next_run_loses_nothing(broke
             f"kafka: {{bootstrap_servers: '{broker.bootstrap_servers}'}}\n"
             f"sources: [{{format: {FMT}, topics: ['{s.topic}'], options: {s.options!r}}}]\n"
         )
-        first = _run_cli(config, tmp_path)
-        assert first.returncode == 0, first.stderr
+        Pipeline(load_config(config), spark=spark).run(once=True)
         s.produce(200)
         filler = fill(volume)
         full = _run_cli(config, tmp_path)
