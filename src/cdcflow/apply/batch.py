@@ -430,8 +430,7 @@ class BatchApplier:
         shard_columns = {p.target: self.router.shard_column(p.target) for p in grouped}
         to_shape = {t for t, o in options.items() if shapes(o.shaping, shard_columns[t])}
         if not to_shape:
-            parts = [(p.target, p.rows) for p in grouped]
-            return _Routed(ready, parts, options, excluded, [])
+            return _Routed(ready, [(p.target, p.rows) for p in grouped], options, excluded, [])
         parts: list[tuple[str, pa.Table]] = []
         shaped: list[tuple[str, Shaped]] = []
         positions: list[np.ndarray] = []
