@@ -15,9 +15,11 @@ from tests.apply.helpers import dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.options import TableOptions, TableRules
+from cdcflow.apply.transactions import TransactionPolicy
 from cdcflow.errors import Code, SkipReason
 from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.transform.router import Router, Routing
 from cdcflow.transform.shape import shape
 from cdcflow.transform.shaping import parse_override
 from cdcflow_testkit.workload import mirror_by_key
@@ -350,13 +352,6 @@ def test_the_rules_compile_their_shaping_once_at_load():
     assert TableOptions(filter="a = 1").shaping.filter.columns == ("a",)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product gap: a record whose every event shaping skips (ROW_FILTERED, "
-    "TABLE_EXCLUDED) is counted in _cdcflow/batches neither as skipped nor as changed, and "
-    "its events are counted though the changelog leaves them out (apply/accounting.py "
-    "batches_rows reads the events before shaping)",
-)
 def test_records_shaping_skips_are_skipped_in_the_batches_ledger(tmp_path):
     """Every record is in the ledger as changed, joined, skipped or a dead letter: one
     order kept, one filtered out; the ledger must say 1 changed and 1 skipped."""
@@ -374,3 +369,74 @@ def test_records_shaping_skips_are_skipped_in_the_batches_ledger(tmp_path):
     changelog = wh.read("changelog", system=True)
     assert (batch["records"], batch["skipped"]) == (2, 1)
     assert batch["events"] == changelog.num_rows == 1
+
+
+def _in_transaction(events: pa.Table, txn_id: str, last: list[bool | None]) -> pa.Table:
+    """``events`` as rows of transaction ``txn_id`` that ends where ``last`` is true
+    (``None``: the row is in no transaction)."""
+    ids = [None if flag is None else txn_id for flag in last]
+    events = events.set_column(
+        events.schema.get_field_index("txn_id"), "txn_id", pa.array(ids, pa.string())
+    )
+    return events.set_column(
+        events.schema.get_field_index("txn_last"), "txn_last", pa.array(last, pa.bool_())
+    )
+
+
+def test_records_held_for_their_transaction_are_accounted_as_their_shaping_takes_them(tmp_path):
+    """A transaction open at the end of batch 1 holds two records, one of which the
+    filter leaves out when batch 2 releases them: batch 1's ledger row (whose offsets
+    they are) counts it skipped and the other as an event; batch 2's counts only its own
+    record, though its report counts the skip."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    applier = BatchApplier(
+        wh,
+        tables=TableRules.of([("shop.orders", {"filter": "status <> 'test'"})]),
+        transactions=TransactionPolicy(),
+    )
+    first = table_of(
+        _order(Op.INSERT, 1, status="test", seq=1, offset=0),  # held, then filtered out
+        _order(Op.INSERT, 2, seq=2, offset=1),  # held, then applied
+        _order(Op.INSERT, 3, seq=3, offset=2),  # in no transaction: applied at once
+    )
+    second = table_of(_order(Op.INSERT, 4, seq=4, offset=3))  # ends the transaction
+    r1 = applier.apply(_in_transaction(first, "a", [False, False, None]))
+    r2 = applier.apply(_in_transaction(second, "a", [True]))
+    assert (r1.skipped[SkipReason.ROW_FILTERED], r2.skipped[SkipReason.ROW_FILTERED]) == (0, 1)
+    assert set(_rows(wh)) == {2, 3, 4}
+    batches = sorted(wh.read("batches", system=True).to_pylist(), key=lambda b: b["batch_id"])
+    counts = [(b["first_offset"], b["records"], b["events"], b["skipped"]) for b in batches]
+    assert counts == [(0, 3, 2, 1), (3, 1, 1, 0)]
+    assert wh.read("changelog", system=True).num_rows == sum(b["events"] for b in batches)
+
+
+def test_records_left_out_or_refused_by_shaping_are_skipped_or_dead_in_the_ledger(tmp_path):
+    """A left-out table's record is skipped, a record whose computed column fails is a
+    dead letter, and a record with one event kept is changed: records = changed +
+    skipped + dead letters, and the events are the changelog's."""
+    wh = DeltaWarehouse(str(tmp_path / "wh"), pipeline_id="test")
+    router = Router(routing=Routing(exclude=[r"db\.items"]))
+    applier = BatchApplier(
+        wh,
+        router=router,
+        tables=TableRules.of(
+            [("shop.orders", {"computed_columns": {"n": "cast(status AS int64)"}})]
+        ),
+    )
+    report = applier.apply(
+        table_of(
+            _order(Op.INSERT, 1, status="7", seq=1, offset=0),
+            _order(Op.INSERT, 2, status="x", seq=2, offset=1),  # refused: not a number
+            ins(7, "a", seq=3, offset=2),  # db.items: left out
+        )
+    )
+    assert report.dead_letters[Code.EXPRESSION_FAILED] == 1
+    assert report.skipped[SkipReason.TABLE_EXCLUDED] == 1
+    (batch,) = wh.read("batches", system=True).to_pylist()
+    assert (batch["records"], batch["events"], batch["skipped"], batch["dead_letters"]) == (
+        3,
+        1,
+        1,
+        1,
+    )
+    assert wh.read("changelog", system=True)["offset"].to_pylist() == [0]

@@ -41,6 +41,7 @@ __all__ = [
     "progress_row",
     "records_of",
     "rejected_events",
+    "shaped_out",
 ]
 
 
@@ -274,38 +275,87 @@ def progress_row(
     )
 
 
-def per_record(events: pa.Table) -> pa.Table:
-    """One row per consumed record: (topic, partition, offset, kind_min).
+#: the columns that name one event: its record's coordinates and its place in the record
+_EVENT_AT = ("topic", "partition", "offset", "event_index")
 
-    A record is one kind only ("dead" < "event" < "joined" < "skip" by name). An event
-    that changes no table (heartbeat, transaction marker, DDL, message) counts as
-    "skip"; a record with any table change among its events stays "event".
+
+def _event_ids(rows: pa.Table) -> pa.Array:
+    """One text per row naming its event (topic, partition, offset, event_index)."""
+    parts = [pc.cast(rows[c], pa.string()) for c in _EVENT_AT]
+    return pc.binary_join_element_wise(*(pc.fill_null(p, "") for p in parts), "\x1f")
+
+
+def shaped_out(excluded: pa.Table, filtered: pa.Table, refused: pa.Table) -> pa.Table:
+    """The events routing and shaping took out of an apply, and what each became:
+    ``(topic, partition, offset, event_index, kind)``, kind ``skip`` for the events of
+    tables left out and the rows a filter left out, ``dead`` for the events a target
+    could not shape (dead letters ``EXPRESSION_FAILED``). Given to :func:`per_record`."""
+    parts = [
+        rows.select(list(_EVENT_AT)).append_column(
+            "kind", pa.array([kind] * rows.num_rows, pa.string())
+        )
+        for rows, kind in ((excluded, KIND_SKIP), (filtered, KIND_SKIP), (refused, KIND_DEAD))
+    ]
+    return pa.concat_tables(parts)
+
+
+def per_record(events: pa.Table, removed: pa.Table | None = None) -> pa.Table:
+    """One row per consumed record: (topic, partition, offset, kind_min, events).
+
+    Args:
+        events: the apply's rows (every kind), as decoded.
+        removed: :func:`shaped_out`: events routing and shaping took out, with the kind
+            each became (rows naming no event of ``events`` are ignored: the events of
+            held transactions released now were counted by the apply that read them).
+
+    A record is one kind only: ``event`` when any of its events changes a table (and was
+    not taken out), else the least of its kinds by name ("dead" < "joined" < "skip"). An
+    event that changes no table (heartbeat, transaction marker, DDL, message) counts as
+    "skip". ``events``: the record's events of kind event that stay (those the changelog
+    holds, or will hold once their transaction is released).
     """
-    is_marker = pc.and_(
-        pc.equal(events["kind"], KIND_EVENT),
-        pc.invert(pc.fill_null(pc.is_in(events["op"], TABLE_OPS), False)),
-    )
-    kinds = pc.if_else(is_marker, KIND_SKIP, events["kind"])
+    kind = events["kind"]
+    if removed is not None and removed.num_rows:
+        at = pc.index_in(_event_ids(events), value_set=_event_ids(removed))
+        became = pc.take(removed["kind"], at)
+        kind = pc.coalesce(became, kind)
+    is_event = pc.equal(kind, KIND_EVENT)
+    changes = pc.fill_null(pc.is_in(events["op"], TABLE_OPS), False)
+    is_change = pc.and_(is_event, changes)
+    kinds = pc.if_else(pc.and_(is_event, pc.invert(changes)), KIND_SKIP, kind)
     slim = pa.table(
         {
             "topic": events["topic"],
             "partition": events["partition"],
             "offset": events["offset"],
             "kind": kinds,
+            "change": is_change,
+            "event": pc.cast(is_event, pa.int64()),
         }
     )
-    return slim.group_by(["topic", "partition", "offset"]).aggregate([("kind", "min")])
+    out = slim.group_by(["topic", "partition", "offset"]).aggregate(
+        [("kind", "min"), ("change", "any"), ("event", "sum")]
+    )
+    record_kind = pc.if_else(out["change_any"], KIND_EVENT, out["kind_min"])
+    return pa.table(
+        {
+            "topic": out["topic"],
+            "partition": out["partition"],
+            "offset": out["offset"],
+            "kind_min": record_kind,
+            "events": out["event_sum"],
+        }
+    )
 
 
 def batches_rows(
-    records: pa.Table, rows: pa.Table, batch_id: int, delivery_id: int | None, source: str
+    records: pa.Table, batch_id: int, delivery_id: int | None, source: str
 ) -> pa.Table:
     """The ``_cdcflow/batches`` rows of an apply, one per Kafka partition: its offset
-    range and the count of each kind of record.
+    range, its events (those the changelog holds) and the count of each kind of record.
 
     Args:
         records: :func:`per_record` of the apply's rows.
-        rows: the apply's events (kind ``event``).
     """
     if records.num_rows == 0:
         return pa.Table.from_batches([], schema=BATCHES_SCHEMA)
@@ -323,13 +373,13 @@ def batches_rows(
             strict=True,
         )
     }
-    per_event = rows.group_by(["topic", "partition"]).aggregate([("offset", "count")])
+    per_event = records.group_by(["topic", "partition"]).aggregate([("events", "sum")])
     events = {
         (t, p): c
         for t, p, c in zip(
             per_event["topic"].to_pylist(),
             per_event["partition"].to_pylist(),
-            per_event["offset_count"].to_pylist(),
+            per_event["events_sum"].to_pylist(),
             strict=True,
         )
     }

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -50,6 +51,7 @@ from cdcflow.apply.accounting import (
     progress_row,
     records_of,
     rejected_events,
+    shaped_out,
 )
 from cdcflow.apply.offsets import IncompleteApply, OffsetLedger, TopicPartition, offset_ranges
 from cdcflow.apply.options import TableOptions
@@ -92,7 +94,7 @@ from cdcflow.transform.router import (
     parts_by_target,
     split_excluded,
 )
-from cdcflow.transform.shape import shape, shapes
+from cdcflow.transform.shape import Shaped, shape, shapes
 from cdcflow.transform.shards import refuse_collisions
 
 __all__ = ["BatchApplier", "IncompleteApply"]
@@ -113,6 +115,37 @@ _SYSTEM = (
     SCHEMA_CHANGES,
     TOMBSTONES,
 )
+
+
+@dataclass(slots=True)
+class _Routed:
+    """A batch's events after routing and shaping (:meth:`BatchApplier._routed`).
+
+    Attributes:
+        ready: the events to record and apply, in the batch's order.
+        parts: target -> its events to apply, in target order.
+        options: target -> its options.
+        excluded: the events of tables the router leaves out.
+        shaped: target -> what shaping gave, for the targets it shapes.
+    """
+
+    ready: pa.Table
+    parts: list[tuple[str, pa.Table]]
+    options: dict[str, TableOptions]
+    excluded: pa.Table
+    shaped: list[tuple[str, Shaped]]
+
+    @property
+    def removed(self) -> pa.Table:
+        """The events routing and shaping took out (:func:`shaped_out`)."""
+        empty = self.excluded.slice(0, 0)
+        filtered = [out.filtered for _, out in self.shaped]
+        refused = [out.refused for _, out in self.shaped]
+        return shaped_out(
+            self.excluded,
+            pa.concat_tables(filtered) if filtered else empty,
+            pa.concat_tables(refused) if refused else empty,
+        )
 
 
 def _only(events: pa.Table, kind: pa.ChunkedArray, value: str, all_events: bool) -> pa.Table:
@@ -298,11 +331,17 @@ class BatchApplier:
         # 2. decoder state, then the open transactions held back
         self._persist_decoder_state(rows, commit)
         ready = rows
+        held = rows.slice(0, 0)
         if self.transactions is not None:
             # first commit of the batch after the decoder state: what waits for the next one
-            ready, report.transactions = self._whole_transactions(rows, commit)
+            ready, held, report.transactions = self._whole_transactions(rows, commit)
         # routing and shaping: tables left out, rows filtered, columns added and dropped
-        ready, parts, options = self._route(ready, batch_id, report, letters)
+        ready, parts, options, removed = self._route(ready, batch_id, report, letters)
+        if held.num_rows:
+            # this apply's records held for their transaction are accounted for now, as
+            # their shaping will take them (the apply that releases them counts only its
+            # report's skips and dead letters): decided by shaping them once more here
+            removed = pa.concat_tables([removed, self._routed(held).removed])
         # 3. the changelog
         if self.changelog and ready.num_rows:
             wh.append(wh.system_path(CHANGELOG), changelog_rows(ready, batch_id), commit)
@@ -325,14 +364,14 @@ class BatchApplier:
         # 5. dead letters, after the mirrors so apply failures land in the same commit
         wh.append(wh.system_path(DEAD_LETTERS), pa.concat_tables(letters), commit)
         # 6. progress
-        records = per_record(events)
+        records = per_record(events, removed)
         progress = progress_row(rows, report, batch_id, wh.pipeline_id, report.records_behind)
         wh.append(wh.system_path(PROGRESS), progress, commit)
         if progress.num_rows:
             report.lag_ms = progress["lag_ms"][0].as_py()
         # 7. the completion: last, with the next offset of every partition the apply covered
         self.fence()
-        accounting = batches_rows(records, rows, batch_id, delivery_id, wh.pipeline_id)
+        accounting = batches_rows(records, batch_id, delivery_id, wh.pipeline_id)
         wh.append(
             self.ledger.batches_path,
             accounting,
@@ -352,41 +391,20 @@ class BatchApplier:
 
     def _route(
         self, ready: pa.Table, batch_id: int, report: BatchReport, letters: list[pa.Table]
-    ) -> tuple[pa.Table, list[tuple[str, pa.Table]], dict[str, TableOptions]]:
-        """The events to record and apply, their parts per target, and each target's
-        options (resolved once for the batch), after the source's routing and each
-        target's shaping (:mod:`cdcflow.transform.router`, :mod:`cdcflow.transform.shape`).
+    ) -> tuple[pa.Table, list[tuple[str, pa.Table]], dict[str, TableOptions], pa.Table]:
+        """The events to record and apply, their parts per target, each target's options
+        (resolved once for the batch), and the events taken out (:func:`shaped_out`),
+        after the source's routing and each target's shaping (:meth:`_routed`).
 
         Events of tables left out are counted as skipped (``TABLE_EXCLUDED``), rows a
         filter leaves out too (``ROW_FILTERED``); events a target cannot shape become
         dead letters in ``letters``. The events keep their order.
         """
-        ready, excluded = split_excluded(ready, self.router)
-        if excluded.num_rows:
-            changes = pc.sum(pc.cast(pc.is_in(excluded["op"], TABLE_OPS), pa.int64())).as_py()
-            if changes:
-                report.skipped[SkipReason.TABLE_EXCLUDED] += changes
-        grouped = parts_by_target(ready, self.router)
-        options = {p.target: self.tables(p.target) for p in grouped}
-        shard_columns = {p.target: self.router.shard_column(p.target) for p in grouped}
-        to_shape = {t for t, o in options.items() if shapes(o.shaping, shard_columns[t])}
-        if not to_shape:
-            return ready, [(p.target, p.rows) for p in grouped], options
-        parts: list[tuple[str, pa.Table]] = []
-        positions: list[np.ndarray] = []
-        for p in grouped:
-            if p.target not in to_shape:
-                parts.append((p.target, p.rows))
-                positions.append(p.positions)
-                continue
-            table = self.warehouse.open(self.warehouse.table_path(p.target))
-            stored = stored_types(None if table is None else arrow_schema(table))
-            out = shape(p.rows, options[p.target].shaping, shard_columns[p.target], stored)
-            parts.append((p.target, out.rows))
-            kept = p.positions
-            if out.kept is not None:
-                kept = kept[out.kept.to_numpy(zero_copy_only=False)]
-            positions.append(kept)
+        routed = self._routed(ready)
+        changes = pc.sum(pc.cast(pc.is_in(routed.excluded["op"], TABLE_OPS), pa.int64())).as_py()
+        if changes:
+            report.skipped[SkipReason.TABLE_EXCLUDED] += changes
+        for target, out in routed.shaped:
             if out.filtered.num_rows:
                 report.skipped[SkipReason.ROW_FILTERED] += out.filtered.num_rows
             if out.refused.num_rows:
@@ -398,9 +416,38 @@ class BatchApplier:
                         "apply",
                         Code.EXPRESSION_FAILED,
                         pa.chunked_array([pa.array(out.messages, pa.string())]),
-                        target=p.target,
+                        target=target,
                     )
                 )
+        return routed.ready, routed.parts, routed.options, routed.removed
+
+    def _routed(self, ready: pa.Table) -> _Routed:
+        """``ready`` routed and shaped (:mod:`cdcflow.transform.router`,
+        :mod:`cdcflow.transform.shape`), counting and writing nothing."""
+        ready, excluded = split_excluded(ready, self.router)
+        grouped = parts_by_target(ready, self.router)
+        options = {p.target: self.tables(p.target) for p in grouped}
+        shard_columns = {p.target: self.router.shard_column(p.target) for p in grouped}
+        to_shape = {t for t, o in options.items() if shapes(o.shaping, shard_columns[t])}
+        if not to_shape:
+            return _Routed(ready, [(p.target, p.rows) for p in grouped], options, excluded, [])
+        parts: list[tuple[str, pa.Table]] = []
+        shaped: list[tuple[str, Shaped]] = []
+        positions: list[np.ndarray] = []
+        for p in grouped:
+            if p.target not in to_shape:
+                parts.append((p.target, p.rows))
+                positions.append(p.positions)
+                continue
+            table = self.warehouse.open(self.warehouse.table_path(p.target))
+            stored = stored_types(None if table is None else arrow_schema(table))
+            out = shape(p.rows, options[p.target].shaping, shard_columns[p.target], stored)
+            parts.append((p.target, out.rows))
+            shaped.append((p.target, out))
+            kept = p.positions
+            if out.kept is not None:
+                kept = kept[out.kept.to_numpy(zero_copy_only=False)]
+            positions.append(kept)
         # the events of no part (markers, messages) and the parts' shaped events, back in
         # the batch's order
         in_parts = np.zeros(ready.num_rows, dtype=bool)
@@ -409,7 +456,7 @@ class BatchApplier:
         others = np.flatnonzero(~in_parts)
         every = pa.concat_tables([ready.take(pa.array(others)), *(part for _, part in parts)])
         order = np.argsort(np.concatenate([others, *positions]), kind="stable")
-        return every.take(pa.array(order)), parts, options
+        return _Routed(every.take(pa.array(order)), parts, options, excluded, shaped)
 
     def _collisions(
         self, target: str, collided: tuple[pa.Table, list[str]], batch_id: int, report: BatchReport
@@ -533,10 +580,10 @@ class BatchApplier:
 
     def _whole_transactions(
         self, rows: pa.Table, commit: CommitContext
-    ) -> tuple[pa.Table, dict[str, int]]:
-        """The events to apply now (whole transactions) and the split's metrics; the
-        events of open transactions are saved for the next batch (in a commit carrying
-        ``commit``)."""
+    ) -> tuple[pa.Table, pa.Table, dict[str, int]]:
+        """The events to apply now (whole transactions), the events of ``rows`` held for
+        a later batch, and the split's metrics; the events of open transactions are saved
+        for the next batch (in a commit carrying ``commit``)."""
         wh = self.warehouse
         batch_id = commit.version
         assert self.transactions is not None
@@ -553,7 +600,9 @@ class BatchApplier:
             "held_events": split.held.num_rows,
             "max_wait_ms": split.max_wait_ms,
         }
-        return split.ready.select(rows.schema.names).cast(rows.schema), metrics
+        own = pc.equal(split.held["held_batch_id"], batch_id)  # not those held before
+        held = split.held.filter(own).select(rows.schema.names).cast(rows.schema)
+        return split.ready.select(rows.schema.names).cast(rows.schema), held, metrics
 
     def _persist_decoder_state(self, rows: pa.Table, commit: CommitContext) -> None:
         """Append what the decoders learned in this batch (before anything else uses it),
