@@ -15,7 +15,6 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from tests.brokers import every_broker
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.decode.batches import flatten
@@ -117,7 +116,6 @@ def test_the_oracle_catches_a_batch_applied_twice_and_a_range_never_applied(tmp_
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
-@every_broker  # a consumer SIGKILLed mid-fetch
 def test_sigkill_mid_batch_and_restart_lose_nothing_and_repeat_nothing(broker, tmp_path):
     rng = random.Random(20_260_611)
     faulty = _faulty_topic(seed=29, n_changes=2_000)
