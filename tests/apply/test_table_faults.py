@@ -8,6 +8,7 @@ may mount one), a table whose apply overruns its time budget.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import pathlib
 import shutil
@@ -104,11 +105,17 @@ def _as_user_without_rights_to(path: str):
         os.chmod(path, 0o755)
 
 
-def test_permission_denied_on_one_mirror_stops_that_table_alone(tmp_path):
+def test_permission_denied_on_one_mirror_stops_that_table_alone(tmp_path, tmp_path_factory):
     base = tmp_path / "open"
     base.mkdir(mode=0o777)
     os.chmod(tmp_path, 0o755)  # pytest's base folder is 0700: let `nobody` reach ours
-    for parent in (tmp_path.parent, tmp_path.parent.parent):
+    # every folder of pytest's between: pytest-of-root/, pytest-N/ (popen-gwK/ under xdist)
+    top = tmp_path_factory.getbasetemp()
+    while top.name != f"pytest-of-{getpass.getuser()}" and top != top.parent:
+        top = top.parent
+    for parent in tmp_path.parents:
+        if parent == top.parent:
+            break
         with contextlib.suppress(PermissionError):
             os.chmod(parent, os.stat(parent).st_mode | 0o005)
     wh, ap = _setup(base / "wh")
