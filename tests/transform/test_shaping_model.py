@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from tests.apply.helpers import ev, table_of
@@ -327,18 +326,14 @@ def test_shaping_matches_the_model(tmp_path_factory, batches):
         assert ledger[r.batch_id, "dead"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug (found by the model, not diagnosed): one batch in which two shards "
-    "take turns on one key fails the table's apply (TABLE_FAULT dead letters for its other "
-    "changes), so the row shard 1 keeps by the shards' rule is lost",
-)
 def test_a_key_the_shards_take_turns_on_in_one_batch_keeps_the_last_owner_s_row(tmp_path):
     """Hypothesis's shrunk case, one batch: shard 1 deletes and re-inserts key 1 twice,
     shard 0's delete and inserts of key 1 come between on the other partition. By the
     documents shard 0's changes are refused (the key is shard 1's each time: three
-    ``SHARD_KEY_COLLISION``) and shard 1's last insert (seq 7) stands; the product keeps
-    no row: the table's apply fails and its 7 changes become ``TABLE_FAULT`` dead letters."""
+    ``SHARD_KEY_COLLISION``) and shard 1's last insert (seq 7) stands. The bug: the
+    batch's declarations were on shard 1's first event (filtered) and shard 0's first
+    (refused), so the part that reached the apply declared no columns, the new table was
+    made without them and its apply failed (``TABLE_FAULT`` for its 7 other changes)."""
     full = {"id": 1, "status": "new", "qty": 0, "note": "a"}
     batch = [
         Change(1, Op.INSERT, 1, None, {**full, "status": "test"}, 1, 1, 0),
