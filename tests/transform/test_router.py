@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import orjson
 import pyarrow as pa
-from tests.apply.helpers import ins, table_of, upd
+from tests.apply.helpers import COLUMNS, ins, table_of, upd
 
 from cdcflow.model import ChangeEvent, Op, Origin, SourceTable
 from cdcflow.transform.router import (
@@ -11,6 +12,7 @@ from cdcflow.transform.router import (
     Routing,
     by_target,
     declarations_on_every_row,
+    filter_declared,
     parts_by_target,
 )
 
@@ -43,6 +45,36 @@ def test_declarations_are_filled_forward_per_source_table():
     assert len(set(filled["columns"].to_pylist())) == 1
     assert declarations_on_every_row(rows.slice(0, 0)).num_rows == 0
     assert isinstance(filled, pa.Table)
+
+
+def test_a_declaration_on_a_row_that_leaves_moves_to_its_source_table_s_next_kept_row():
+    a, b = SourceTable("test", "db", "", "a"), SourceTable("test", "db", "", "b")
+    wider = {**COLUMNS, "note": "string"}
+    rows = table_of(
+        ins(1, "x", table=a), ins(7, "x", table=b), ins(2, "x", table=a),
+        ins(3, "x", table=a, columns=wider), ins(8, "x", table=b), ins(4, "x", table=a),
+    )  # fmt: skip
+    narrow, wide = (orjson.dumps(c).decode() for c in (COLUMNS, wider))
+    assert rows["columns"].to_pylist() == [narrow, narrow, None, wide, None, None]
+
+    def kept(*keep: bool) -> list[tuple[int, str | None]]:
+        out = filter_declared(rows, pa.array(keep))
+        return list(zip(out["key"].to_pylist(), out["columns"].to_pylist(), strict=True))
+
+    # each kept row under the declaration it was under: the first kept row of a source
+    # takes the declaration its dropped rows made, a row that declares keeps its own
+    assert kept(False, False, True, False, True, True) == [
+        ('{"id":2}', narrow), ('{"id":8}', narrow), ('{"id":4}', wide),
+    ]  # fmt: skip
+    assert kept(False, True, True, True, True, True) == [
+        ('{"id":7}', narrow), ('{"id":2}', narrow), ('{"id":3}', wide),
+        ('{"id":8}', None), ('{"id":4}', None),
+    ]  # fmt: skip
+    # nothing declaring leaves: the filter alone
+    assert kept(True, True, False, True, True, False) == [
+        ('{"id":1}', narrow), ('{"id":7}', narrow), ('{"id":3}', wide), ('{"id":8}', None),
+    ]  # fmt: skip
+    assert kept(False, False, False, False, False, False) == []
 
 
 def test_parts_carry_their_row_numbers_in_the_batch():

@@ -258,6 +258,21 @@ def test_a_row_filter_keeps_the_mirror_equal_to_the_filtered_source(tmp_path):
     assert not any(r.dead_letters for r in reports)
 
 
+def test_a_batch_whose_first_event_the_filter_skips_makes_its_table_with_the_declared_types(
+    tmp_path,
+):
+    # the batch states the declaration on its first event only: it must outlive that event
+    wh, (report,) = _apply(
+        tmp_path,
+        [[_order(Op.INSERT, 1, status="test", seq=1), _order(Op.INSERT, 2, seq=2)]],
+        filter="status <> 'test'",
+    )
+    assert not report.dead_letters
+    assert report.skipped[SkipReason.ROW_FILTERED] == 1
+    assert set(_rows(wh)) == {2}
+    assert _schema(wh).field("amount").type == pa.decimal128(10, 2)
+
+
 def test_an_update_whose_before_image_was_filtered_out_too_is_skipped():
     before = {"id": 1, "status": "test", "amount": "1.00", "created_at": None, "card": None}
     after = {**before, "amount": "2.00"}

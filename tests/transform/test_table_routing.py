@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from tests.apply.helpers import dele, ins, table_of, upd
+from tests.apply.helpers import COLUMNS, dele, ev, ins, table_of, upd
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.config import parse_config
 from cdcflow.errors import Code, ConfigError, SkipReason
-from cdcflow.model import SourceTable
+from cdcflow.model import Op, SourceTable
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.transform.router import Router, RouteRule, Routing, by_target, split_excluded
 from cdcflow_testkit.workload import mirror_by_key
@@ -185,6 +185,26 @@ def test_a_key_two_shards_hold_is_a_dead_letter_and_the_owner_keeps_its_row(tmp_
     )
     assert report.dead_letters[Code.SHARD_KEY_COLLISION] == 1
     assert _by_id(wh, "shop.orders")[7]["_shard"] == "shop.orders_2"
+
+
+def test_a_refused_change_that_declared_its_shard_s_columns_leaves_the_declaration(tmp_path):
+    # a batch states a shard's declaration on its first event only: when that event is
+    # refused, the shard's next one still lands with the columns it declared
+    wh, applier = _applier(tmp_path, SHARDS)
+    applier.apply(table_of(ins(1, "a", seq=1, table=_shard(0))))
+    wider = {**COLUMNS, "note": "string"}
+    report = applier.apply(
+        table_of(
+            ev(Op.INSERT, 1, after={"id": 1, "name": "b", "qty": 1, "note": "x"}, seq=2,
+               columns=wider, table=_shard(1)),
+            ev(Op.INSERT, 2, after={"id": 2, "name": "c", "qty": 1, "note": "y"}, seq=3,
+               columns=wider, table=_shard(1)),
+        )
+    )  # fmt: skip
+    assert report.dead_letters == {Code.SHARD_KEY_COLLISION: 1}
+    rows = _by_id(wh, "shop.orders")
+    assert rows[1] == {"id": 1, "name": "a", "qty": 1, "note": None, "_shard": "shop.orders_0"}
+    assert rows[2] == {"id": 2, "name": "c", "qty": 1, "note": "y", "_shard": "shop.orders_1"}
 
 
 def test_a_key_one_shard_deleted_may_be_taken_by_another(tmp_path):

@@ -67,6 +67,7 @@ __all__ = [
     "source_names",
     "split_excluded",
     "declarations_on_every_row",
+    "filter_declared",
     "source_ids",
 ]
 
@@ -387,6 +388,51 @@ def by_target(rows: pa.Table, router: Router) -> Iterator[tuple[str, pa.Table]]:
     without the row numbers)."""
     for part in parts_by_target(rows, router):
         yield part.target, part.rows
+
+
+def filter_declared(rows: pa.Table, keep: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """``rows.filter(keep)`` with each kept row still under the ``columns`` declaration
+    it was under: a batch states a declaration once, on the first row of its source table
+    (:func:`cdcflow.decode.batches.flatten`), so when that row leaves (filtered, refused)
+    its declaration moves to the source table's next kept row, unless that row declares
+    one of its own. Without it a part could reach the apply declaring no columns, and a
+    new table be made without them.
+
+    Args:
+        rows: EVENT_SCHEMA rows, in order.
+        keep: one bool per row (NULL: dropped, as ``Table.filter`` drops it).
+
+    Returns:
+        The kept rows, in order; ``columns`` as given on the rows that declared, a moved
+        declaration on the rows that now carry it, NULL elsewhere.
+    """
+    keep = pc.fill_null(keep, False)
+    columns = rows["columns"].combine_chunks()
+    declares = columns.is_valid()
+    if rows.num_rows == 0 or not pc.any(pc.and_(pc.invert(keep), declares)).as_py():
+        return rows.filter(keep)  # no declaration leaves: the common case
+    n = rows.num_rows
+    ids = source_ids(rows).combine_chunks().dictionary_encode()
+    codes = pc.fill_null(ids.indices, -1).to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")  # by source table, each in batch order
+    group = codes[order]
+    valid = declares.to_numpy(zero_copy_only=False)[order]
+    at = np.arange(n)
+    starts = np.maximum.accumulate(np.where(np.r_[True, group[1:] != group[:-1]], at, 0))
+    last = np.maximum.accumulate(np.where(valid, at, -1))
+    # per row (in source order): the row whose declaration it is under, -1 for none
+    under = np.where(last >= starts, order[np.maximum(last, 0)], -1)
+    kept = np.flatnonzero(keep.to_numpy(zero_copy_only=False)[order])
+    k_group, k_under = group[kept], under[kept]
+    # a kept row whose declaration differs from the previous kept row's of its source
+    # (or that is its source's first kept row) and does not declare: it takes it over
+    changed = np.r_[True, (k_group[1:] != k_group[:-1]) | (k_under[1:] != k_under[:-1])]
+    moves = kept[changed & ~valid[kept] & (k_under >= 0)]
+    source = at.copy()
+    source[order[moves]] = under[moves]
+    moved = columns.take(pa.array(source))
+    at_columns = rows.schema.get_field_index("columns")
+    return rows.set_column(at_columns, rows.schema.field(at_columns), moved).filter(keep)
 
 
 def declarations_on_every_row(rows: pa.Table) -> pa.Table:

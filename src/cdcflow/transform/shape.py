@@ -27,7 +27,9 @@ In order, per after image (the before image gets steps 1 and 6 only):
 5. ``columns``: ``include`` or ``exclude`` of the source's columns; key columns, computed,
    metadata and shard columns always land.
 6. The ``columns`` declarations follow: overridden types, excluded columns gone, the
-   added columns declared with their types.
+   added columns declared with their types; a declaration on an event that leaves
+   (skipped or refused) moves to its source table's next event that lands
+   (:func:`~cdcflow.transform.router.filter_declared`).
 
 Sources: Paimon's Kafka CDC sync (https://paimon.apache.org/docs/master/cdc-ingestion/kafka-cdc/),
 Flink CDC's transform and route (https://nightlies.apache.org/flink/flink-cdc-docs-stable/docs/core-concept/transform/).
@@ -47,7 +49,7 @@ from cdcflow.errors import ApplyError
 from cdcflow.images import arrow_column, logical_from_arrow
 from cdcflow.model import Op, dumps
 from cdcflow.transform.expressions import Expression
-from cdcflow.transform.router import declared_types, source_names
+from cdcflow.transform.router import declared_types, filter_declared, source_names
 from cdcflow.transform.shaping import METADATA_FIELDS, Shaping, TypeOverride
 from cdcflow.types import arrow_type, infer_type
 
@@ -388,7 +390,7 @@ def shape(
     failed = pa.array([e is not None for e in img.errors])
     skipped = pa.array(skip)
     kept = pc.and_(pc.invert(failed), pc.invert(skipped))
-    rows = shaped.filter(kept)
+    rows = filter_declared(shaped, kept)  # a row that leaves may declare
     if added and rows.num_rows and rows["columns"].null_count == rows.num_rows:
         # the declarations were on rows that left: the first row carries them all
         union = {**img.types, **added}

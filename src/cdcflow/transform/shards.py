@@ -27,7 +27,7 @@ from cdcflow.model import Op
 from cdcflow.sinks.history import END_AT
 from cdcflow.sinks.merge import SOFT_DELETE_COLUMN
 from cdcflow.sinks.warehouse import DeltaWarehouse
-from cdcflow.transform.router import ROW_CHANGE_OPS, source_names
+from cdcflow.transform.router import ROW_CHANGE_OPS, filter_declared, source_names
 
 __all__ = ["refuse_collisions"]
 
@@ -146,4 +146,5 @@ def refuse_collisions(
     for i in refused:
         mask[i] = True
     refused_mask = pa.array(mask)
-    return part.filter(pc.invert(refused_mask)), part.filter(refused_mask), messages
+    applied = filter_declared(part, pc.invert(refused_mask))  # a refused row may declare
+    return applied, part.filter(refused_mask), messages
