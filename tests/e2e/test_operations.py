@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.e2e.helpers import (
     pipeline_config,
 )
 
+from cdcflow.apply.offsets import OffsetLedger
 from cdcflow.cli import EXIT_PIPELINE_RUNNING
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
@@ -188,13 +190,57 @@ def test_a_100000_column_record_is_one_dead_letter_and_the_stream_goes_on(spark,
 # ----------------------------------------------------------------- two runs of one pipeline
 
 
-def _cdcflow(*args: str, **kwargs) -> subprocess.Popen:
+def _cdcflow(*args: str, command=CDCFLOW, env=None, **kwargs) -> subprocess.Popen:
     """``cdcflow ARGS`` as a user runs it (the console entry point), in a session of its
     own so that its JVM and Python workers can be cleaned up with it."""
-    command = [*CDCFLOW, *args]
     return subprocess.Popen(
-        command, env=cli_env(), stdin=subprocess.DEVNULL, start_new_session=True, **kwargs
+        [*command, *args],
+        env=env or cli_env(),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        **kwargs,
     )
+
+
+#: seconds the first fence of the held apply waits (the signal is sent meanwhile), then
+#: its completion's fence (the test reads the warehouse's pending intent meanwhile)
+HOLD_S = (4.0, 4.0)
+
+#: ``cdcflow`` whose appliers, once the file ``$E2E_HOLD/armed`` exists, hold the next
+#: apply at its two fences (``BatchApplier.fence``: before its first commit and before its
+#: completion), writing ``$E2E_HOLD/fence-1`` and ``fence-2`` (the wall-clock time) as each
+#: is reached. Patched in this process only, the driver; the product is unchanged.
+HOLDING_CDCFLOW = [
+    sys.executable,
+    "-c",
+    f"""
+import os, time
+from pathlib import Path
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.cli import entry
+
+folder, hold_s, held = Path(os.environ["E2E_HOLD"]), {HOLD_S!r}, []
+init = BatchApplier.__init__
+
+def holding_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    fence = self.fence
+
+    def holding():
+        if len(held) < len(hold_s) and (folder / "armed").exists():
+            held.append(time.time())
+            written = folder / f"fence-{{len(held)}}.tmp"
+            written.write_text(repr(held[-1]))
+            written.rename(folder / f"fence-{{len(held)}}")
+            time.sleep(hold_s[len(held) - 1])
+        fence()
+
+    self.fence = holding
+
+BatchApplier.__init__ = holding_init
+entry()
+""",
+]
 
 
 def _streaming_config(
@@ -236,10 +282,17 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
     broker, tmp_path, stop
 ):
     """``cdcflow run CONFIG`` twice: the second exits 75 at once with one line naming the
-    first; the first keeps applying. Stopped by Ctrl-C (SIGINT) it releases its lease; by
-    ``kill`` (SIGTERM, as the line suggests) it does not, but the next run on this machine
-    takes the lease at once, its holder's pid being gone. Either way the process ends by
-    the signal (return code -2 or -15) within a second, its JVM and workers with it.
+    first; the first keeps applying. Stopped by Ctrl-C (SIGINT) or by ``kill`` (SIGTERM,
+    as the line suggests), it stops after the running apply ends, releases its lease (the
+    next run takes it at once), prints one line and its run's summary, and exits 130, its
+    JVM and workers with it.
+
+    SIGINT is sent to an idle run. SIGTERM is sent during an apply, deterministically: the
+    run is :data:`HOLDING_CDCFLOW`, which holds the apply of the records produced for it at
+    its first fence (before its first commit) while the signal is sent, and again at its
+    completion's fence, where the test sees its intent pending in the warehouse and the
+    process alive; that apply then completes before the process exits (no pending intent,
+    every mirror equal to its source, every offset accounted for once).
 
     Measured here: the refusal took 0.7-0.9 s (the lease is read before Spark starts); the
     first run applied its first batch 15-26 s after it started (Spark's start-up).
@@ -253,10 +306,18 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
     raw["monitoring"] = {"prometheus_port": metrics_port, "spark_ui": True}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     log = tmp_path / "first.log"
+    hold = tmp_path / "hold"  # HOLDING_CDCFLOW's files: armed, fence-1, fence-2
+    hold.mkdir()
+    during_apply = stop == signal.SIGTERM
+    command, env = (
+        (HOLDING_CDCFLOW, cli_env(E2E_HOLD=str(hold))) if during_apply else (CDCFLOW, None)
+    )
 
     t0 = time.monotonic()
     with open(log, "wb") as out:
-        first = _cdcflow("-v", "run", str(config), stdout=out, stderr=subprocess.STDOUT)
+        first = _cdcflow(
+            "-v", "run", str(config), command=command, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         _wait_applied(wh, s.produced, first, log, timeout_s=120)
         first_batch_s = time.monotonic() - t0
@@ -289,8 +350,22 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         check_accounting(wh, s.produced)
         check_changelog_once(wh)
 
+        if during_apply:  # the apply of the next records is held at its first fence
+            (hold / "armed").touch()  # before producing: an idle run applies nothing
+            s.produce(100)
+            _wait_file(hold / "fence-1", first, log, timeout_s=60)
         t3 = time.monotonic()
         os.kill(first.pid, stop)
+        signalled_at = time.time()
+        if during_apply:
+            # the apply goes on after the signal: its intent is written, its tables are,
+            # and it reaches the fence of its completion with the process still running
+            _wait_file(hold / "fence-2", first, log, timeout_s=60)
+            assert float((hold / "fence-2").read_text()) > signalled_at
+            pending = OffsetLedger(_source_view(raw)).pending()
+            assert first.poll() is None, "the run exited before its apply completed"
+            assert pending is not None, "the held apply has written its intent"
+            held_ranges = pending.describe()
         try:
             first.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -305,6 +380,11 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
             f"records {more_s:.1f} s after produce; {stop.name}: exit {first.returncode} "
             f"after {stop_s:.1f} s, its JVM and workers gone after {gone_s:.1f} s"
         )
+        if during_apply:  # the held apply completed before the process exited
+            assert OffsetLedger(_source_view(raw)).pending() is None, held_ranges
+            s.check_mirrors(wh)
+            check_accounting(wh, s.produced)
+            check_changelog_once(wh)
         lease = PipelineLease(raw["warehouse"], "e2e-lease", renew_every_s=0)
         state = lease.read()
         assert state is not None
@@ -342,6 +422,19 @@ def test_a_second_run_of_a_running_pipeline_is_refused_and_the_first_goes_on(
         )
     finally:
         _kill_session(first)
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the run exited ({proc.returncode}):\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no {path.name} in {timeout_s} s:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def _source_view(raw: dict) -> DeltaWarehouse:
+    """The warehouse view of the streaming config's one source (its offsets ledger's)."""
+    return DeltaWarehouse(raw["warehouse"], pipeline_id=f"{raw['pipeline_id']}.{FORMAT}")
 
 
 def _check_monitoring(broker, wh, port: int, records: int, group: str, log: Path) -> None:

@@ -258,6 +258,11 @@ def test_a_checkpoint_of_another_stream_is_refused(spark, broker, tmp_path):
     other = Scenario(broker, fmt, seed=2)  # another topic, same checkpoint folder
     with pytest.raises(ConfigError, match=r"belongs to another stream: topics .*cdcflow reset"):
         Pipeline(pipeline_config(tmp_path, broker, fmt, other.topic), spark=spark).run(once=True)
+    # the refused run wrote nothing: the warehouse holds the first run's records, once
+    wh = DeltaWarehouse(str(tmp_path / "wh"))
+    s.check_mirrors(wh)
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
     # the warehouse deleted, the checkpoint kept: it would skip what was never applied
     import shutil
 
@@ -296,7 +301,8 @@ def test_a_source_added_or_removed_starts_the_checkpoint_over_where_each_source_
     checkpoint of cdcflow before 0.4 (a folder per source) is taken over; a source added,
     then one removed, starts the checkpoint over: each kept source at the warehouse's
     offsets (nothing applied twice), a new one from the start. Every mirror ends equal to
-    its source and every changelog event is there once."""
+    its source, every changelog event is there once and every offset of both topics is
+    accounted for once (:func:`check_accounting`)."""
     import json
 
     from tests.e2e.helpers import config_dict
@@ -341,4 +347,9 @@ def test_a_source_added_or_removed_starts_the_checkpoint_over_where_each_source_
     wh = DeltaWarehouse(str(tmp_path / "wh"))
     a.check_mirrors(wh)
     b.check_mirrors(wh)
+    # both sources' bookkeeping in the one warehouse, strictly: each partition of each
+    # topic from offset 0 (both start at earliest) to its end, once, over the four runs
+    batches = check_accounting(wh, a.produced + b.produced)
+    for s in (a, b):
+        assert sum(x["records"] for x in batches if x["topic"] == s.topic) == s.produced
     check_changelog_once(wh)

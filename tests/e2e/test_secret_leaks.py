@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.e2e.helpers import CDCFLOW, Scenario, cli_env, config_dict
+from tests.e2e.helpers import (
+    CDCFLOW,
+    Scenario,
+    check_accounting,
+    check_changelog_once,
+    cli_env,
+    config_dict,
+)
 
 from cdcflow.sinks.warehouse import DeltaWarehouse
 
@@ -49,7 +56,10 @@ def test_a_password_never_appears_in_any_output_log_checkpoint_or_table(broker, 
     run = _run_once(config, run_dir, timeout=600)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output.decode(errors="replace")[-3000:]
-    s.check_mirrors(DeltaWarehouse(raw["warehouse"]))  # the run applied the records
+    wh = DeltaWarehouse(raw["warehouse"])
+    s.check_mirrors(wh)  # the run applied the records, each once
+    check_accounting(wh, s.produced)
+    check_changelog_once(wh)
 
     # a bad configuration holding the password is refused in one line, without it
     bad = dict(raw, kafka={**raw["kafka"], "starting_offsets": "earliset"})
