@@ -15,6 +15,8 @@ dead-letters replay CONFIG --yes`` finishes it: every mirror equals its source (
 refused events older than rows that were applied are dropped by the mirrors' sequence
 guard), each record's events are in ``_cdcflow/changelog`` once, each letter is marked
 ``applied`` in one generation, a further replay has nothing to do, the lease is free.
+With ``b``'s filter left in place its letters fail again, and a killed replay's letters
+are still marked ``dead_letter`` by the run that finishes it.
 
 The warehouse is built without Spark, the way the pipeline applies a micro-batch: records
 read from the broker (tansu), decoded by the source's ``DecodeFunction``, applied by
@@ -40,7 +42,7 @@ import pyarrow.compute as pc
 import pytest
 
 from cdcflow.cli import main
-from cdcflow.commands.dead_letters import read_letters
+from cdcflow.commands.dead_letters import LetterFilter, read_letters
 from cdcflow.commands.replay import replay
 from cdcflow.config import PipelineConfig, load_config
 from cdcflow.decode.batches import DecodeFunction
@@ -63,6 +65,8 @@ SOURCES = {"a": (3, 30), "b": (27, 40)}
 #: before the completion), the sources one after the other
 FENCES = 2 * len(SOURCES)
 FILTERED = "shop.public.b_customers"
+#: 1 / 0 for every row with active true: those events are refused (EXPRESSION_FAILED)
+FILTER = f"tables:\n  - {{match: {FILTERED}, filter: '1 / if(active, 0, 1) = 1'}}\n"
 
 
 @dataclass
@@ -86,9 +90,7 @@ def _config_text(broker, topics: dict[str, str], fixed: bool) -> str:
         f"  - {{name: a, format: {wrong}, topics: [{topics['a']}], table_prefix: a_}}\n"
         f"  - {{name: b, format: debezium-json, topics: [{topics['b']}], table_prefix: b_}}\n"
     )
-    if not fixed:  # 1 / 0 for every row with active true: those events are refused
-        text += f"tables:\n  - {{match: {FILTERED}, filter: '1 / if(active, 0, 1) = 1'}}\n"
-    return text
+    return text if fixed else text + FILTER
 
 
 def _decoded(fmt: str, records: pa.Table, wh: DeltaWarehouse | None = None) -> pa.Table:
@@ -257,13 +259,8 @@ sys.exit(f"the replay called its fence {len(calls)} times, never a {kill_at}th")
 """
 
 
-@pytest.mark.parametrize("k", range(1, FENCES + 1))
-def test_a_replay_sigkilled_at_a_fence_is_finished_by_the_next_exactly_once(
-    before, tmp_path, capsys, k
-):
-    """Killed at fence ``k`` in a child process, the replay is finished by the next one:
-    the unfinished generation first, under its own apply id, nothing applied twice."""
-    cfg = _copy(before, tmp_path)
+def _killed_at(cfg: Path, k: int) -> None:
+    """A replay of ``cfg`` in a child process that SIGKILLs itself at fence call ``k``."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "testkit" / "src")]),
@@ -275,6 +272,16 @@ def test_a_replay_sigkilled_at_a_fence_is_finished_by_the_next_exactly_once(
         timeout=120,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("k", range(1, FENCES + 1))
+def test_a_replay_sigkilled_at_a_fence_is_finished_by_the_next_exactly_once(
+    before, tmp_path, capsys, k
+):
+    """Killed at fence ``k`` in a child process, the replay is finished by the next one:
+    the unfinished generation first, under its own apply id, nothing applied twice."""
+    cfg = _copy(before, tmp_path)
+    _killed_at(cfg, k)
 
     # what the kill left: the killed source's letters taken (outcome null), no outcome;
     # at an even fence (before the completion) its apply's changelog written already
@@ -300,3 +307,25 @@ def test_a_replay_sigkilled_at_a_fence_is_finished_by_the_next_exactly_once(
         for name in SOURCES
     ]
     _check_finished(before, cfg, capsys)
+
+
+@pytest.mark.parametrize("k", [FENCES - 1, FENCES])  # b's fences
+def test_letters_that_fail_again_in_a_killed_replay_are_marked_dead_letter(
+    before, tmp_path, capsys, k
+):
+    """b's filter left in place: its letters fail again. Killed before b's apply (fence 3)
+    or before its completion (fence 4: the new letters committed already), the run that
+    finishes generation 1 marks its letters ``dead_letter``, not ``applied`` (it took the
+    new letters' commit time to be its own start: fence 4 marked them applied)."""
+    cfg = _copy(before, tmp_path)
+    cfg.write_text(cfg.read_text() + FILTER)
+    _killed_at(cfg, k)
+    assert main(["dead-letters", "replay", str(cfg), "--yes"]) == 0
+    capsys.readouterr()
+    wh = DeltaWarehouse(str(cfg.parent / "wh"))
+    first = Counter(
+        m["outcome"] for m in _marks(wh) if m["source"] == f"{PIPELINE}.b" and m["generation"] == 1
+    )
+    n = before.letters["b"]
+    assert first == {None: n, "dead_letter": n}
+    assert read_letters(wh, LetterFilter(topics=[before.topics["b"]])).num_rows >= 2 * n
