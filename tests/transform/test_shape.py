@@ -273,6 +273,37 @@ def test_a_batch_whose_first_event_the_filter_skips_makes_its_table_with_the_dec
     assert _schema(wh).field("amount").type == pa.decimal128(10, 2)
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "row_filter", "code"),
+    [
+        ("test", "new", "status <> 'test'", None),  # left out on purpose
+        ("x", "7", "cast(status AS int64) > 0", Code.EXPRESSION_FAILED),  # refused
+    ],
+)
+def test_a_batch_whose_first_event_of_a_table_leaves_keeps_the_table_s_types(
+    tmp_path, first, second, row_filter, code
+):
+    """A batch states a table's columns once, on its first event; when the filter leaves
+    that event out or refuses it, the events that stay still carry the declaration (found
+    by tests/commands/test_replay_kills.py: the table was merged without its columns and
+    stopped, TABLE_FAULT)."""
+    wh, (report,) = _apply(
+        tmp_path,
+        [[_order(Op.INSERT, 2, status=first, seq=1), _order(Op.INSERT, 1, status=second, seq=2)]],
+        filter=row_filter,
+    )
+    assert dict(report.dead_letters) == ({code: 1} if code else {})
+    assert _rows(wh) == {
+        1: {
+            "id": 1,
+            "status": second,
+            "amount": decimal.Decimal("12.50"),
+            "created_at": dt.datetime(2024, 3, 5, 10, 30),
+            "card": "4111",
+        }
+    }
+
+
 def test_an_update_whose_before_image_was_filtered_out_too_is_skipped():
     before = {"id": 1, "status": "test", "amount": "1.00", "created_at": None, "card": None}
     after = {**before, "amount": "2.00"}

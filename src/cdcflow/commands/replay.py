@@ -19,7 +19,8 @@ order, become one apply of a *replay generation*:
 
 A generation whose letters were taken but whose outcomes are missing (the replay was
 killed) is finished first by the next replay, through its own ledger: nothing is applied
-twice. Mirrors guard against older changes by sequence, so a replayed change older than
+twice, and a letter whose record the killed run dead-lettered again is ``dead_letter``
+(failing again counts from when the generation took its letters). Mirrors guard against older changes by sequence, so a replayed change older than
 what a table holds does not overwrite it (docs/semantics.md). The replay takes the
 pipeline's lease: it is refused while the pipeline runs (exit 75).
 """
@@ -138,13 +139,17 @@ def _replay_source(
     for generation in sorted({g for k, g in taken.items() if (k, g) not in finished}):
         keys = [k for k, g in taken.items() if g == generation and (k, g) not in finished]
         rows = [letters[k] for k in keys if k in letters]  # expired ones are gone for good
-        _run(config, source, identity, generation, rows, fence, report)
+        # letters its killed run committed count as failing again: since it took them
+        taken_ms = min(m["recorded_at_ms"] for m in marks if m["generation"] == generation)
+        _run(config, source, identity, generation, rows, taken_ms, fence, report)
     # 2. a new generation for the letters no replay has taken
     todo = [r for k, r in letters.items() if k not in taken and (not codes or r["code"] in codes)]
     if todo:
         generation = max((m["generation"] for m in marks), default=0) + 1
-        wh.append_rows(wh.system_path(REPLAYS), _marks(identity, generation, todo, None))
-        _run(config, source, identity, generation, todo, fence, report)
+        taking = _marks(identity, generation, todo, None)
+        wh.append_rows(wh.system_path(REPLAYS), taking)
+        taken_ms = taking["recorded_at_ms"][0].as_py()
+        _run(config, source, identity, generation, todo, taken_ms, fence, report)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -177,14 +182,16 @@ def _run(
     identity: str,
     generation: int,
     rows: list[dict[str, Any]],
+    taken_ms: int,
     fence: Callable[[], None],
     report: ReplayReport,
 ) -> None:
-    """Decode and apply one generation's letters, then record their outcomes."""
+    """Decode and apply one generation's letters, then record their outcomes: a letter
+    whose record became a dead letter again since the generation took it (``taken_ms``,
+    epoch ms; by this run or by a killed one) failed again."""
 
     if not rows:
         return
-    started_ms = int(time.time() * 1000)
     view = DeltaWarehouse(
         config.warehouse,
         pipeline_id=f"{identity}.replay.{generation}",
@@ -195,7 +202,7 @@ def _run(
         applier_for(config, view, source, fence=fence).apply(events) if events.num_rows else None
     )
     report.events += 0 if applied is None else applied.events
-    again = _failed_again(view, rows, started_ms)
+    again = _failed_again(view, rows, taken_ms)
     outcomes = [
         "gone" if _key(r) in gone else "dead_letter" if _where(r) in again else "applied"
         for r in rows

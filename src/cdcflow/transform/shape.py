@@ -391,8 +391,10 @@ def shape(
     skipped = pa.array(skip)
     kept = pc.and_(pc.invert(failed), pc.invert(skipped))
     rows = filter_declared(shaped, kept)  # a row that leaves may declare
-    if added and rows.num_rows and rows["columns"].null_count == rows.num_rows:
-        # the declarations were on rows that left: the first row carries them all
+    declared = part["columns"].null_count < n
+    if (added or declared) and rows.num_rows and rows["columns"].null_count == rows.num_rows:
+        # the declarations were on rows that left (filtered, refused): the first row
+        # carries them all, or the table is merged without its columns' types
         union = {**img.types, **added}
         union = {c: t for c, t in union.items() if keep(c)}
         first = [orjson.dumps(union).decode()] + [None] * (rows.num_rows - 1)
