@@ -84,24 +84,6 @@ def broker(tansu_broker):
     return tansu_broker
 
 
-#: the markers of tests that start Java services (Spark, brokers, Kafka Connect, a cluster)
-SERVICE_MARKERS = ("spark", "kafka", "services")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), every test that
-    needs a Java service runs on one worker, in collection order, so the session's one
-    SparkSession, brokers and services start once and their tests never compete with
-    each other for the two cores; the other worker takes the plain Python tests
-    (decoders, the apply on delta-rs, the models), which alone use one core, beside them.
-    """
-    if not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        if any(item.get_closest_marker(m) for m in SERVICE_MARKERS):
-            item.add_marker(pytest.mark.xdist_group("services"))
-
-
 _exit_status: list[int] = []
 
 #: the whole suite's budget in seconds (`make test` from a fresh clone, issue 33's target)
