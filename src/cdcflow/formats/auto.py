@@ -393,9 +393,7 @@ class AutoDecoder(Decoder[AutoOptions]):
     options: AutoOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
-        if options is not None:
-            options = AutoOptions.from_options(options)
-        super().__init__(options)
+        super().__init__(options)  # Decoder carries plain DecoderOptions over
         opts = self.options
         self._formats = opts.formats
         # Build every delegate's options now, so a wrong option fails at configuration.

@@ -283,9 +283,7 @@ class CanalJsonDecoder(Decoder[CanalJsonOptions]):
     options: CanalJsonOptions
 
     def __init__(self, options: DecoderOptions | None = None) -> None:
-        if options is not None:
-            options = CanalJsonOptions.from_options(options)
-        super().__init__(options)
+        super().__init__(options)  # Decoder carries plain DecoderOptions over
         self._init_caches()
 
     def _init_caches(self) -> None:
