@@ -69,6 +69,16 @@ def tansu_broker():
 
 
 @pytest.fixture(scope="session")
+def s3_store():
+    """moto's S3 server on 127.0.0.1 with a free port (``cdcflow_testkit.services.object_stores``);
+    each test writes its own prefix (``s3_store.warehouse_uri()``)."""
+    from cdcflow_testkit.services.object_stores import MotoS3
+
+    with MotoS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def apache_kafka():
     """A real Apache Kafka broker (KRaft, one node) on 127.0.0.1 with free ports, from
     Maven Central's jars (``cdcflow_testkit.services.apache_kafka``)."""

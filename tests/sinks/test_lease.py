@@ -301,18 +301,10 @@ def test_racing_processes_never_both_hold_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3():
-    pytest.importorskip("moto")
-    from cdcflow_testkit.services.broker import LocalS3
+    from cdcflow_testkit.services.object_stores import MotoS3
 
-    with LocalS3() as server:
-        options = {
-            "AWS_ENDPOINT_URL": server.endpoint_url,
-            "AWS_ACCESS_KEY_ID": "cdcflow",
-            "AWS_SECRET_ACCESS_KEY": "cdcflow",
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        }
-        yield f"s3://{server.bucket}", options
+    with MotoS3() as server:
+        yield f"s3://{server.bucket}", server.storage_options()
 
 
 def test_s3_acquire_refuse_takeover_release(s3):

@@ -1,0 +1,215 @@
+"""Object-store servers on 127.0.0.1 for the tests: real servers, started like the brokers.
+
+:class:`MotoS3` is moto's S3 server (``python -m moto.server``, PyPI packages ``moto[s3]``,
+``flask`` and ``flask-cors``) in a child process with a free port. It holds buckets in its
+memory: they outlive any number of restarts of the processes that use them (a tansu
+broker's ``s3://`` storage, a cdcflow run) and are gone after :meth:`MotoS3.stop`.
+
+Each server gives the delta-rs storage options that reach it (:meth:`MotoS3.storage_options`,
+the keys of cdcflow's ``storage:`` section) and the URI of a fresh prefix
+(:meth:`MotoS3.warehouse_uri`), so a test writes a warehouse there as a user would.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import uuid
+
+from cdcflow_testkit.services.process import ServiceError, free_port, stop_process, wait_until
+
+__all__ = ["MotoS3", "ObjectStoreError", "StorageUnavailable"]
+
+
+class ObjectStoreError(ServiceError):
+    """An object-store server could not start, or a request to set it up failed."""
+
+    code = "OBJECT_STORE_ERROR"
+
+
+class StorageUnavailable(ObjectStoreError):
+    """The server cannot be started here (a package is missing)."""
+
+    code = "STORAGE_UNAVAILABLE"
+
+
+class MotoS3:
+    """moto's S3 server as a child process on ``host`` (see the module docstring).
+
+    Args:
+        host: interface to listen on.
+        bucket: the bucket created at start (more with :meth:`create_bucket`).
+        startup_timeout_s: how long to wait until the server has created the bucket.
+
+    Attributes:
+        port: TCP port while running, else ``None``.
+        log_path: file that receives the server's stdout and stderr (kept when the
+            server fails to start).
+    """
+
+    #: the credentials moto accepts (any), as the options and the environment give them
+    access_key_id = "cdcflow"
+    secret_access_key = "cdcflow"
+    region = "us-east-1"
+
+    def __init__(
+        self, host: str = "127.0.0.1", bucket: str = "cdcflow", startup_timeout_s: float = 30.0
+    ) -> None:
+        self.host = host
+        self.bucket = bucket
+        self.startup_timeout_s = startup_timeout_s
+        self.port: int | None = None
+        self.log_path: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://host:port`` of the running server."""
+        if self.port is None:
+            raise ObjectStoreError("the local S3 server is not started; call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def storage_url(self) -> str:
+        """tansu's ``--storage-engine`` value: ``s3://<bucket>/``."""
+        return f"s3://{self.bucket}/"
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options (cdcflow's ``storage:`` section) for this server.
+
+        ``aws_conditional_put`` is left to delta-rs's default: moto answers
+        ``If-None-Match: *`` with 412 as S3 does.
+        """
+        return {
+            "aws_endpoint_url": self.endpoint_url,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "aws_region": self.region,
+            "aws_allow_http": "true",
+        }
+
+    def warehouse_uri(self, name: str = "warehouse") -> str:
+        """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
+        return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
+
+    def tansu_env(self) -> dict[str, str]:
+        """Environment variables that point tansu's S3 client at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_ENDPOINT": self.endpoint_url,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def create_bucket(self, name: str) -> None:
+        """Create the bucket ``name`` (``PUT /name``).
+
+        Raises:
+            ObjectStoreError: the server refused it.
+        """
+        request = urllib.request.Request(f"{self.endpoint_url}/{name}", method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+        except OSError as exc:
+            raise ObjectStoreError(
+                f"creating bucket {name!r} on {self.endpoint_url}: {exc}"
+            ) from exc
+
+    def start(self) -> MotoS3:
+        """Start the server and create the bucket.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            StorageUnavailable: moto, flask or flask-cors is not installed.
+            ObjectStoreError: the server exited or did not answer within
+                ``startup_timeout_s``; the message names its log file.
+        """
+        if self.running:
+            return self
+        missing = [
+            m for m in ("moto", "flask", "flask_cors") if importlib.util.find_spec(m) is None
+        ]
+        if missing:
+            raise StorageUnavailable(
+                f"the local S3 server is moto's, but {', '.join(missing)} "
+                f"is not installed in {sys.executable}; install it with "
+                "pip install 'moto[s3]' flask flask-cors (or pip install -e ./testkit)"
+            )
+        last_error: ObjectStoreError | None = None
+        for _ in range(3):  # a free port can be taken before the server binds it
+            try:
+                self._launch(free_port(self.host))
+                return self
+            except ObjectStoreError as exc:
+                last_error = exc
+                self._kill()
+            except BaseException:
+                self._kill()
+                raise
+        assert last_error is not None
+        raise last_error
+
+    def _launch(self, port: int) -> None:
+        fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-s3-", suffix=".log")
+        cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(port)]
+        with os.fdopen(fd, "wb") as log:
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.port = port
+        atexit.register(self._kill)
+        request = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
+
+        def answers() -> bool:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                response.read()
+            return True
+
+        wait_until(
+            answers,
+            name=f"the local S3 server on {self.host}:{port}",
+            log=self.log_path,
+            timeout_s=self.startup_timeout_s,
+            processes=[self._proc],
+            not_yet=(OSError,),  # not listening yet
+            interval_s=0.05,
+            error=ObjectStoreError,
+        )
+
+    def stop(self) -> None:
+        """Stop the server (its objects are lost) and remove its log. Idempotent."""
+        had_process = self._proc is not None
+        self._kill()
+        if had_process and self.log_path:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
+        self.port = None
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._kill)
+        stop_process(proc, hard=True)  # its objects are discarded anyway
+
+    def __enter__(self) -> MotoS3:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
