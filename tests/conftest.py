@@ -69,13 +69,28 @@ def tansu_broker():
 
 
 @pytest.fixture(scope="session")
-def s3_store():
-    """moto's S3 server on 127.0.0.1 with a free port (``cdcflow_testkit.services.object_stores``);
-    each test writes its own prefix (``s3_store.warehouse_uri()``)."""
+def moto_s3():
+    """moto's S3 server on 127.0.0.1 with a free port (``cdcflow_testkit.services.object_stores``)."""
     from cdcflow_testkit.services.object_stores import MotoS3
 
     with MotoS3() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def s3proxy():
+    """S3Proxy (Maven Central's jar, Java) on 127.0.0.1 with a free port, in memory."""
+    from cdcflow_testkit.services.object_stores import S3Proxy
+
+    with S3Proxy() as server:
+        yield server
+
+
+@pytest.fixture(params=["moto", pytest.param("s3proxy", marks=pytest.mark.services)])
+def s3_store(request):
+    """Each S3 implementation the tests run on: moto's server and S3Proxy, so that a vendor
+    difference shows. Each test writes its own prefix (``s3_store.warehouse_uri()``)."""
+    return request.getfixturevalue("moto_s3" if request.param == "moto" else "s3proxy")
 
 
 @pytest.fixture(scope="session")

@@ -206,3 +206,16 @@ def test_an_unreachable_store_fails_the_probe_as_unreachable(s3_store):
         Storage("s3://cdcflow/wh", options).probe()
     assert info.value.kind == "unreachable"
     assert "check the store's endpoint" in info.value.message
+
+
+@pytest.mark.services
+def test_refused_credentials_fail_the_probe_as_permission(s3proxy):
+    """S3Proxy checks signatures (moto takes any key): a wrong secret is one line naming the
+    credentials."""
+    options = {**s3proxy.storage_options(), "aws_secret_access_key": "not-the-secret"}
+    with pytest.raises(StorageError) as info:
+        Storage(s3proxy.warehouse_uri(), options).probe()
+    assert info.value.kind == "permission"
+    assert "403 Forbidden" in info.value.message
+    assert "give the storage credentials" in info.value.message
+    assert "not-the-secret" not in info.value.message

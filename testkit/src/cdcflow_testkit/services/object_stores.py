@@ -1,6 +1,13 @@
 """Object-store servers on 127.0.0.1 for the tests: real servers, started like the brokers.
 
-:class:`MotoS3` is moto's S3 server (``python -m moto.server``, PyPI packages ``moto[s3]``,
+Two implementations of the S3 API, so that a vendor difference shows:
+
+- :class:`S3Proxy` is S3Proxy (gaul/s3proxy, Apache 2.0) 3.1.0, the runnable jar Maven
+  Central serves (``org.gaul:s3proxy:3.1.0:jar:jar-with-dependencies``, 93 MB, fetched
+  once into the test kit's cache by :func:`s3proxy_jar`), with its in-memory ``transient``
+  jclouds back end and AWS v2/v4 signatures checked against one key pair (a wrong secret
+  is refused, as on S3). It answers ``If-None-Match: *`` with 412 (measured).
+- :class:`MotoS3` is moto's S3 server (``python -m moto.server``, PyPI packages ``moto[s3]``,
 ``flask`` and ``flask-cors``) in a child process with a free port. It holds buckets in its
 memory: they outlive any number of restarts of the processes that use them (a tansu
 broker's ``s3://`` storage, a cdcflow run) and are gone after :meth:`MotoS3.stop`.
@@ -16,15 +23,36 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
-from cdcflow_testkit.services.process import ServiceError, free_port, stop_process, wait_until
+from cdcflow_testkit.services.maven import MavenError, cache_root, run_maven
+from cdcflow_testkit.services.process import (
+    ManagedProcess,
+    ServiceError,
+    free_port,
+    java_executable,
+    stop_process,
+    wait_until,
+)
 
-__all__ = ["MotoS3", "ObjectStoreError", "StorageUnavailable"]
+__all__ = [
+    "S3PROXY_VERSION",
+    "MotoS3",
+    "ObjectStoreError",
+    "S3Proxy",
+    "StorageUnavailable",
+    "s3proxy_jar",
+]
+
+#: S3Proxy's release: 3.1.0 runs on Java 17 (4.x needs a newer Java)
+S3PROXY_VERSION = "3.1.0"
 
 
 class ObjectStoreError(ServiceError):
@@ -213,3 +241,145 @@ class MotoS3:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def s3proxy_jar() -> Path:
+    """S3Proxy's runnable jar (module docstring), copied from Maven Central with ``mvn`` on
+    first use into the test kit's cache.
+
+    Raises:
+        MavenError: Maven is missing, or could not fetch the jar.
+    """
+    home = cache_root() / f"s3proxy-{S3PROXY_VERSION}"
+    jar = home / f"s3proxy-{S3PROXY_VERSION}-jar-with-dependencies.jar"
+    if jar.exists():
+        return jar
+    if shutil.which("mvn") is None:
+        raise MavenError("S3Proxy's jar is fetched with Maven: install it (apt-get install maven)")
+    home.mkdir(parents=True, exist_ok=True)
+    artifact = f"org.gaul:s3proxy:{S3PROXY_VERSION}:jar:jar-with-dependencies"
+    run_maven(
+        ["dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={home}"],
+        home / "fetch.log",
+        f"fetching {artifact}",
+    )
+    if not jar.exists():
+        raise MavenError(f"fetching {artifact} left no {jar}; log: {home / 'fetch.log'}")
+    return jar
+
+
+class S3Proxy(ManagedProcess):
+    """S3Proxy on 127.0.0.1 with a free port, in memory (module docstring).
+
+    Args:
+        bucket: the bucket created at start.
+        startup_timeout_s: how long to wait until it answers.
+
+    Attributes:
+        port: its port while running.
+    """
+
+    name = "S3Proxy"
+    log_name = "s3proxy.log"
+    stop_grace_s = 5.0
+    error = ObjectStoreError
+
+    access_key_id = "cdcflow"
+    secret_access_key = "cdcflow-s3proxy-secret"
+    region = "us-east-1"
+
+    def __init__(self, bucket: str = "cdcflow", startup_timeout_s: float = 60.0) -> None:
+        self.bucket = bucket
+        self.startup_timeout_s = startup_timeout_s
+        self.host = "127.0.0.1"
+        self.port: int | None = None
+        self._jar: Path | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:port`` of the running server."""
+        if self.port is None:
+            raise ObjectStoreError("S3Proxy is not started; call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options (cdcflow's ``storage:`` section) for this server."""
+        return {
+            "aws_endpoint_url": self.endpoint_url,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "aws_region": self.region,
+            "aws_allow_http": "true",
+        }
+
+    def warehouse_uri(self, name: str = "warehouse") -> str:
+        """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
+        return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
+
+    def start(self) -> S3Proxy:
+        """Fetch the jar (first use), start the server and create the bucket.
+
+        Raises:
+            MavenError: the jar cannot be fetched.
+            ObjectStoreError: the server did not answer within ``startup_timeout_s``.
+        """
+        self._jar = s3proxy_jar()
+        self.port = free_port(self.host)
+        super().start()
+        self.create_bucket(self.bucket)
+        return self
+
+    def _prepare(self, folder: str) -> None:
+        Path(folder, "s3proxy.conf").write_text(
+            f"s3proxy.endpoint={self.endpoint_url}\n"
+            "s3proxy.authorization=aws-v2-or-v4\n"
+            f"s3proxy.identity={self.access_key_id}\n"
+            f"s3proxy.credential={self.secret_access_key}\n"
+            "jclouds.provider=transient\n"
+            "s3proxy.ignore-unknown-headers=true\n"
+            f"jclouds.identity={self.access_key_id}\n"
+            f"jclouds.credential={self.secret_access_key}\n"
+        )
+
+    def _command(self, folder: str) -> list[str]:
+        assert self._jar is not None
+        heap = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+        return [java_executable(), *heap, "-jar", str(self._jar), "--properties", "s3proxy.conf"]
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint_url}/", timeout=2) as response:
+                response.read()
+        except urllib.error.HTTPError:
+            return True  # it answers (403: an unsigned request)
+        except OSError:
+            return False
+        return True
+
+    def create_bucket(self, name: str) -> None:
+        """Create the bucket ``name`` (a signed ``PUT /name``, through boto3).
+
+        Raises:
+            ObjectStoreError: the server refused it.
+        """
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region,
+        )
+        try:
+            client.create_bucket(Bucket=name)
+        except Exception as exc:  # botocore's ClientError and connection errors
+            raise ObjectStoreError(f"creating bucket {name!r} on S3Proxy: {exc}") from exc
+
+
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.object_stores: fetch S3Proxy
+    try:
+        print(s3proxy_jar())
+    except MavenError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)
