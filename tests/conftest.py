@@ -86,6 +86,15 @@ def s3proxy():
         yield server
 
 
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's Blob service (npm) on 127.0.0.1 with a free port, in memory."""
+    from cdcflow_testkit.services.object_stores import Azurite
+
+    with Azurite() as server:
+        yield server
+
+
 @pytest.fixture(params=["moto", pytest.param("s3proxy", marks=pytest.mark.services)])
 def s3_store(request):
     """Each S3 implementation the tests run on: moto's server and S3Proxy, so that a vendor
@@ -159,3 +168,16 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_exit_status[-1])
+
+
+@pytest.fixture(
+    params=[
+        "moto",
+        pytest.param("s3proxy", marks=pytest.mark.services),
+        pytest.param("azurite", marks=pytest.mark.services),
+    ]
+)
+def object_store(request):
+    """Each object-store server a warehouse is tested on: moto and S3Proxy (S3), Azurite
+    (Azure Blob); each has ``warehouse_uri()`` and ``storage_options()``."""
+    return request.getfixturevalue("moto_s3" if request.param == "moto" else request.param)

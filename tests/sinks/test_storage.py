@@ -167,8 +167,8 @@ def test_a_local_warehouse_lists_its_tables_and_is_deleted(tmp_path):
     assert not (tmp_path / "wh").exists()
 
 
-def test_a_warehouse_on_s3_lists_probes_and_is_deleted(s3_store):
-    uri, options = s3_store.warehouse_uri(), s3_store.storage_options()
+def test_a_warehouse_on_an_object_store_lists_probes_and_is_deleted(object_store):
+    uri, options = object_store.warehouse_uri(), object_store.storage_options()
     store = Storage(uri, options)
     assert store.folders() == [] and not store.exists()
     assert "put-if-absent commits work" in store.probe()

@@ -7,6 +7,13 @@ Two implementations of the S3 API, so that a vendor difference shows:
   once into the test kit's cache by :func:`s3proxy_jar`), with its in-memory ``transient``
   jclouds back end and AWS v2/v4 signatures checked against one key pair (a wrong secret
   is refused, as on S3). It answers ``If-None-Match: *`` with 412 (measured).
+And the other providers' emulators:
+
+- :class:`Azurite` is Microsoft's Azure Storage emulator (npm package ``azurite`` 3.37.0,
+  installed once into the test kit's cache by :func:`azurite_bin`), its Blob service in
+  memory; delta-rs reaches it through ``azure_storage_endpoint`` with the emulator's
+  well-known account key, and the container is made with ``azure-storage-blob``.
+
 - :class:`MotoS3` is moto's S3 server (``python -m moto.server``, PyPI packages ``moto[s3]``,
 ``flask`` and ``flask-cors``) in a child process with a free port. It holds buckets in its
 memory: they outlive any number of restarts of the processes that use them (a tansu
@@ -43,6 +50,9 @@ from cdcflow_testkit.services.process import (
 )
 
 __all__ = [
+    "AZURITE_VERSION",
+    "Azurite",
+    "azurite_bin",
     "S3PROXY_VERSION",
     "MotoS3",
     "ObjectStoreError",
@@ -53,6 +63,8 @@ __all__ = [
 
 #: S3Proxy's release: 3.1.0 runs on Java 17 (4.x needs a newer Java)
 S3PROXY_VERSION = "3.1.0"
+#: Azurite's release (npm)
+AZURITE_VERSION = "3.37.0"
 
 
 class ObjectStoreError(ServiceError):
@@ -81,9 +93,9 @@ class MotoS3:
             server fails to start).
     """
 
-    #: the credentials moto accepts (any), as the options and the environment give them
+    #: moto accepts any credentials; the secret is random per server, so that a test can
+    #: look for it where it must never appear
     access_key_id = "cdcflow"
-    secret_access_key = "cdcflow"
     region = "us-east-1"
 
     def __init__(
@@ -92,6 +104,7 @@ class MotoS3:
         self.host = host
         self.bucket = bucket
         self.startup_timeout_s = startup_timeout_s
+        self.secret_access_key = f"moto-secret-{uuid.uuid4().hex}"
         self.port: int | None = None
         self.log_path: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -281,15 +294,16 @@ class S3Proxy(ManagedProcess):
 
     name = "S3Proxy"
     log_name = "s3proxy.log"
-    stop_grace_s = 5.0
+    stop_grace_s = 1.0  # in memory: nothing to flush
     error = ObjectStoreError
 
     access_key_id = "cdcflow"
-    secret_access_key = "cdcflow-s3proxy-secret"
     region = "us-east-1"
 
     def __init__(self, bucket: str = "cdcflow", startup_timeout_s: float = 60.0) -> None:
         self.bucket = bucket
+        #: checked by S3Proxy; random per server, so that a test can look for it
+        self.secret_access_key = f"s3proxy-secret-{uuid.uuid4().hex}"
         self.startup_timeout_s = startup_timeout_s
         self.host = "127.0.0.1"
         self.port: int | None = None
@@ -377,9 +391,132 @@ class S3Proxy(ManagedProcess):
             raise ObjectStoreError(f"creating bucket {name!r} on S3Proxy: {exc}") from exc
 
 
-if __name__ == "__main__":  # python -m cdcflow_testkit.services.object_stores: fetch S3Proxy
+def azurite_bin() -> Path:
+    """Azurite's ``azurite-blob`` program, installed with ``npm`` on first use into the
+    test kit's cache.
+
+    Raises:
+        ObjectStoreError: npm is missing, or the install failed (its log is named).
+    """
+    home = cache_root() / f"azurite-{AZURITE_VERSION}"
+    program = home / "node_modules" / ".bin" / "azurite-blob"
+    if program.exists():
+        return program
+    if shutil.which("npm") is None:
+        raise ObjectStoreError("Azurite is installed with npm: install Node.js and npm")
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "install.log"
+    with open(log, "wb") as out:
+        done = subprocess.run(
+            ["npm", "install", "--prefix", str(home), "--no-audit", "--no-fund"]
+            + [f"azurite@{AZURITE_VERSION}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if done.returncode != 0 or not program.exists():
+        raise ObjectStoreError(f"npm install azurite@{AZURITE_VERSION} failed; log: {log}")
+    return program
+
+
+class Azurite(ManagedProcess):
+    """Azurite's Blob service on 127.0.0.1 with a free port, in memory (module docstring).
+
+    Args:
+        container: the container created at start.
+        startup_timeout_s: how long to wait until it answers.
+    """
+
+    name = "Azurite"
+    log_name = "azurite.log"
+    stop_grace_s = 1.0  # in memory: nothing to flush
+    error = ObjectStoreError
+
+    #: the emulator's well-known account and key (Azurite's documentation)
+    account = "devstoreaccount1"
+    account_key = (
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+    )
+
+    def __init__(self, container: str = "cdcflow", startup_timeout_s: float = 60.0) -> None:
+        self.container = container
+        self.startup_timeout_s = startup_timeout_s
+        self.host = "127.0.0.1"
+        self.port: int | None = None
+        self._program: Path | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """The account's Blob endpoint, ``http://127.0.0.1:port/devstoreaccount1``."""
+        if self.port is None:
+            raise ObjectStoreError("Azurite is not started; call start() first")
+        return f"http://{self.host}:{self.port}/{self.account}"
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options (cdcflow's ``storage:`` section) for this emulator."""
+        return {
+            "azure_storage_account_name": self.account,
+            "azure_storage_account_key": self.account_key,
+            "azure_storage_endpoint": self.endpoint_url,
+            "allow_http": "true",
+        }
+
+    def warehouse_uri(self, name: str = "warehouse") -> str:
+        """``abfss://<container>@<account>.dfs.core.windows.net/<random>/<name>``."""
+        return (
+            f"abfss://{self.container}@{self.account}.dfs.core.windows.net/"
+            f"{uuid.uuid4().hex}/{name}"
+        )
+
+    def start(self) -> Azurite:
+        """Install Azurite (first use), start it and create the container.
+
+        Raises:
+            ObjectStoreError: npm or the install failed, or it did not answer in time.
+        """
+        self._program = azurite_bin()
+        self.port = free_port(self.host)
+        super().start()
+        from azure.storage.blob import BlobServiceClient
+
+        connection = (
+            f"DefaultEndpointsProtocol=http;AccountName={self.account};"
+            f"AccountKey={self.account_key};BlobEndpoint={self.endpoint_url};"
+        )
+        try:
+            BlobServiceClient.from_connection_string(connection).create_container(self.container)
+        except Exception as exc:  # azure-core's HttpResponseError and connection errors
+            raise ObjectStoreError(f"creating container {self.container!r}: {exc}") from exc
+        return self
+
+    def _command(self, folder: str) -> list[str]:
+        assert self._program is not None and self.port is not None
+        return [
+            str(self._program),
+            "--inMemoryPersistence",
+            "--blobHost",
+            self.host,
+            "--blobPort",
+            str(self.port),
+            "--skipApiVersionCheck",  # delta-rs may speak a newer API version
+            "--silent",
+        ]
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint_url}?comp=list", timeout=2) as r:
+                r.read()
+        except urllib.error.HTTPError:
+            return True  # it answers (403: an unsigned request)
+        except OSError:
+            return False
+        return True
+
+
+if __name__ == "__main__":  # python -m cdcflow_testkit.services.object_stores: fetch them
     try:
         print(s3proxy_jar())
-    except MavenError as exc:
+        print(azurite_bin())
+    except (MavenError, ObjectStoreError) as exc:
         print(exc, file=sys.stderr)
         sys.exit(1)
