@@ -353,14 +353,22 @@ class Storage:
         return sorted(info.base_name for info in infos if info.type == pafs.FileType.Directory)
 
     def is_table(self, *parts: str) -> bool:
-        """Whether ``root/parts...`` holds a Delta table (a ``_delta_log`` folder with a
-        commit or a checkpoint in it).
+        """Whether ``root/parts...`` holds a Delta table: a ``_delta_log`` folder on local
+        disk; on a store, a commit or a checkpoint under ``_delta_log/`` (a store has no
+        empty folders).
 
         Raises:
             OSError: the store cannot be listed.
         """
         fs, base = self._filesystem()
         where = "/".join(p for p in (base, *parts, "_delta_log") if p)
+        if self.local:
+            return bool(fs.get_file_info(where).type == pafs.FileType.Directory)
+        # two HEADs answer for almost every table; a listing of its log only when a log
+        # clean-up removed the first commit and no checkpoint was written yet
+        first = [f"{where}/_last_checkpoint", f"{where}/{0:020d}.json"]
+        if any(info.is_file for info in fs.get_file_info(first)):
+            return True
         selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
         return any(
             info.base_name.endswith((".json", ".parquet")) for info in fs.get_file_info(selector)
