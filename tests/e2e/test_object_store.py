@@ -28,6 +28,7 @@ from cdcflow.runtime.runner import run
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.storage import Storage
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow_testkit.encoders import Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -56,7 +57,7 @@ def test_a_warehouse_on_s3_mirrors_its_source_through_a_restart_and_the_commands
 ):
     fmt = "debezium-json"
     s = Scenario(broker, fmt, seed=34)
-    s.produce(300)
+    s.produce(300, extra=[Message(key=b"bad", value=b"{not json")])  # one dead letter
     uri, options = s3_store.warehouse_uri(), s3_store.storage_options()
     secret = options["aws_secret_access_key"]  # random per server: never to be shown
     data = config_dict(tmp_path, broker, fmt, s.topic, s.options, batch=120)
@@ -104,6 +105,16 @@ def test_a_warehouse_on_s3_mirrors_its_source_through_a_restart_and_the_commands
     for out in (from_config, drawn):
         assert secret not in out.stdout + out.stderr
     assert f"{len(mirrors)} tables" in drawn.stdout
+
+    letters = _cli("dead-letters", "list", str(path), "--json")
+    assert letters.returncode == 0, letters.stderr
+    assert [(r["code"], r["count"]) for r in json.loads(letters.stdout)] == [("BAD_JSON", 1)]
+    replayed = _cli("dead-letters", "replay", str(path), "--yes")  # under the lease, on the store
+    assert replayed.returncode == 0, replayed.stderr
+    assert "1 dead letters -> 0 events; 1 dead letter (" in replayed.stdout  # failed again
+    resumed = _cli("resume", "--warehouse", uri, mirrors[0], env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{mirrors[0]}: not stopped" in resumed.stdout
 
     tables = warehouse_tables(wh)
     assert {f"{uri}/{m}" for m in mirrors} <= set(tables)

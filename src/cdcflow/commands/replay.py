@@ -280,6 +280,7 @@ def _events(
         dict(source.options),
         state_path=state.system_path("decoder_state"),
         state_key=identity,
+        storage_options=dict(config.storage) or None,
     )
     events = pa.Table.from_batches(list(decode(iter(table.to_batches()))), schema=EVENT_SCHEMA)
     if targets and events.num_rows:
