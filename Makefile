@@ -34,6 +34,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m cdcflow_testkit.services.kafka_connect postgres mariadb
 	$(BIN)/python -m cdcflow_testkit.services.apicurio
 	$(BIN)/python -m cdcflow_testkit.services.maxwell
+	$(BIN)/python -m cdcflow_testkit.services.object_stores
 	$(BIN)/python -m cdcflow_testkit.services.spark_cluster >/dev/null
 	@# Delta Lake's Spark jars (sink: delta-spark) into Maven's cache, where Spark's Ivy finds them
 	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0

@@ -69,6 +69,40 @@ def tansu_broker():
 
 
 @pytest.fixture(scope="session")
+def moto_s3():
+    """moto's S3 server on 127.0.0.1 with a free port (``cdcflow_testkit.services.object_stores``)."""
+    from cdcflow_testkit.services.object_stores import MotoS3
+
+    with MotoS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3proxy():
+    """S3Proxy (Maven Central's jar, Java) on 127.0.0.1 with a free port, in memory."""
+    from cdcflow_testkit.services.object_stores import S3Proxy
+
+    with S3Proxy() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's Blob service (npm) on 127.0.0.1 with a free port, in memory."""
+    from cdcflow_testkit.services.object_stores import Azurite
+
+    with Azurite() as server:
+        yield server
+
+
+@pytest.fixture(params=["moto", pytest.param("s3proxy", marks=pytest.mark.services)])
+def s3_store(request):
+    """Each S3 implementation the tests run on: moto's server and S3Proxy, so that a vendor
+    difference shows. Each test writes its own prefix (``s3_store.warehouse_uri()``)."""
+    return request.getfixturevalue("moto_s3" if request.param == "moto" else "s3proxy")
+
+
+@pytest.fixture(scope="session")
 def apache_kafka():
     """A real Apache Kafka broker (KRaft, one node) on 127.0.0.1 with free ports, from
     Maven Central's jars (``cdcflow_testkit.services.apache_kafka``)."""
@@ -134,3 +168,16 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_exit_status[-1])
+
+
+@pytest.fixture(
+    params=[
+        "moto",
+        pytest.param("s3proxy", marks=pytest.mark.services),
+        pytest.param("azurite", marks=pytest.mark.services),
+    ]
+)
+def object_store(request):
+    """Each object-store server a warehouse is tested on: moto and S3Proxy (S3), Azurite
+    (Azure Blob); each has ``warehouse_uri()`` and ``storage_options()``."""
+    return request.getfixturevalue("moto_s3" if request.param == "moto" else request.param)

@@ -123,7 +123,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     # deferred: deltalake (~0.6 s), only this command needs it, not --help
     from cdcflow.sinks.warehouse import DeltaWarehouse
 
-    warehouse = str(Path(args.warehouse).resolve())
+    warehouse = _warehouse_arg(args.warehouse)
     report = apply_files(
         args.format,
         args.files,
@@ -159,13 +159,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from cdcflow.sinks.system_tables import SYSTEM_FOLDER
     from cdcflow.sinks.warehouse import DeltaWarehouse
 
-    root = Path(args.warehouse).resolve()
-    if not (root / SYSTEM_FOLDER).is_dir():
+    root = _warehouse_arg(args.warehouse)
+    warehouse = DeltaWarehouse(root)
+    if not warehouse.storage.exists(SYSTEM_FOLDER):
         raise ConfigError(
             f"--warehouse {args.warehouse}: no cdcflow warehouse there (no {SYSTEM_FOLDER} "
             "folder); give the warehouse folder of the pipeline's configuration"
         )
-    warehouse = DeltaWarehouse(str(root))
     stopped = SchemaLog(warehouse).stopped()
     known = set(warehouse.mirrors()) | set(stopped)
     unknown = [t for t in args.tables if t not in known]
@@ -181,10 +181,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warehouse_of(args: argparse.Namespace, command: str) -> tuple[Any, str, str | None]:
-    """``CONFIG`` or ``--warehouse DIR`` of a read-only command: the loaded configuration
-    (``None`` with ``--warehouse``), the warehouse, and the pipeline (``None``: every
-    pipeline in the warehouse).
+def _warehouse_arg(warehouse: str) -> str:
+    """``--warehouse``: a local folder made absolute, a URI as given (its storage options
+    come from the provider's default chain: ``AWS_*``, ``AZURE_*``, ``GOOGLE_*``)."""
+    return warehouse if "://" in warehouse else str(Path(warehouse).resolve())
+
+
+def _warehouse_of(
+    args: argparse.Namespace, command: str
+) -> tuple[Any, str, str | None, dict[str, str]]:
+    """``CONFIG`` or ``--warehouse DIR|URI`` of a read-only command: the loaded
+    configuration (``None`` with ``--warehouse``), the warehouse, the pipeline (``None``:
+    every pipeline in the warehouse) and the warehouse's storage options.
 
     Raises:
         ConfigError: both or neither given; the configuration is invalid.
@@ -192,12 +200,12 @@ def _warehouse_of(args: argparse.Namespace, command: str) -> tuple[Any, str, str
     if (args.config is None) == (args.warehouse is None):
         raise ConfigError(f"cdcflow {command}: give CONFIG or --warehouse DIR (one of them)")
     if args.warehouse is not None:
-        return None, str(Path(args.warehouse).resolve()), None
+        return None, _warehouse_arg(args.warehouse), None, {}
     # deferred: pydantic, yaml and deltalake (~2 s), only this command needs it, not --help
     from cdcflow.config import load_config
 
     config = load_config(args.config)
-    return config, config.warehouse, config.pipeline_id
+    return config, config.warehouse, config.pipeline_id, dict(config.storage)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -207,10 +215,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     # deferred: deltalake (~1 s), only this command needs it, not --help
     from cdcflow.commands.status import describe, status
 
-    config, warehouse, pipeline_id = _warehouse_of(args, "status")
+    config, warehouse, pipeline_id, storage = _warehouse_of(args, "status")
     # the warehouse first: a folder without cdcflow tables is said at once, and the
     # brokers are asked only for partitions the warehouse has applied records of
-    found = status(warehouse, pipeline_id)
+    found = status(warehouse, pipeline_id, storage_options=storage)
     brokers: str | None = "give CONFIG to ask the brokers"
     if config is not None:
         if args.no_brokers:
@@ -244,7 +252,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
     if args.action == "replay":
         return _replay(args)
-    config, root, _ = _warehouse_of(args, "dead-letters")
+    config, root, _, storage = _warehouse_of(args, "dead-letters")
     topics, pattern = (args.topic or None), None
     if args.source:
         if config is None:
@@ -253,7 +261,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         topics = list(source.topics) + list(args.topic or ()) or None
         pattern = source.topic_pattern
     where = LetterFilter(topics=topics, topic_pattern=pattern, codes=args.code, stage=args.stage)
-    letters = read_letters(DeltaWarehouse(root), where)
+    letters = read_letters(DeltaWarehouse(root, storage_options=storage), where)
     if args.action == "list":
         rows = summary_rows(letters)
         if args.json:
@@ -309,8 +317,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     # deferred: deltalake (~1 s), only this command needs it, not --help
     from cdcflow.commands.report import write_report
 
-    _, warehouse, pipeline_id = _warehouse_of(args, "report")
-    done = write_report(warehouse, args.output, pipeline_id)
+    _, warehouse, pipeline_id, storage = _warehouse_of(args, "report")
+    done = write_report(warehouse, args.output, pipeline_id, storage_options=storage)
     print(
         f"{done.path}: {done.batches:,} micro-batches of {done.sources} source(s), "
         f"{done.tables} tables ({done.bytes / 1e6:.1f} MB)"

@@ -3,8 +3,9 @@
 Example (every key with its default where it has one)::
 
     pipeline_id: orders            # names the Delta application transactions
-    warehouse: ./warehouse         # Delta tables (local folder or delta-rs URI)
-    checkpoint: ./checkpoint       # the Spark checkpoint of the pipeline's one query
+    warehouse: ./warehouse         # Delta tables: a folder, s3://, abfss:// or gs:// (sinks/storage.py)
+    storage: {}                    # delta-rs's storage options of the warehouse, e.g. aws_endpoint_url
+    checkpoint: ./checkpoint       # the Spark checkpoint of the pipeline's one query (a folder)
     target_template: "{database}.{schema}.{table}"
     trigger: {processing_time: "1 second"}    # or: available_now   (cdcflow run --once forces it)
     sink: delta-rs                 # delta-rs (merges on the driver) | delta-spark (on the executors)
@@ -104,6 +105,7 @@ from cdcflow.formats import decoder_for, format_names
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
+from cdcflow.sinks.storage import check_storage_options, provider_of
 from cdcflow.source.kafka.options import FORBIDDEN_KAFKA_KEYS
 from cdcflow.source.starting_offsets import parse_starting_offsets
 from cdcflow.source.subscription import subscription, topic_named_twice
@@ -517,6 +519,8 @@ class PipelineConfig(_Strict):
 
     pipeline_id: str = "default"
     warehouse: str
+    #: delta-rs's storage options for the warehouse (:mod:`cdcflow.sinks.storage`)
+    storage: dict[str, str] = Field(default_factory=dict)
     checkpoint: str
     target_template: str = "{database}.{schema}.{table}"
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
@@ -528,6 +532,41 @@ class PipelineConfig(_Strict):
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     #: who merges the mirrors: ``delta-rs`` (the driver) or ``delta-spark`` (the executors)
     sink: Sink = "delta-rs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storage_spelling(cls, data: Any) -> Any:
+        # one spelling of a warehouse's options (decision 65); the others users may try
+        if isinstance(data, Mapping):
+            for other in ("storage_options", "warehouse_options", "object_store"):
+                if other in data:
+                    raise ValueError(
+                        f"{other}: unknown key; a warehouse's storage options go in the "
+                        "top-level storage: section (docs/configuration.md, storage)"
+                    )
+            if isinstance(data.get("warehouse"), Mapping):
+                raise ValueError(
+                    "warehouse: give one folder or URI (warehouse: s3://bucket/prefix); "
+                    "its options go in the top-level storage: section"
+                )
+            storage = data.get("storage")
+            if storage is not None and not isinstance(storage, Mapping):
+                raise ValueError("storage: give a mapping of delta-rs storage options (key: value)")
+            if isinstance(data.get("warehouse"), str):
+                try:
+                    provider_of(data["warehouse"])
+                    options = check_storage_options(data["warehouse"], storage or {})
+                except ConfigError as exc:
+                    raise ValueError(exc.message) from None
+                data = {**data, "storage": options}
+            checkpoint = data.get("checkpoint")
+            if isinstance(checkpoint, str) and "://" in checkpoint:
+                raise ValueError(
+                    f"checkpoint: {checkpoint.split('://')[0]}:// is not supported yet; give a "
+                    "local (or mounted) folder: the warehouse holds the applied offsets, so a "
+                    "lost checkpoint resumes where the warehouse is (decision 65)"
+                )
+        return data
 
     @field_validator("trigger", mode="before")
     @classmethod
@@ -570,6 +609,17 @@ class PipelineConfig(_Strict):
     def group_id(self) -> str:
         """The consumer group cdcflow commits its applied offsets to (monitoring only)."""
         return self.kafka.group_id or f"cdcflow-{self.pipeline_id}"
+
+    @model_validator(mode="after")
+    def _one_writer_engine(self) -> PipelineConfig:
+        if self.sink == "delta-spark" and provider_of(self.warehouse) != "local":
+            raise ValueError(
+                "sink: delta-spark writes only to a local (or mounted) warehouse: on an "
+                "object store every table is written by delta-rs, whose commits are "
+                "put-if-absent (Delta on Spark has no such log store on S3, delta-io/delta#3596); "
+                "use sink: delta-rs (decision 65)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _distinct_sources(self) -> PipelineConfig:

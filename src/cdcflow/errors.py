@@ -183,7 +183,8 @@ class StorageError(CdcflowError):
     Attributes:
         path: the table's folder or URI.
         target: the mirror's name, or ``None`` for a ``_cdcflow`` system table.
-        kind: ``full`` | ``read_only`` | ``permission`` | ``damaged`` | ``other``.
+        kind: ``full`` | ``read_only`` | ``permission`` | ``damaged`` | ``other`` |
+            ``conditional_put`` (the store overwrote a commit: :func:`cdcflow.sinks.storage.Storage.probe`).
         cause: the first line of the underlying error.
     """
 

@@ -36,11 +36,12 @@ MASK = "***"
 
 #: key names whose values are secrets (librdkafka's ``sasl.password``,
 #: ``ssl.key.password``, ``sasl.oauthbearer.client.secret``; the schema registry's
-#: ``basic.auth.user.info`` and ``bearer.auth.token``; S3's ``aws_secret_access_key``;
+#: ``basic.auth.user.info`` and ``bearer.auth.token``; S3's ``aws_secret_access_key``, Azure's
+#: ``azure_storage_account_key`` and ``azure_storage_sas_key``, GCS's ``google_service_account_key``;
 #: Spark's own ``spark.redaction.regex`` covers the same words)
 _SECRET_KEY = re.compile(
     r"password|passwd|secret|token|credential|jaas|user\.info|api[._-]?key|private[._-]?key"
-    r"|access[._-]?key",
+    r"|access[._-]?key|account[._-]?key|sas[._-]?key|service[._-]?account",
     re.IGNORECASE,
 )
 _REFERENCE = re.compile(r"\$(\$?)\{([^}]*)\}")

@@ -299,20 +299,10 @@ def test_racing_processes_never_both_hold_it(tmp_path):
 # --------------------------------------------------------------------------- object store
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto")
-    from cdcflow_testkit.services.broker import LocalS3
-
-    with LocalS3() as server:
-        options = {
-            "AWS_ENDPOINT_URL": server.endpoint_url,
-            "AWS_ACCESS_KEY_ID": "cdcflow",
-            "AWS_SECRET_ACCESS_KEY": "cdcflow",
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        }
-        yield f"s3://{server.bucket}", options
+@pytest.fixture
+def s3(s3_store):
+    """A bucket on each S3 implementation (moto, S3Proxy) and the options that reach it."""
+    return f"s3://{s3_store.bucket}", s3_store.storage_options()
 
 
 def test_s3_acquire_refuse_takeover_release(s3):
@@ -332,7 +322,18 @@ def test_s3_acquire_refuse_takeover_release(s3):
     assert _lease(root, storage_options=options).acquire().held
 
 
-def test_s3_racing_processes_never_both_hold_it(s3):
+#: a vendor difference the two S3 servers show (decision 65): S3Proxy answers
+#: ``If-None-Match: *`` with 412 when the object exists, but checks and writes apart, so
+#: two racers can both win (seen in round 4 of 10); moto's and AWS S3's are atomic
+S3PROXY_PUT_IF_ABSENT_NOT_ATOMIC = (
+    "S3Proxy 3.1.0 (transient back end) checks If-None-Match and writes non-atomically: "
+    "two racers can both commit one Delta version; not a store for cdcflow's lease"
+)
+
+
+def test_s3_racing_processes_never_both_hold_it(s3, s3_store, request):
+    if type(s3_store).__name__ == "S3Proxy":
+        request.applymarker(pytest.mark.xfail(reason=S3PROXY_PUT_IF_ABSENT_NOT_ATOMIC))
     bucket, options = s3
     root = f"{bucket}/{uuid.uuid4().hex}/warehouse"
     rounds = 10

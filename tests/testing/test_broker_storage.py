@@ -1,6 +1,6 @@
 """The embedded broker on durable storage: a restart keeps every record, offset and topic.
 
-tansu's ``s3://`` engine against a local S3 server (:class:`LocalS3`, moto) is the
+tansu's ``s3://`` engine against a local S3 server (:class:`~cdcflow_testkit.services.object_stores.MotoS3`, moto) is the
 durable storage this tansu build has (``postgres://`` is not compiled in; see the module
 docstring of ``cdcflow_testkit.services.broker``). The memory engine loses everything on restart,
 which is what makes the restart test meaningful.
@@ -17,8 +17,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cdcflow_testkit.encoders import Message
-from cdcflow_testkit.services import broker as broker_module
-from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker, LocalS3, StorageUnavailable
+from cdcflow_testkit.services import object_stores as object_stores_module
+from cdcflow_testkit.services.broker import BrokerError, EmbeddedBroker, StorageUnavailable
+from cdcflow_testkit.services.object_stores import MotoS3
 
 pytestmark = pytest.mark.kafka
 
@@ -138,7 +139,7 @@ def test_on_s3_the_high_watermark_is_the_first_batch_of_the_latest_second(s3_bro
 
 
 def test_the_local_s3_server_leaves_no_process_and_no_log():
-    server = LocalS3().start()
+    server = MotoS3().start()
     proc, log_path, port = server._proc, server.log_path, server.port
     assert server.running and log_path
     server.stop()
@@ -157,9 +158,9 @@ def test_stopping_the_broker_stops_its_storage():
 
 
 def test_missing_moto_is_a_clear_storage_error(monkeypatch):
-    real = broker_module.importlib.util.find_spec
+    real = object_stores_module.importlib.util.find_spec
     monkeypatch.setattr(
-        broker_module.importlib.util,
+        object_stores_module.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "moto" else real(name, *a),
     )

@@ -12,7 +12,6 @@ for pipelines run with ``--once``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,20 +36,19 @@ class MaintenanceReport:
 
 
 def warehouse_tables(warehouse: DeltaWarehouse) -> list[str]:
-    """Paths of every Delta table of a local warehouse: the mirrors, the system tables
-    and the history tables' change logs (the leases are left alone)."""
-    root = warehouse.root
+    """Paths of every Delta table of a warehouse, local or on an object store: the
+    mirrors, the system tables and the history tables' change logs (the leases are left
+    alone)."""
+    root, store = warehouse.root, warehouse.storage
     paths = [f"{root}/{name}" for name in warehouse.mirrors()]
-    system = os.path.join(root, SYSTEM_FOLDER)
-    if os.path.isdir(system):
-        for name in sorted(os.listdir(system)):
-            if name == LEASES:
-                continue
-            if name == HISTORY_LOG:
-                logs = os.path.join(system, name)
-                paths += [f"{system}/{name}/{t}" for t in sorted(os.listdir(logs))]
-            elif os.path.isdir(os.path.join(system, name, "_delta_log")):
-                paths.append(f"{system}/{name}")
+    for name in store.folders(SYSTEM_FOLDER):
+        if name == LEASES:
+            continue
+        if name == HISTORY_LOG:
+            logs = store.folders(SYSTEM_FOLDER, name)
+            paths += [f"{root}/{SYSTEM_FOLDER}/{name}/{t}" for t in logs]
+        elif store.is_table(SYSTEM_FOLDER, name):
+            paths.append(f"{root}/{SYSTEM_FOLDER}/{name}")
     return paths
 
 
@@ -65,8 +63,12 @@ def maintain(config: PipelineConfig | str | Path) -> MaintenanceReport:
     if not isinstance(config, PipelineConfig):
         config = load_config(config)
     report = MaintenanceReport()
-    with PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0):
-        warehouse = DeltaWarehouse(config.warehouse, pipeline_id=config.pipeline_id)
+    with PipelineLease(
+        config.warehouse, config.pipeline_id, storage_options=config.storage, renew_every_s=0
+    ):
+        warehouse = DeltaWarehouse(
+            config.warehouse, pipeline_id=config.pipeline_id, storage_options=config.storage
+        )
         policy = config.maintenance.policy()
         report.expired = expire(warehouse, policy.retention)  # first: compaction follows
         maintainer = Maintainer(warehouse, policy)

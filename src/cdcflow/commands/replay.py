@@ -102,7 +102,9 @@ def replay(
     if config.sink == "delta-spark":
         raise ConfigError("cdcflow dead-letters replay: sink delta-spark is not supported yet")
     chosen = [config.source_named(n) for n in sources] if sources else list(config.sources)
-    with PipelineLease(config.warehouse, config.pipeline_id) as lease:
+    with PipelineLease(
+        config.warehouse, config.pipeline_id, storage_options=config.storage
+    ) as lease:
 
         def fenced() -> None:
             if lease.lost:
@@ -122,7 +124,7 @@ def _replay_source(
 
     started = time.perf_counter()
     identity = f"{config.pipeline_id}.{source.name}"
-    wh = DeltaWarehouse(config.warehouse, pipeline_id=identity)
+    wh = DeltaWarehouse(config.warehouse, pipeline_id=identity, storage_options=config.storage)
     report = ReplayReport(source=identity)
     where = LetterFilter(topics=source.topics or None, topic_pattern=source.topic_pattern)
     letters = {_key(r): r for r in read_letters(wh, where).to_pylist()}
@@ -195,6 +197,7 @@ def _run(
     view = DeltaWarehouse(
         config.warehouse,
         pipeline_id=f"{identity}.replay.{generation}",
+        storage_options=config.storage,
         merge_engine=config.apply.merge_engine,
     )
     events, gone = _events(config, source, identity, view, rows)
@@ -270,12 +273,14 @@ def _events(
         },
         schema=ARROW_SCHEMA,
     )
-    state = DeltaWarehouse(config.warehouse, pipeline_id=identity)  # the source's own state
+    # the source's own state
+    state = DeltaWarehouse(config.warehouse, pipeline_id=identity, storage_options=config.storage)
     decode = DecodeFunction(
         source.format,
         dict(source.options),
         state_path=state.system_path("decoder_state"),
         state_key=identity,
+        storage_options=dict(config.storage) or None,
     )
     events = pa.Table.from_batches(list(decode(iter(table.to_batches()))), schema=EVENT_SCHEMA)
     if targets and events.num_rows:

@@ -33,7 +33,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -118,19 +118,21 @@ def write_report(
     output: str | Path,
     pipeline_id: str | None = None,
     *,
+    storage_options: Mapping[str, str] | None = None,
     max_batches: int = DEFAULT_MAX_BATCHES,
     now_ms: int | None = None,
 ) -> ReportSummary:
     """Write the HTML report of ``warehouse`` to ``output`` (replaced whole, atomically).
 
     Args:
-        warehouse: the warehouse folder (local; its ``_cdcflow`` tables are read with
+        warehouse: the warehouse folder or URI (its ``_cdcflow`` tables are read with
             delta-rs).
         output: the HTML file to write; its folder is created if missing.
         pipeline_id: only this pipeline's sources (``<pipeline_id>.<source>``) in the
             plots, and its lease (``None``: every pipeline in the warehouse). The tables
             and the dead letters by code are the whole warehouse's, as ``cdcflow status``
             lists them.
+        storage_options: delta-rs's storage options of a warehouse on an object store.
         max_batches: newest micro-batches per source to plot (older ones are left out and
             the page says how many).
         now_ms: the time the report is made, ms since the epoch (default: the wall clock).
@@ -146,8 +148,9 @@ def write_report(
         StorageError: a table cannot be read.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    st = status(warehouse, pipeline_id)  # raises ConfigError for a wrong folder
-    wh = DeltaWarehouse(warehouse)
+    # raises ConfigError for a wrong folder
+    st = status(warehouse, pipeline_id, storage_options=storage_options)
+    wh = DeltaWarehouse(warehouse, storage_options=storage_options)
     sources = _read_sources(wh, pipeline_id, max_batches)
     page = _page(st, sources, now_ms)
     path = Path(output)

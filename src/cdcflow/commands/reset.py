@@ -22,6 +22,7 @@ from cdcflow.config import PipelineConfig, load_config
 from cdcflow.errors import ConfigError
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint
 from cdcflow.sinks.lease import PipelineLease
+from cdcflow.sinks.storage import Storage
 
 __all__ = ["ResetPlan", "plan_reset", "reset"]
 
@@ -84,8 +85,7 @@ def plan_reset(
         warehouse: delete the warehouse too (only with every source).
 
     Raises:
-        ConfigError: an unknown source; ``warehouse`` with some sources only, or with a
-            warehouse that is not a local folder.
+        ConfigError: an unknown source; ``warehouse`` with some sources only.
     """
     config = _config(config)
     names = [s.name for s in config.sources]
@@ -106,14 +106,10 @@ def plan_reset(
     folders = tuple(f for f in candidates if f.exists())
     if not warehouse:
         return ResetPlan(folders, None, forgotten, query if forgotten else None)
-    if "://" in config.warehouse:
-        raise ConfigError(
-            f"--warehouse: {config.warehouse} is not a local folder; delete it with the "
-            "object store's own tools"
-        )
     if set(chosen) != set(names):
         raise ConfigError("--warehouse deletes the tables of every source: leave out --source")
-    return ResetPlan(folders, config.warehouse if Path(config.warehouse).exists() else None)
+    store = Storage(config.warehouse, config.storage)
+    return ResetPlan(folders, config.warehouse if store.exists() else None)
 
 
 def reset(
@@ -136,14 +132,16 @@ def reset(
     plan = plan_reset(config, sources, warehouse)
     if not plan.steps:
         return plan
-    lease = PipelineLease(config.warehouse, config.pipeline_id, renew_every_s=0)
+    lease = PipelineLease(
+        config.warehouse, config.pipeline_id, storage_options=config.storage, renew_every_s=0
+    )
     lease.acquire()
     for folder in plan.checkpoints:
         shutil.rmtree(folder, ignore_errors=True)
     if plan.forgotten and plan.query_checkpoint is not None:
         Checkpoint(str(plan.query_checkpoint)).forget(plan.forgotten)
     if plan.warehouse:
-        shutil.rmtree(plan.warehouse, ignore_errors=True)  # the lease goes with it
+        Storage(config.warehouse, config.storage).delete()  # the lease goes with it
     else:
         lease.release()
     return plan

@@ -13,7 +13,6 @@ and Databricks' pipeline event log are the models.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -212,13 +211,7 @@ def _dead_letters(wh: DeltaWarehouse) -> dict[str, int]:
 
 
 def _lease(wh: DeltaWarehouse, warehouse: str, pipeline_id: str | None) -> str:
-    folder = os.path.join(warehouse, SYSTEM_FOLDER, LEASES)
-    if pipeline_id is not None:
-        ids = [pipeline_id]
-    elif "://" not in warehouse and os.path.isdir(folder):
-        ids = sorted(os.listdir(folder))
-    else:
-        ids = []
+    ids = [pipeline_id] if pipeline_id is not None else wh.storage.folders(SYSTEM_FOLDER, LEASES)
     now_ms = int(time.time() * 1000)
     lines = []
     for pid in ids:

@@ -313,10 +313,16 @@ class Pipeline:
         mirrors merged by delta-rs or, with ``sink: delta-spark``, by Spark."""
         pipeline_id = f"{self.config.pipeline_id}.{source.name}"
         if self.config.sink == "delta-spark":
-            return SparkDeltaWarehouse(self.config.warehouse, self.spark, pipeline_id=pipeline_id)
+            return SparkDeltaWarehouse(
+                self.config.warehouse,
+                self.spark,
+                pipeline_id=pipeline_id,
+                storage_options=self.config.storage,
+            )
         return DeltaWarehouse(
             self.config.warehouse,
             pipeline_id=pipeline_id,
+            storage_options=self.config.storage,
             merge_engine=self.config.apply.merge_engine,
         )
 
@@ -360,11 +366,14 @@ class Pipeline:
             raw = read_stream(self.spark, options, engine="jvm" if jvm else "python")
             return raw.mapInArrow(DecodeByTopic(routing), spark_event_schema())
         # deferred: pyspark (~1 s); api and replay import this module without Spark
-        from cdcflow.source.changes import FORMAT, register
+        from cdcflow.source.changes import FORMAT, STORAGE_OPTION_PREFIX, register
 
         fused = {
             **options,
             "cdcflow.sources": dumps([r.as_json() for r in routing.routes]).decode(),
+            # the decoders read their state from the warehouse: its storage options, each an
+            # option of its own so that Spark's redaction (spark.redaction.regex) masks secrets
+            **{f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in self.config.storage.items()},
             "maxPartitions": str(self._read_tasks()),
         }
         if staging is not None:

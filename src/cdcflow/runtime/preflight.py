@@ -17,7 +17,12 @@ under the pipeline's lease before it starts Spark and ``cdcflow validate`` calls
   ``ConfigError`` naming both;
 * **the folders**: the warehouse and the checkpoint, when local, are created if needed and
   written once (a probe file, removed at once); one that cannot be written is a
-  :class:`~cdcflow.errors.StorageError` (exit 74).
+  :class:`~cdcflow.errors.StorageError` (exit 74);
+* **a warehouse on an object store**: listed, written, read, and two commits of one Delta
+  version made, of which the store must refuse the second (put-if-absent, what the lease
+  and exactly-once commits rely on): :meth:`~cdcflow.sinks.storage.Storage.probe`, in a
+  ``_cdcflow/probes/`` prefix deleted again; a failure is a ``StorageError`` (exit 74)
+  naming the step.
 
 Kafka Connect's ``PUT /connector-plugins/{name}/config/validate`` and Flink's job
 submission checks are the models: one answer per item, before any work.
@@ -29,12 +34,14 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdcflow.config import PipelineConfig
 from cdcflow.decode.batches import DecodeFunction
-from cdcflow.errors import CdcflowError, ConfigError, SourceError
+from cdcflow.errors import CdcflowError, ConfigError, SourceError, StorageError
 from cdcflow.sinks.faults import storage_error
+from cdcflow.sinks.storage import Storage
 from cdcflow.source.subscription import SourceTopics, Subscription
 
 __all__ = ["Check", "STARTUP_KEY", "preflight"]
@@ -74,7 +81,10 @@ def preflight(config: PipelineConfig, *, brokers: bool = True) -> list[Check]:
         source (its topics and partitions). After a failed ``kafka`` check the sources
         are not checked.
     """
-    checks = [_writable("warehouse", config.warehouse), _writable("checkpoint", config.checkpoint)]
+    checks = [
+        _writable("warehouse", config.warehouse, config.storage),
+        _writable("checkpoint", config.checkpoint),
+    ]
     if config.monitoring.prometheus_port is not None:
         checks.append(
             _listenable(config.monitoring.prometheus_host, config.monitoring.prometheus_port)
@@ -91,10 +101,14 @@ def raise_first_failure(checks: list[Check]) -> None:
             raise check.error
 
 
-def _writable(item: str, path: str) -> Check:
+def _writable(item: str, path: str, storage_options: Mapping[str, str] | None = None) -> Check:
     start = time.monotonic()
-    if "://" in path:  # an object store: delta-rs finds out at the first write
-        return Check(item, True, f"{path} (not checked: not a local folder)", 0.0)
+    if "://" in path:  # an object store (only a warehouse: the checkpoint is a folder)
+        try:
+            proven = Storage(path, storage_options or {}).probe()
+        except StorageError as refused:
+            return Check(item, False, refused.message, time.monotonic() - start, refused)
+        return Check(item, True, proven, time.monotonic() - start)
     probe = os.path.join(path, f".cdcflow-probe-{uuid.uuid4().hex}")
     try:
         os.makedirs(path, exist_ok=True)

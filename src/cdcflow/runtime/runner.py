@@ -71,7 +71,9 @@ def run(
     if not isinstance(config, PipelineConfig):
         config_path = str(config)
         config = load_config(config)
-    with PipelineLease(config.warehouse, config.pipeline_id) as lease:
+    with PipelineLease(
+        config.warehouse, config.pipeline_id, storage_options=config.storage
+    ) as lease:
         # the brokers, the topics and the folders, in seconds, before Spark's start
         raise_first_failure(preflight(config))
 

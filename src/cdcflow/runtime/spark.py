@@ -22,6 +22,12 @@ __all__ = [
 ]
 
 #: the application file for ``spark-submit`` (cdcflow's command line)
+#: what Spark masks in plans, the UI and logs: its default (secret|password|token|access.key)
+#: with the keys :func:`cdcflow.secrets.is_secret_key` names (storage options' among them)
+SPARK_REDACTION_REGEX = (
+    "(?i)secret|password|token|access[._-]?key|account[._-]?key|sas[._-]?key"
+    "|service[._-]?account|credential"
+)
 SUBMIT_MAIN = Path(__file__).parents[1] / "submit" / "cdcflow_main.py"
 
 #: Delta Lake's Spark jars for ``sink: delta-spark`` (the installed delta-spark's version,
@@ -106,6 +112,9 @@ def get_or_create_session(
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.driver.memory", os.environ.get("CDCFLOW_DRIVER_MEMORY", "4g"))
         .config("spark.python.worker.reuse", "true")
+        # Spark's default regex and the secrets of cdcflow's storage options (Azure's
+        # account and SAS keys, GCS's service account key: cdcflow.secrets)
+        .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
     )
     if delta_spark:
         from delta import configure_spark_with_delta_pip

@@ -9,6 +9,9 @@ the fix, and a ``kind`` that decides its reach (decision 25):
 
 - ``full``, ``read_only``: the volume refuses every write; the run stops (exit 74) and
   the micro-batch is applied again on the next run (nothing was completed);
+- ``unreachable`` (an object store that does not answer: connection refused, DNS, time-outs
+  after delta-rs's own retries), ``missing`` (no such bucket or container): no table can
+  escape either; the run stops (exit 74) as for ``full``;
 - ``permission``, ``damaged``, ``other``: a fault of that one table; a mirror with such a
   fault is stopped alone (:class:`~cdcflow.apply.batch.BatchApplier`), a ``_cdcflow``
   system table stops the run.
@@ -21,10 +24,10 @@ import re
 
 from cdcflow.errors import StorageError
 
-__all__ = ["GLOBAL_KINDS", "storage_error"]
+__all__ = ["GLOBAL_KINDS", "conditional_put_error", "storage_error"]
 
 #: kinds that no table can escape: the run stops instead of stopping tables one by one
-GLOBAL_KINDS = frozenset({"full", "read_only"})
+GLOBAL_KINDS = frozenset({"full", "read_only", "unreachable", "missing"})
 
 _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("full", re.compile(r"no space left on device|disk quota exceeded|os error (28|122)\b", re.I)),
@@ -32,7 +35,25 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "permission",
         re.compile(
-            r"permission denied|os error 13\b|operation not permitted|accessdenied|forbidden",
+            r"permission denied|os error 13\b|operation not permitted|accessdenied|forbidden"
+            r"|invalidaccesskeyid|signaturedoesnotmatch|authorizationfailure|authenticationfailed"
+            r"|403 forbidden|401 unauthorized",
+            re.I,
+        ),
+    ),
+    (
+        "missing",
+        re.compile(
+            r"nosuchbucket|containernotfound|bucket.{0,40}not (exist|found)"
+            r"|list request.{0,200}404 not found",
+            re.I,
+        ),
+    ),
+    (
+        "unreachable",
+        re.compile(
+            r"connection refused|error sending request|dns error|failed to lookup address"
+            r"|tcp connect error|connection reset|timed out|deadline has elapsed",
             re.I,
         ),
     ),
@@ -55,6 +76,19 @@ _FIXES = {
     "everything under it",
     "damaged": "its Delta log ({path}/_delta_log) is damaged: restore the table from a "
     "backup, or remove a last commit file that a crash left incomplete",
+    "other": "see the log above for the full error",
+}
+_FIXES["missing"] = "create the folder {path}, or correct the warehouse path"
+_FIXES["unreachable"] = "check that {path} is reachable from this machine, then run again"
+
+#: the fixes that differ for a warehouse on an object store (``s3://``, ``abfss://``, ``gs://``)
+_REMOTE_FIXES = {
+    "permission": "give the storage credentials (the storage: section, or the provider's "
+    "default chain) read, write, list and delete on {path}",
+    "missing": "create the bucket (or container) of {path}, or correct the warehouse URI",
+    "unreachable": "check the store's endpoint (storage: aws_endpoint_url, "
+    "azure_storage_endpoint, ...) and that it is reachable from this machine, then run "
+    "again; nothing is lost: an unfinished micro-batch is applied again from its Kafka offsets",
     "other": "see the log above for the full error",
 }
 
@@ -125,5 +159,34 @@ def storage_error(exc: BaseException, path: str, target: str | None = None) -> S
     cause = _first_line(exc)
     kind = _kind(exc, cause, path)
     where = f"table {target} ({path})" if target else path
-    message = f"{where}: {cause}. Fix: {_FIXES[kind].format(path=path)}"
+    fixes = _REMOTE_FIXES if "://" in path and kind in _REMOTE_FIXES else _FIXES
+    message = f"{where}: {cause}. Fix: {fixes[kind].format(path=path)}"
     return StorageError(message, path=path, target=target, kind=kind, cause=cause)
+
+
+def conditional_put_error(root: str, provider: str) -> StorageError:
+    """The store accepted a second commit of one Delta version (it overwrote the first):
+    it has no put-if-absent, so neither the lease nor exactly-once commits can hold.
+
+    Returns:
+        A one-line :class:`~cdcflow.errors.StorageError` of kind ``conditional_put``,
+        with the fix for ``provider`` (``s3``, ``azure``, ``gcs``, ``local``).
+    """
+    fixes = {
+        "s3": "an S3-compatible store must answer If-None-Match: * with 412 (AWS S3 does "
+        "since 2024; MinIO and Ceph need a recent release); MinIO's older releases take "
+        "storage: {aws_conditional_put: etag} (docs/configuration.md, storage)",
+        "azure": "check that the account is ADLS Gen2 or Blob storage and not a proxy "
+        "that drops If-None-Match",
+        "gcs": "check that no proxy drops the ifGenerationMatch precondition",
+        "local": "the file system must support hard links or renames that do not "
+        "replace (NFS and some FUSE mounts do not)",
+    }
+    cause = "a second commit of one table version was accepted"
+    return StorageError(
+        f"{root}: {cause}. Fix: {fixes.get(provider, fixes['s3'])}",
+        path=root,
+        target=None,
+        kind="conditional_put",
+        cause=cause,
+    )

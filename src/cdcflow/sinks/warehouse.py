@@ -23,7 +23,6 @@ Provenance Information"); docs/decisions.md.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +40,7 @@ from cdcflow.sinks.engines import MergeEngine
 from cdcflow.sinks.engines import merge_engine as named_engine
 from cdcflow.sinks.faults import storage_error
 from cdcflow.sinks.refresh import current
+from cdcflow.sinks.storage import Storage
 from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
     SCHEMA_CHANGES_SCHEMA,
@@ -383,15 +383,26 @@ class DeltaWarehouse:
         versions = {app: table.transaction_version(app) for app in app_ids}
         return {app: int(v) for app, v in versions.items() if v is not None}
 
+    @property
+    def storage(self) -> Storage:
+        """The warehouse's folder or prefix, to list (:mod:`cdcflow.sinks.storage`)."""
+        return Storage(self.root, self.storage_options)
+
     def mirrors(self) -> list[str]:
-        """Folders of the mirror tables (everything but the system folder)."""
-        if "://" in self.root or not os.path.isdir(self.root):
-            return []
-        return sorted(
-            d
-            for d in os.listdir(self.root)
-            if d != SYSTEM_FOLDER and os.path.isdir(os.path.join(self.root, d, "_delta_log"))
-        )
+        """Folders of the mirror tables (everything but the system folder), on local disk
+        and on object stores alike.
+
+        Raises:
+            StorageError: the warehouse cannot be listed (:mod:`cdcflow.sinks.faults`).
+        """
+        try:
+            return [
+                name
+                for name in self.storage.folders()
+                if name != SYSTEM_FOLDER and self.storage.is_table(name)
+            ]
+        except OSError as exc:
+            raise storage_error(exc, self.root, None) from exc
 
     def resume_table(self, target: str, by: str = "") -> None:
         """Let a table stopped by a schema change take changes again.

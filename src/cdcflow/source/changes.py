@@ -13,7 +13,9 @@ sources, :meth:`~cdcflow.source.subscription.SourceTopics.as_json`: each topic i
 the format of the source it belongs to), or for one format of every topic
 ``cdcflow.format`` (format identifier), ``cdcflow.formatOptions`` (the format's options as
 JSON, default ``{}``) and ``cdcflow.statePath``/``cdcflow.stateKey`` (where decoder state
-is persisted, see :meth:`cdcflow.formats.base.Decoder.state_items`).
+is persisted, see :meth:`cdcflow.formats.base.Decoder.state_items`); and
+``cdcflow.storage.<key>`` for each of the warehouse's storage options (the state's table
+may be on an object store).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ FORMAT = "cdcflow_changes"
 _FORMAT_OPTION = "cdcflow.format"
 _FORMAT_OPTIONS_OPTION = "cdcflow.formatoptions"  # Spark hands options over lower-cased
 _SOURCES_OPTION = "cdcflow.sources"
+#: ``cdcflow.storage.<key>``: the warehouse's storage options, for the decoders' state
+STORAGE_OPTION_PREFIX = "cdcflow.storage."
 
 
 def _staging(options: dict[str, Any]) -> str | None:
@@ -73,9 +77,17 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Subscription]:
     topic read (``cdcflow.format`` and its companions)."""
     kafka = {k: v for k, v in options.items() if not str(k).lower().startswith("cdcflow.")}
     own = {str(k).lower(): v for k, v in options.items() if str(k).lower().startswith("cdcflow.")}
+    storage = {
+        k.removeprefix(STORAGE_OPTION_PREFIX): str(v)
+        for k, v in own.items()
+        if k.startswith(STORAGE_OPTION_PREFIX)
+    }
     if own.get(_SOURCES_OPTION):
         try:
-            routes = [SourceTopics.from_json(r) for r in orjson.loads(own[_SOURCES_OPTION])]
+            routes = [
+                SourceTopics.from_json(r, storage_options=storage)
+                for r in orjson.loads(own[_SOURCES_OPTION])
+            ]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise ConfigError(f"option 'cdcflow.sources' is not a list of sources: {exc}") from exc
         return kafka, Subscription(routes)
@@ -93,6 +105,7 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Subscription]:
         format_options,
         state_path=own.get("cdcflow.statepath") or None,
         state_key=own.get("cdcflow.statekey") or "",
+        storage_options=storage or None,
     )
     return kafka, Subscription([SourceTopics(str(fmt), (), ".*", decode)])
 

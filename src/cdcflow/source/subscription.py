@@ -94,8 +94,11 @@ class SourceTopics:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SourceTopics:
-        """The inverse of :meth:`as_json`."""
+    def from_json(
+        cls, data: Mapping[str, Any], storage_options: Mapping[str, str] | None = None
+    ) -> SourceTopics:
+        """The inverse of :meth:`as_json`; ``storage_options`` (the warehouse's, for the
+        decoder's state) travel apart: they hold secrets."""
         return cls(
             name=str(data["name"]),
             topics=tuple(data.get("topics") or ()),
@@ -105,6 +108,7 @@ class SourceTopics:
                 dict(data.get("format_options") or {}),
                 state_path=data.get("state_path"),
                 state_key=str(data.get("state_key") or ""),
+                storage_options=dict(storage_options) if storage_options else None,
             ),
         )
 

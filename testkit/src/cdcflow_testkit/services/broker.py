@@ -4,7 +4,7 @@
 wheel on ``127.0.0.1`` with a free port, waits until it answers metadata requests, and
 kills it on exit (also on exceptions and at interpreter exit). Its storage is either
 ``memory`` (the default; everything is lost when the process ends) or ``s3``: a local
-S3-compatible server (:class:`LocalS3`, moto's server in a child process) that outlives
+S3-compatible server (:class:`~cdcflow_testkit.services.object_stores.MotoS3`, moto's server in a child process) that outlives
 the broker process, so :meth:`EmbeddedBroker.restart` stops and starts tansu on the same
 port and every topic, record and offset is still there.
 
@@ -36,23 +36,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
-import importlib.util
 import math
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cdcflow_testkit.services.object_stores import MotoS3, StorageUnavailable
 from cdcflow_testkit.services.process import ServiceError, free_port, stop_process, wait_until
 
-__all__ = ["BrokerError", "EmbeddedBroker", "LocalS3", "StorageUnavailable"]
+__all__ = ["BrokerError", "EmbeddedBroker", "StorageUnavailable"]
 
 # librdkafka client tuned to put many small messages into few large requests.
 _BULK_PRODUCER_CONFIG: dict[str, Any] = {
@@ -81,153 +79,6 @@ class BrokerError(ServiceError):
     """The embedded broker could not start, or a produce/admin request failed."""
 
     code = "BROKER_ERROR"
-
-
-class StorageUnavailable(BrokerError):
-    """The broker's durable storage cannot be started here (a package is missing)."""
-
-    code = "STORAGE_UNAVAILABLE"
-
-
-class LocalS3:
-    """A local S3-compatible object store for tansu's ``s3://`` storage engine.
-
-    moto's S3 server (``python -m moto.server``; packages ``moto[s3]``, ``flask`` and
-    ``flask-cors``) runs as a child process on ``host`` with a free port and holds one
-    bucket, ``tansu``. Its objects live in that process's memory: they outlive any number
-    of broker restarts and are gone after :meth:`stop`.
-
-    Args:
-        host: interface to listen on.
-        startup_timeout_s: how long to wait until the server has created the bucket.
-
-    Attributes:
-        port: TCP port while running, else ``None``.
-        log_path: file that receives the server's stdout and stderr (kept when the
-            server fails to start).
-    """
-
-    bucket = "tansu"
-
-    def __init__(self, host: str = "127.0.0.1", startup_timeout_s: float = 30.0) -> None:
-        self.host = host
-        self.startup_timeout_s = startup_timeout_s
-        self.port: int | None = None
-        self.log_path: str | None = None
-        self._proc: subprocess.Popen | None = None
-
-    @property
-    def running(self) -> bool:
-        """Whether the server process is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def endpoint_url(self) -> str:
-        """``http://host:port`` of the running server."""
-        if self.port is None:
-            raise BrokerError("the local S3 server is not started; call start() first")
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def storage_url(self) -> str:
-        """tansu's ``--storage-engine`` value: ``s3://tansu/``."""
-        return f"s3://{self.bucket}/"
-
-    def tansu_env(self) -> dict[str, str]:
-        """Environment variables that point tansu's S3 client at this server."""
-        return {
-            "AWS_ACCESS_KEY_ID": "cdcflow",
-            "AWS_SECRET_ACCESS_KEY": "cdcflow",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT": self.endpoint_url,
-            "AWS_ALLOW_HTTP": "true",
-        }
-
-    def start(self) -> LocalS3:
-        """Start the server and create the bucket.
-
-        Returns:
-            ``self``.
-
-        Raises:
-            StorageUnavailable: moto, flask or flask-cors is not installed.
-            BrokerError: the server exited or did not answer within
-                ``startup_timeout_s``; the message names its log file.
-        """
-        if self.running:
-            return self
-        missing = [
-            m for m in ("moto", "flask", "flask_cors") if importlib.util.find_spec(m) is None
-        ]
-        if missing:
-            raise StorageUnavailable(
-                f"the broker's s3 storage runs moto's S3 server, but {', '.join(missing)} "
-                f"is not installed in {sys.executable}; install it with "
-                "pip install 'moto[s3]' flask flask-cors (or pip install -e '.[test]')"
-            )
-        last_error: BrokerError | None = None
-        for _ in range(3):  # a free port can be taken before the server binds it
-            try:
-                self._launch(free_port(self.host))
-                return self
-            except BrokerError as exc:
-                last_error = exc
-                self._kill()
-            except BaseException:
-                self._kill()
-                raise
-        assert last_error is not None
-        raise last_error
-
-    def _launch(self, port: int) -> None:
-        fd, self.log_path = tempfile.mkstemp(prefix="cdcflow-s3-", suffix=".log")
-        cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(port)]
-        with os.fdopen(fd, "wb") as log:
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        self.port = port
-        atexit.register(self._kill)
-        request = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
-
-        def answers() -> bool:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                response.read()
-            return True
-
-        wait_until(
-            answers,
-            name=f"the local S3 server on {self.host}:{port}",
-            log=self.log_path,
-            timeout_s=self.startup_timeout_s,
-            processes=[self._proc],
-            not_yet=(OSError,),  # not listening yet
-            interval_s=0.05,
-            error=BrokerError,
-        )
-
-    def stop(self) -> None:
-        """Stop the server (its objects are lost) and remove its log. Idempotent."""
-        had_process = self._proc is not None
-        self._kill()
-        if had_process and self.log_path:
-            with contextlib.suppress(OSError):
-                os.remove(self.log_path)
-        self.port = None
-
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(Exception):
-            atexit.unregister(self._kill)
-        stop_process(proc, hard=True)  # its objects are discarded anyway
-
-    def __enter__(self) -> LocalS3:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def _as_message(item: Any) -> tuple[bytes | None, bytes | None, list | None, int | None]:
@@ -273,7 +124,7 @@ class EmbeddedBroker:
         keep_log: keep the broker's log file after :meth:`stop` (it is always kept
             when the broker fails to start).
         storage: ``"memory"`` (lost when the process ends) or ``"s3"`` (a
-            :class:`LocalS3` server that this broker starts, keeps across
+            :class:`~cdcflow_testkit.services.object_stores.MotoS3` server that this broker starts, keeps across
             :meth:`restart` and stops in :meth:`stop`).
 
     Subclasses start other brokers behind the same interface
@@ -284,7 +135,7 @@ class EmbeddedBroker:
     Attributes:
         bootstrap_servers: ``"host:port"`` for ``bootstrap.servers``.
         log_path: file that receives the broker's stdout and stderr (across restarts).
-        object_store: the :class:`LocalS3` server with ``storage="s3"``, else ``None``.
+        object_store: the :class:`~cdcflow_testkit.services.object_stores.MotoS3` server with ``storage="s3"``, else ``None``.
 
     Raises:
         ValueError: ``storage`` is not ``"memory"`` or ``"s3"``.
@@ -315,7 +166,7 @@ class EmbeddedBroker:
         self.keep_log = keep_log
         self.log_path: str | None = None
         self.storage = storage
-        self.object_store = LocalS3(host) if storage == "s3" else None
+        self.object_store = MotoS3(host, bucket="tansu") if storage == "s3" else None
         self._proc: subprocess.Popen | None = None
         self._binary_path: str | None = None
         self._admin: Any = None
