@@ -38,7 +38,7 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m cdcflow_testkit.services.spark_cluster >/dev/null
 	@# Delta Lake's Spark jars (sink: delta-spark) into Maven's cache, where Spark's Ivy finds them
 	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0
-	$(BIN)/python -m pytest --durations=50
+	$(BIN)/python tests/run_suite.py
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka nor Java services
 	@command -v chromium >/dev/null || { echo "installing Chromium and ChromeDriver (Debian packages chromium, chromium-driver) for the report's browser test"; apt-get install -y -q chromium chromium-driver >/dev/null; } || { echo "make test needs Chromium: apt-get install chromium chromium-driver"; exit 1; }
