@@ -118,6 +118,26 @@ def broker(tansu_broker):
     return tansu_broker
 
 
+#: fixtures that make a test need a mark (``make test`` splits its lanes by marks:
+#: tests/run_suite.py), added here so that no test lands in the wrong lane
+_FIXTURE_MARKS = {
+    "spark": "spark",
+    "broker": "kafka",
+    "tansu_broker": "kafka",
+    "apache_kafka": "kafka",
+    "s3proxy": "services",
+    "azurite": "services",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & _FIXTURE_MARKS.keys():
+            if item.get_closest_marker(_FIXTURE_MARKS[fixture]) is None:
+                item.add_marker(_FIXTURE_MARKS[fixture])
+
+
 _exit_status: list[int] = []
 
 #: the whole suite's budget in seconds (`make test` from a fresh clone, issue 33's target)
