@@ -251,6 +251,10 @@ _KEYS: dict[Provider, frozenset[str]] = {
 }
 
 
+#: the probe's retries (:meth:`Storage.probe`), delta-rs's keys
+PROBE_RETRIES = {"max_retries": "2", "retry_timeout": "10s"}
+
+
 def provider_of(uri: str, key: str = "warehouse") -> Provider:
     """The provider a warehouse URI or folder is on.
 
@@ -420,10 +424,16 @@ class Storage:
         """
         name = f"_cdcflow/probes/{secrets.token_hex(8)}"
         path = f"{self.root}/{name}"
-        options = dict(self.options) or None
+        # answer in seconds, not after delta-rs's 10 retries over up to 180 s (an
+        # unreachable endpoint); the user's own retry settings win
+        options: dict[str, str] | None = None
+        quick = self
+        if not self.local:
+            options = {**PROBE_RETRIES, **self.options}
+            quick = Storage(self.root, options)
         step = "list"
         try:
-            self.folders()
+            quick.folders()
             step = "write"
             DeltaTable.create(path, pa.schema([("unused", pa.string())]), storage_options=options)
             step = "read"
@@ -453,7 +463,7 @@ class Storage:
         finally:
             # a probe left behind is harmless; the next probe uses another name
             with contextlib.suppress(OSError):
-                self._delete_prefix(name)
+                quick._delete_prefix(name)
         return f"{self.root}: list, write, read and put-if-absent commits work"
 
     def _delete_prefix(self, name: str) -> None:
