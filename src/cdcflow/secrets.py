@@ -30,7 +30,14 @@ from typing import Any, TypeVar
 
 from cdcflow.errors import ConfigError
 
-__all__ = ["MASK", "RedactedDict", "is_secret_key", "redact", "resolve_references"]
+__all__ = [
+    "MASK",
+    "SECRET_KEY_PATTERN",
+    "RedactedDict",
+    "is_secret_key",
+    "redact",
+    "resolve_references",
+]
 
 MASK = "***"
 
@@ -38,12 +45,12 @@ MASK = "***"
 #: ``ssl.key.password``, ``sasl.oauthbearer.client.secret``; the schema registry's
 #: ``basic.auth.user.info`` and ``bearer.auth.token``; S3's ``aws_secret_access_key``, Azure's
 #: ``azure_storage_account_key`` and ``azure_storage_sas_key``, GCS's ``google_service_account_key``;
-#: Spark's own ``spark.redaction.regex`` covers the same words)
-_SECRET_KEY = re.compile(
+#: cdcflow's Spark sessions mask the same words: ``runtime/spark.py``)
+SECRET_KEY_PATTERN = (
     r"password|passwd|secret|token|credential|jaas|user\.info|api[._-]?key|private[._-]?key"
-    r"|access[._-]?key|account[._-]?key|sas[._-]?key|service[._-]?account",
-    re.IGNORECASE,
+    r"|access[._-]?key|account[._-]?key|sas[._-]?key|service[._-]?account"
 )
+_SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.IGNORECASE)
 _REFERENCE = re.compile(r"\$(\$?)\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -10,6 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from cdcflow.secrets import SECRET_KEY_PATTERN
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -21,13 +23,11 @@ __all__ = [
     "get_or_create_session",
 ]
 
+#: what Spark masks in plans, the UI and logs: the words whose values cdcflow masks
+#: (:func:`cdcflow.secrets.is_secret_key`: Spark's default secret|password|token|access.key,
+#: and the storage options' account, SAS and service-account keys)
+SPARK_REDACTION_REGEX = f"(?i){SECRET_KEY_PATTERN}"
 #: the application file for ``spark-submit`` (cdcflow's command line)
-#: what Spark masks in plans, the UI and logs: its default (secret|password|token|access.key)
-#: with the keys :func:`cdcflow.secrets.is_secret_key` names (storage options' among them)
-SPARK_REDACTION_REGEX = (
-    "(?i)secret|password|token|access[._-]?key|account[._-]?key|sas[._-]?key"
-    "|service[._-]?account|credential"
-)
 SUBMIT_MAIN = Path(__file__).parents[1] / "submit" / "cdcflow_main.py"
 
 #: Delta Lake's Spark jars for ``sink: delta-spark`` (the installed delta-spark's version,
@@ -112,8 +112,6 @@ def get_or_create_session(
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.driver.memory", os.environ.get("CDCFLOW_DRIVER_MEMORY", "4g"))
         .config("spark.python.worker.reuse", "true")
-        # Spark's default regex and the secrets of cdcflow's storage options (Azure's
-        # account and SAS keys, GCS's service account key: cdcflow.secrets)
         .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
     )
     if delta_spark:

@@ -76,10 +76,10 @@ _FIXES = {
     "everything under it",
     "damaged": "its Delta log ({path}/_delta_log) is damaged: restore the table from a "
     "backup, or remove a last commit file that a crash left incomplete",
+    "missing": "create the folder {path}, or correct the warehouse path",
+    "unreachable": "check that {path} is reachable from this machine, then run again",
     "other": "see the log above for the full error",
 }
-_FIXES["missing"] = "create the folder {path}, or correct the warehouse path"
-_FIXES["unreachable"] = "check that {path} is reachable from this machine, then run again"
 
 #: the fixes that differ for a warehouse on an object store (``s3://``, ``abfss://``, ``gs://``)
 _REMOTE_FIXES = {
@@ -89,7 +89,6 @@ _REMOTE_FIXES = {
     "unreachable": "check the store's endpoint (storage: aws_endpoint_url, "
     "azure_storage_endpoint, ...) and that it is reachable from this machine, then run "
     "again; nothing is lost: an unfinished micro-batch is applied again from its Kafka offsets",
-    "other": "see the log above for the full error",
 }
 
 

@@ -37,6 +37,7 @@ import secrets
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -336,13 +337,19 @@ class Storage:
         """Whether the warehouse is a folder of this machine's file system."""
         return self.provider == "local"
 
+    @cached_property
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
-        """A pyarrow file system and the root's path in it."""
+        """A pyarrow file system and the root's path in it (made once per instance)."""
         if self.local:
             path = urlsplit(self.root).path if self.root.startswith("file://") else self.root
             return pafs.LocalFileSystem(), path
         handler = DeltaStorageHandler(self.root, dict(self.options) or None)
         return pafs.PyFileSystem(handler), ""
+
+    def _at(self, *parts: str) -> tuple[pafs.FileSystem, str]:
+        """The file system and the path of ``root/parts...`` in it."""
+        fs, base = self._filesystem
+        return fs, "/".join(p for p in (base, *parts) if p)
 
     def folders(self, *parts: str) -> list[str]:
         """Names of the folders right under ``root/parts...`` (sorted; none when absent).
@@ -350,8 +357,7 @@ class Storage:
         Raises:
             OSError: the store cannot be listed (unreachable, permission denied).
         """
-        fs, base = self._filesystem()
-        where = "/".join(p for p in (base, *parts) if p)
+        fs, where = self._at(*parts)
         selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
         infos = fs.get_file_info(selector)
         return sorted(info.base_name for info in infos if info.type == pafs.FileType.Directory)
@@ -364,8 +370,7 @@ class Storage:
         Raises:
             OSError: the store cannot be listed.
         """
-        fs, base = self._filesystem()
-        where = "/".join(p for p in (base, *parts, "_delta_log") if p)
+        fs, where = self._at(*parts, "_delta_log")
         if self.local:
             return bool(fs.get_file_info(where).type == pafs.FileType.Directory)
         # two HEADs answer for almost every table; a listing of its log only when a log
@@ -384,8 +389,7 @@ class Storage:
         Raises:
             OSError: the store cannot be listed.
         """
-        fs, base = self._filesystem()
-        where = "/".join(p for p in (base, *parts) if p)
+        fs, where = self._at(*parts)
         if self.local:
             return bool(fs.get_file_info(where).type != pafs.FileType.NotFound)
         # an object store has no folders: a prefix exists when something is under it
@@ -398,10 +402,10 @@ class Storage:
         Raises:
             OSError: the store refused a deletion.
         """
+        fs, where = self._at()
         if self.local:
-            shutil.rmtree(self._filesystem()[1], ignore_errors=True)
+            shutil.rmtree(where, ignore_errors=True)
             return
-        fs, _ = self._filesystem()
         # entry by entry: deltalake 1.6's handler lacks delete_root_dir_contents
         for info in fs.get_file_info(pafs.FileSelector("", recursive=False, allow_not_found=True)):
             if info.type == pafs.FileType.Directory:
@@ -467,6 +471,5 @@ class Storage:
         return f"{self.root}: list, write, read and put-if-absent commits work"
 
     def _delete_prefix(self, name: str) -> None:
-        fs, base = self._filesystem()
-        where = "/".join(p for p in (base, name) if p)
+        fs, where = self._at(name)
         fs.delete_dir(where)

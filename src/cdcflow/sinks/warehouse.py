@@ -27,6 +27,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -383,7 +384,7 @@ class DeltaWarehouse:
         versions = {app: table.transaction_version(app) for app in app_ids}
         return {app: int(v) for app, v in versions.items() if v is not None}
 
-    @property
+    @cached_property
     def storage(self) -> Storage:
         """The warehouse's folder or prefix, to list (:mod:`cdcflow.sinks.storage`)."""
         return Storage(self.root, self.storage_options)
@@ -395,11 +396,10 @@ class DeltaWarehouse:
         Raises:
             StorageError: the warehouse cannot be listed (:mod:`cdcflow.sinks.faults`).
         """
+        store = self.storage
         try:
             return [
-                name
-                for name in self.storage.folders()
-                if name != SYSTEM_FOLDER and self.storage.is_table(name)
+                name for name in store.folders() if name != SYSTEM_FOLDER and store.is_table(name)
             ]
         except OSError as exc:
             raise storage_error(exc, self.root, None) from exc

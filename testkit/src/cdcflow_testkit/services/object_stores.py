@@ -79,7 +79,56 @@ class StorageUnavailable(ObjectStoreError):
     code = "STORAGE_UNAVAILABLE"
 
 
-class MotoS3:
+class _S3Endpoint:
+    """What both S3 servers give a test: the endpoint, delta-rs's storage options (the
+    keys of cdcflow's ``storage:`` section) and a fresh prefix of the bucket. The secret is
+    random per server, so that a test can look for it where it must never appear."""
+
+    #: names the server in "not started" errors
+    server_name = "the S3 server"
+    access_key_id = "cdcflow"
+    region = "us-east-1"
+    host: str
+    port: int | None
+    bucket: str
+    secret_access_key: str
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://host:port`` of the running server."""
+        if self.port is None:
+            raise ObjectStoreError(f"{self.server_name} is not started; call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options for this server (``aws_conditional_put`` left to
+        delta-rs's default: both servers answer ``If-None-Match: *`` with 412)."""
+        return {
+            "aws_endpoint_url": self.endpoint_url,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "aws_region": self.region,
+            "aws_allow_http": "true",
+        }
+
+    def warehouse_uri(self, name: str = "warehouse") -> str:
+        """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
+        return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
+
+
+def _answers(url: str) -> bool:
+    """Whether an HTTP server answers at ``url`` (any status: an unsigned request is 403)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            response.read()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class MotoS3(_S3Endpoint):
     """moto's S3 server as a child process on ``host`` (see the module docstring).
 
     Args:
@@ -93,10 +142,7 @@ class MotoS3:
             server fails to start).
     """
 
-    #: moto accepts any credentials; the secret is random per server, so that a test can
-    #: look for it where it must never appear
-    access_key_id = "cdcflow"
-    region = "us-east-1"
+    server_name = "the local S3 server"  # moto accepts any credentials
 
     def __init__(
         self, host: str = "127.0.0.1", bucket: str = "cdcflow", startup_timeout_s: float = 30.0
@@ -115,34 +161,9 @@ class MotoS3:
         return self._proc is not None and self._proc.poll() is None
 
     @property
-    def endpoint_url(self) -> str:
-        """``http://host:port`` of the running server."""
-        if self.port is None:
-            raise ObjectStoreError("the local S3 server is not started; call start() first")
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def storage_url(self) -> str:
         """tansu's ``--storage-engine`` value: ``s3://<bucket>/``."""
         return f"s3://{self.bucket}/"
-
-    def storage_options(self) -> dict[str, str]:
-        """delta-rs's storage options (cdcflow's ``storage:`` section) for this server.
-
-        ``aws_conditional_put`` is left to delta-rs's default: moto answers
-        ``If-None-Match: *`` with 412 as S3 does.
-        """
-        return {
-            "aws_endpoint_url": self.endpoint_url,
-            "aws_access_key_id": self.access_key_id,
-            "aws_secret_access_key": self.secret_access_key,
-            "aws_region": self.region,
-            "aws_allow_http": "true",
-        }
-
-    def warehouse_uri(self, name: str = "warehouse") -> str:
-        """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
-        return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
 
     def tansu_env(self) -> dict[str, str]:
         """Environment variables that point tansu's S3 client at this server."""
@@ -281,7 +302,7 @@ def s3proxy_jar() -> Path:
     return jar
 
 
-class S3Proxy(ManagedProcess):
+class S3Proxy(_S3Endpoint, ManagedProcess):
     """S3Proxy on 127.0.0.1 with a free port, in memory (module docstring).
 
     Args:
@@ -296,9 +317,7 @@ class S3Proxy(ManagedProcess):
     log_name = "s3proxy.log"
     stop_grace_s = 1.0  # in memory: nothing to flush
     error = ObjectStoreError
-
-    access_key_id = "cdcflow"
-    region = "us-east-1"
+    server_name = "S3Proxy"
 
     def __init__(self, bucket: str = "cdcflow", startup_timeout_s: float = 60.0) -> None:
         self.bucket = bucket
@@ -308,27 +327,6 @@ class S3Proxy(ManagedProcess):
         self.host = "127.0.0.1"
         self.port: int | None = None
         self._jar: Path | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        """``http://127.0.0.1:port`` of the running server."""
-        if self.port is None:
-            raise ObjectStoreError("S3Proxy is not started; call start() first")
-        return f"http://{self.host}:{self.port}"
-
-    def storage_options(self) -> dict[str, str]:
-        """delta-rs's storage options (cdcflow's ``storage:`` section) for this server."""
-        return {
-            "aws_endpoint_url": self.endpoint_url,
-            "aws_access_key_id": self.access_key_id,
-            "aws_secret_access_key": self.secret_access_key,
-            "aws_region": self.region,
-            "aws_allow_http": "true",
-        }
-
-    def warehouse_uri(self, name: str = "warehouse") -> str:
-        """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
-        return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
 
     def start(self) -> S3Proxy:
         """Fetch the jar (first use), start the server and create the bucket.
@@ -361,14 +359,7 @@ class S3Proxy(ManagedProcess):
         return [java_executable(), *heap, "-jar", str(self._jar), "--properties", "s3proxy.conf"]
 
     def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.endpoint_url}/", timeout=2) as response:
-                response.read()
-        except urllib.error.HTTPError:
-            return True  # it answers (403: an unsigned request)
-        except OSError:
-            return False
-        return True
+        return _answers(f"{self.endpoint_url}/")
 
     def create_bucket(self, name: str) -> None:
         """Create the bucket ``name`` (a signed ``PUT /name``, through boto3).
@@ -503,14 +494,7 @@ class Azurite(ManagedProcess):
         ]
 
     def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.endpoint_url}?comp=list", timeout=2) as r:
-                r.read()
-        except urllib.error.HTTPError:
-            return True  # it answers (403: an unsigned request)
-        except OSError:
-            return False
-        return True
+        return _answers(f"{self.endpoint_url}?comp=list")
 
 
 if __name__ == "__main__":  # python -m cdcflow_testkit.services.object_stores: fetch them
