@@ -68,7 +68,9 @@ FORMATS = embedded_formats()
 KNOWN_CODES = frozenset(Code)
 CASES = Path(__file__).parent / "cases"
 
-#: A batch of a few small records taking longer than this is a hang.
+#: A batch of a few small records using more CPU time than this is a hang. CPU time, not
+#: wall time: ``make test`` runs this lane at ``nice 10`` beside Spark, and a wall clock
+#: once read 7.8 s for a batch that uses 0.01 s of CPU (CI of stop 38).
 HANG_SECONDS = 5.0
 MB = 1024 * 1024
 
@@ -176,7 +178,7 @@ def check(
     Args:
         decoder: a fresh decoder.
         records: records with distinct origins.
-        hang_seconds: the longest ``decode_batch`` may take.
+        hang_seconds: the most CPU time ``decode_batch`` may use.
 
     Returns:
         The decode result, for further checks.
@@ -184,10 +186,12 @@ def check(
     origins = [r.origin for r in records]
     assert len(set(origins)) == len(origins), "test bug: records need distinct origins"
     by_origin = {r.origin: r for r in records}
-    started = time.perf_counter()
+    started = time.process_time()
     result = decoder.decode_batch(records)
-    elapsed = time.perf_counter() - started
-    assert elapsed < hang_seconds, f"decode_batch took {elapsed:.1f} s for {len(records)} records"
+    elapsed = time.process_time() - started
+    assert elapsed < hang_seconds, (
+        f"decode_batch used {elapsed:.1f} s of CPU for {len(records)} records"
+    )
 
     # every record ends exactly once as decoded, skipped or dead-lettered
     assert result.records == len(records)
