@@ -65,7 +65,7 @@ def test_an_unknown_librdkafka_setting_is_named_at_once(tmp_path):
     [kafka] = [c for c in checks if c.item == "kafka"]
     assert not kafka.ok and isinstance(kafka.error, ConfigError)
     assert kafka.detail.startswith("kafka.options: librdkafka has no setting 'sasl.pasword'")
-    assert took < 2, took
+    assert took < 10, took  # no wait for the brokers: the start-up budget is 30 s
 
 
 def test_unreachable_brokers_fail_within_the_startup_timeout(tmp_path):
