@@ -105,6 +105,7 @@ from cdcflow.formats import decoder_for, format_names
 from cdcflow.secrets import RedactedDict, redact, resolve_references
 from cdcflow.sinks.maintenance import MaintenancePolicy
 from cdcflow.sinks.retention import RetentionPolicy
+from cdcflow.sinks.s3a import check_checkpoint_options, checkpoint_on_store
 from cdcflow.sinks.storage import check_storage_options, provider_of
 from cdcflow.source.kafka.options import FORBIDDEN_KAFKA_KEYS
 from cdcflow.source.starting_offsets import parse_starting_offsets
@@ -559,12 +560,13 @@ class PipelineConfig(_Strict):
                     raise ValueError(exc.message) from None
                 data = {**data, "storage": options}
             checkpoint = data.get("checkpoint")
-            if isinstance(checkpoint, str) and "://" in checkpoint:
-                raise ValueError(
-                    f"checkpoint: {checkpoint.split('://')[0]}:// is not supported yet; give a "
-                    "local (or mounted) folder: the warehouse holds the applied offsets, so a "
-                    "lost checkpoint resumes where the warehouse is (decision 65)"
-                )
+            if isinstance(checkpoint, str) and checkpoint_on_store(checkpoint):
+                try:  # Spark's checkpoint on S3 takes the warehouse's options (S3A)
+                    check_checkpoint_options(
+                        checkpoint, str(data.get("warehouse")), data.get("storage") or {}
+                    )
+                except ConfigError as exc:
+                    raise ValueError(exc.message) from None
         return data
 
     @field_validator("trigger", mode="before")

@@ -112,7 +112,17 @@ def test_the_configuration_takes_the_storage_section_and_redacts_its_secrets():
         ({"storage_options": {}}, r"storage_options: unknown key; .* top-level storage:"),
         ({"warehouse": {"uri": "s3://x/y"}}, r"warehouse: give one folder or URI"),
         ({"storage": "aws_region=x"}, r"storage: give a mapping"),
-        ({"checkpoint": "s3a://lake/ck"}, r"checkpoint: s3a:// is not supported yet"),
+        ({"checkpoint": "gs://lake/ck"}, r"checkpoint: gs:// is not supported for Spark's "),
+        (
+            {"checkpoint": "s3://lake/ck", "warehouse": "/tmp/wh"},
+            r"checkpoint: an s3:// checkpoint takes the warehouse's storage: options, so the "
+            r"warehouse must be on S3 too \(it is '/tmp/wh'\)",
+        ),
+        (
+            {"checkpoint": "s3://lake/ck", "storage": {"aws_role_arn": "arn:aws:iam::1:role/r"}},
+            r"storage.aws_role_arn: Spark's checkpoint on S3 \(Hadoop S3A\) is not given this "
+            r"option; set the matching spark.hadoop.fs.s3a.\* setting yourself",
+        ),
         (
             {"sink": "delta-spark"},
             r"sink: delta-spark writes only to a local .* delta-io/delta#3596",

@@ -13,7 +13,6 @@ pipeline is never pulled from under (``LeaseHeld``, exit 75).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,17 +38,18 @@ class ResetPlan:
             reset), with that checkpoint's folder.
     """
 
-    checkpoints: tuple[Path, ...]
+    checkpoints: tuple[Checkpoint, ...]
     warehouse: str | None
     forgotten: tuple[str, ...] = ()
-    query_checkpoint: Path | None = None
+    query_checkpoint: Checkpoint | None = None
 
     @property
     def steps(self) -> list[str]:
         """One line per deletion."""
-        out = [f"delete checkpoint {f}" for f in self.checkpoints]
+        out = [f"delete checkpoint {c.path}" for c in self.checkpoints]
+        where = self.query_checkpoint.path if self.query_checkpoint else None
         out += [
-            f"start source {name} over in checkpoint {self.query_checkpoint} (the other "
+            f"start source {name} over in checkpoint {where} (the other "
             "sources keep their positions)"
             for name in self.forgotten
         ]
@@ -93,17 +93,17 @@ def plan_reset(
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         raise ConfigError(f"--source {unknown[0]!r} is not a source of the pipeline: {names}")
-    root = Path(config.checkpoint)
-    query = root / QUERY_FOLDER
+    query = Checkpoint.of(config, QUERY_FOLDER)
     every = set(chosen) == set(names)
-    candidates = [root / name for name in chosen]  # per-source folders before 0.4
+    # the per-source folders of cdcflow before 0.4
+    candidates = [Checkpoint.of(config, name) for name in chosen]
     forgotten: tuple[str, ...] = ()
     if every:
         candidates.insert(0, query)
     elif query.exists():
-        held = Checkpoint(str(query)).fingerprints() or {}
+        held = query.fingerprints() or {}
         forgotten = tuple(name for name in chosen if name in held)
-    folders = tuple(f for f in candidates if f.exists())
+    folders = tuple(c for c in candidates if c.exists())
     if not warehouse:
         return ResetPlan(folders, None, forgotten, query if forgotten else None)
     if set(chosen) != set(names):
@@ -136,10 +136,10 @@ def reset(
         config.warehouse, config.pipeline_id, storage_options=config.storage, renew_every_s=0
     )
     lease.acquire()
-    for folder in plan.checkpoints:
-        shutil.rmtree(folder, ignore_errors=True)
+    for checkpoint in plan.checkpoints:
+        checkpoint.restart()
     if plan.forgotten and plan.query_checkpoint is not None:
-        Checkpoint(str(plan.query_checkpoint)).forget(plan.forgotten)
+        plan.query_checkpoint.forget(plan.forgotten)
     if plan.warehouse:
         Storage(config.warehouse, config.storage).delete()  # the lease goes with it
     else:

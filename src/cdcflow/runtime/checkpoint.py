@@ -22,13 +22,12 @@ so a deleted checkpoint loses nothing: the next run starts from the warehouse's 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from cdcflow.errors import ConfigError
+from cdcflow.sinks.storage import Storage
 
 __all__ = ["Checkpoint", "Fingerprint", "QUERY_FOLDER"]
 
@@ -75,25 +74,47 @@ class Fingerprint:
 
 
 class Checkpoint:
-    """The checkpoint folder of a streaming query (local paths only).
+    """The checkpoint folder of a streaming query, in a folder or on S3.
 
     Args:
-        path: the folder (``<checkpoint>/_query``; before 0.4 ``<checkpoint>/<source>``).
+        path: the folder or URI (``<checkpoint>/_query``; before 0.4
+            ``<checkpoint>/<source>``).
+        storage_options: delta-rs's options to reach a URI (the ``storage:`` section).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.path = path
+        self.store = Storage(path, storage_options or {})
         #: :meth:`_first_read`'s answer, once read or written: only this run writes it
         #: (it holds the pipeline's lease), so :meth:`delivered` reads no file per batch
         self._read_state: tuple[bool, int | None] | None = None
         #: source -> the first micro-batch that delivered one of its records
         self._source_reads: dict[str, int] | None = None
 
+    @classmethod
+    def of(cls, config: Any, folder: str = QUERY_FOLDER) -> Checkpoint:
+        """``folder`` of a ``PipelineConfig``'s ``checkpoint`` (a URI gets the ``storage:``
+        options)."""
+        root = str(config.checkpoint).rstrip("/")
+        options = config.storage if "://" in root else None
+        return cls(f"{root}/{folder}", options)
+
     def _batches(self, sub: str) -> list[int]:
-        folder = os.path.join(self.path, sub)
-        if not os.path.isdir(folder):
-            return []
-        return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
+        return sorted(int(n) for n in self.store.names(sub) if n.isdigit())
+
+    def _read_json(self, *parts: str) -> Any:
+        return json.loads(self.store.read_bytes(*parts))
+
+    def exists(self) -> bool:
+        """Whether anything was written to the checkpoint.
+
+        On S3 the empty marker objects S3A writes for folders (keys ending in ``/``) do
+        not count: delta-rs's object store cannot name them, so :meth:`restart` leaves
+        them behind (they hold nothing and cost nothing to keep).
+        """
+        if self.store.local:
+            return self.store.exists()
+        return self.store.holds_data()
 
     def committed_batches(self) -> list[int]:
         """Spark's micro-batch ids that finished (``commits/``)."""
@@ -113,8 +134,7 @@ class Checkpoint:
 
     def _load_read(self) -> tuple[bool, int | None]:
         try:
-            with open(os.path.join(self.path, READ_FILE), encoding="utf-8") as f:
-                data = json.load(f)
+            data = self._read_json(READ_FILE)
             first = data.get("first_batch_with_records")
             sources = data.get("sources")
         except FileNotFoundError:
@@ -126,12 +146,9 @@ class Checkpoint:
         return True, first if isinstance(first, int) else None
 
     def _write_read(self, first: int | None) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        tmp = os.path.join(self.path, READ_FILE + ".tmp")
         sources = self._source_reads or {}
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"first_batch_with_records": first, "sources": sources}, f)
-        os.replace(tmp, os.path.join(self.path, READ_FILE))
+        data = {"first_batch_with_records": first, "sources": sources}
+        self.store.write_bytes(json.dumps(data).encode(), READ_FILE)
         self._read_state = (True, first)
 
     def track_reads(self) -> None:
@@ -173,11 +190,7 @@ class Checkpoint:
         if tracked:
             return first is None or first > committed[-1]
         try:
-            with open(
-                os.path.join(self.path, "offsets", str(committed[-1])), encoding="utf-8"
-            ) as f:
-                lines = [line for line in f.read().splitlines()[2:] if line.strip()]
-            sources = [json.loads(line) for line in lines]
+            sources = self._offsets(committed[-1])
         except (OSError, ValueError):
             return False
         for offsets in sources:
@@ -198,8 +211,7 @@ class Checkpoint:
         """The recorded fingerprints by source (``None``: none written, e.g. by cdcflow
         before 0.3). A checkpoint of cdcflow before 0.4 holds one source's."""
         try:
-            with open(os.path.join(self.path, FINGERPRINT_FILE), encoding="utf-8") as f:
-                data = json.load(f)
+            data = self._read_json(FINGERPRINT_FILE)
             entries = data.get("sources", [data])
             found = {}
             for entry in entries:
@@ -250,12 +262,10 @@ class Checkpoint:
         return True
 
     def _write_fingerprints(self, fingerprints: Sequence[Fingerprint]) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        tmp = os.path.join(self.path, FINGERPRINT_FILE + ".tmp")
         entries = [{**asdict(fp), "topics": list(fp.topics)} for fp in fingerprints]
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"sources": entries}, f, indent=1)
-        os.replace(tmp, os.path.join(self.path, FINGERPRINT_FILE))
+        self.store.write_bytes(
+            json.dumps({"sources": entries}, indent=1).encode(), FINGERPRINT_FILE
+        )
 
     def forget(self, sources: Sequence[str]) -> list[str]:
         """Drop ``sources`` from the fingerprints, so the next run starts the checkpoint
@@ -274,13 +284,9 @@ class Checkpoint:
         if not committed:
             return {}
         try:
-            with open(
-                os.path.join(self.path, "offsets", str(committed[-1])), encoding="utf-8"
-            ) as f:
-                lines = [line for line in f.read().splitlines()[2:] if line.strip()]
             out: dict[tuple[str, int], int] = {}
-            for line in lines:
-                for topic, partitions in json.loads(line).items():
+            for offsets in self._offsets(committed[-1]):
+                for topic, partitions in offsets.items():
                     for partition, offset in partitions.items():
                         if isinstance(offset, int) and offset >= 0:
                             out[(str(topic), int(partition))] = offset
@@ -288,9 +294,14 @@ class Checkpoint:
         except (OSError, ValueError, AttributeError, TypeError):
             return {}
 
+    def _offsets(self, batch_id: int) -> list[Any]:
+        """The end offsets of micro-batch ``batch_id``: one JSON value per source, after
+        Spark's two header lines of ``offsets/<id>``."""
+        text = self.store.read_bytes("offsets", str(batch_id)).decode()
+        return [json.loads(line) for line in text.splitlines()[2:] if line.strip()]
+
     def restart(self) -> None:
         """Delete the checkpoint: the query starts over from ``startingOffsets``."""
-        if os.path.isdir(self.path):
-            shutil.rmtree(self.path)
+        self.store.delete()
         self._read_state = None
         self._source_reads = None

@@ -41,12 +41,14 @@ from cdcflow.decode.batches import DecodeFunction
 from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.model import dumps
-from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint, Fingerprint
+from cdcflow.runtime.checkpoint import Checkpoint, Fingerprint
+from cdcflow.runtime.hadoop import hadoop_uri, use_checkpoint_store
 from cdcflow.runtime.metrics import Metrics
 from cdcflow.runtime.progress import ProgressReporter, attach, detach
 from cdcflow.runtime.spark import get_or_create_session, workers_import_cdcflow
 from cdcflow.sinks.delta_spark import SparkDeltaWarehouse, delta_spark_ready
 from cdcflow.sinks.maintenance import ExpiryClock
+from cdcflow.sinks.s3a import checkpoint_on_store
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.source.group_offsets import GroupOffsets
 from cdcflow.source.starting_offsets import EARLIEST, LATEST
@@ -286,7 +288,10 @@ class Pipeline:
                 app_name=f"cdcflow-{config.pipeline_id}",
                 delta_spark=config.sink == "delta-spark",
                 ui=config.monitoring.spark_ui,
+                checkpoint_on_s3=checkpoint_on_store(config.checkpoint),
             )
+        if checkpoint_on_store(config.checkpoint):
+            use_checkpoint_store(spark, config.checkpoint, config.storage)
         if config.sink == "delta-spark" and not delta_spark_ready(spark):
             raise ConfigError(
                 "sink: delta-spark needs Delta Lake's Spark jars and session extension: "
@@ -399,7 +404,10 @@ class Pipeline:
         master = self.spark.sparkContext.master
         if not master.startswith("local"):
             return None
-        return os.path.join(self.checkpoint().path, "staging")
+        checkpoint = self.checkpoint()
+        if not checkpoint.store.local:
+            return None  # the staged files are local: they travel through Spark instead
+        return os.path.join(checkpoint.path, "staging")
 
     def _applier(self, source: SourceConfig) -> BatchApplier:
         return applier_for(
@@ -456,7 +464,7 @@ class Pipeline:
         writer = (
             decoded.writeStream.queryName(f"cdcflow-{self.config.pipeline_id}")
             .foreachBatch(apply_batch)
-            .option("checkpointLocation", checkpoint.path)
+            .option("checkpointLocation", hadoop_uri(checkpoint.path))
         )
         if once or self.config.trigger.available_now:
             writer = writer.trigger(availableNow=True)
@@ -611,7 +619,7 @@ class Pipeline:
 
     def checkpoint(self) -> Checkpoint:
         """The pipeline query's checkpoint (``<checkpoint>/_query``)."""
-        return Checkpoint(os.path.join(self.config.checkpoint, QUERY_FOLDER))
+        return Checkpoint.of(self.config)
 
     def _prepare(
         self, appliers: dict[str, BatchApplier], options: dict, routing: Subscription
@@ -697,8 +705,8 @@ class Pipeline:
         """
         out: dict[tuple[str, int], int] = {}
         for source in self.config.sources:
-            old = Checkpoint(os.path.join(self.config.checkpoint, source.name))
-            if not os.path.isdir(old.path) or old.is_new():
+            old = Checkpoint.of(self.config, source.name)
+            if old.is_new():
                 continue
             found = (old.fingerprints() or {}).get(source.name)
             if found is not None and found != self.fingerprint(source):

@@ -83,7 +83,7 @@ def preflight(config: PipelineConfig, *, brokers: bool = True) -> list[Check]:
     """
     checks = [
         _writable("warehouse", config.warehouse, config.storage),
-        _writable("checkpoint", config.checkpoint),
+        _writable("checkpoint", config.checkpoint, config.storage),
     ]
     if config.monitoring.prometheus_port is not None:
         checks.append(
@@ -103,9 +103,10 @@ def raise_first_failure(checks: list[Check]) -> None:
 
 def _writable(item: str, path: str, storage_options: Mapping[str, str] | None = None) -> Check:
     start = time.monotonic()
-    if "://" in path:  # an object store (only a warehouse: the checkpoint is a folder)
+    if "://" in path:  # an object store: Delta's commits for a warehouse, files for Spark's
+        store = Storage(path, storage_options or {})
         try:
-            proven = Storage(path, storage_options or {}).probe()
+            proven = store.probe() if item == "warehouse" else store.probe_files(item)
         except StorageError as refused:
             return Check(item, False, refused.message, time.monotonic() - start, refused)
         return Check(item, True, proven, time.monotonic() - start)

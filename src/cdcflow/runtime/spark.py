@@ -10,7 +10,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from cdcflow.config import load_config
+from cdcflow.runtime.hadoop import HADOOP_AWS_PACKAGE
 from cdcflow.secrets import SECRET_KEY_PATTERN
+from cdcflow.sinks.s3a import checkpoint_on_store
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ def get_or_create_session(
     master: str | None = None,
     delta_spark: bool = False,
     ui: bool = False,
+    checkpoint_on_s3: bool = False,
 ):
     """A SparkSession tuned for a small machine (cdcflow's data sources are registered
     where they are used: :class:`~cdcflow.runtime.pipeline.Pipeline`, :func:`cdcflow.source.kafka.datasource.read_stream`).
@@ -80,6 +84,9 @@ def get_or_create_session(
             when the session starts. Ignored by a session that is already running.
         ui: Spark's web UI (``monitoring.spark_ui``); off by default, as it costs memory
             and a port. Ignored by a session that is already running.
+        checkpoint_on_s3: with Hadoop's S3A connector (:data:`~cdcflow.runtime.hadoop.HADOOP_AWS_PACKAGE`,
+            fetched like Delta's jars), for a checkpoint on S3 (:mod:`cdcflow.runtime.hadoop`).
+            Ignored by a session that is already running.
 
     Returns:
         ``pyspark.sql.SparkSession``.
@@ -114,6 +121,9 @@ def get_or_create_session(
         .config("spark.python.worker.reuse", "true")
         .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
     )
+    packages = [HADOOP_AWS_PACKAGE] if checkpoint_on_s3 else []
+    if packages and not delta_spark:
+        builder = builder.config("spark.jars.packages", ",".join(packages))
     if delta_spark:
         from delta import configure_spark_with_delta_pip
 
@@ -129,23 +139,26 @@ def get_or_create_session(
             # more than the merge on 2 cores
             .config("spark.databricks.delta.snapshotPartitions", "2")
             # what Spark ships itself (newer) is not fetched again beside Delta's jars
-            .config("spark.jars.excludes", ",".join(PROVIDED_BY_SPARK))
+            .config("spark.jars.excludes", ",".join(PROVIDED_BY_SPARK)),
+            extra_packages=packages,
         )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
 
 
-def delta_submit_args() -> list[str]:
+def delta_submit_args(checkpoint_on_s3: bool = False) -> list[str]:
     """The ``spark-submit`` arguments that give a cdcflow run the ``delta-spark`` sink:
     Delta Lake's jars (without the dependencies Spark already ships, which also spares
-    copying them to every executor) and its session extension and catalog."""
+    copying them to every executor) and its session extension and catalog; with
+    ``checkpoint_on_s3``, Hadoop's S3A connector too (:mod:`cdcflow.runtime.hadoop`)."""
     # deferred: deltalake (~0.6 s), only for a session with Delta
     from cdcflow.sinks.delta_spark import DELTA_EXTENSION
 
+    packages = [DELTA_PACKAGE, *([HADOOP_AWS_PACKAGE] if checkpoint_on_s3 else [])]
     return [
         "--packages",
-        DELTA_PACKAGE,
+        ",".join(packages),
         "--exclude-packages",
         ",".join(PROVIDED_BY_SPARK),
         "--conf",
@@ -155,11 +168,17 @@ def delta_submit_args() -> list[str]:
     ]
 
 
+def _main(argv: list[str]) -> str:
+    """``python -m cdcflow.runtime.spark [CONFIG]``: the spark-submit arguments of a run
+    (of CONFIG's, when given: its checkpoint on S3 adds the S3A connector), then the
+    application file, so that ``spark-submit --master URL $(python -m cdcflow.runtime.spark
+    pipeline.yaml) run pipeline.yaml`` runs cdcflow."""
+    on_s3 = bool(argv) and checkpoint_on_store(load_config(argv[0]).checkpoint)
+    return " ".join([*delta_submit_args(on_s3), str(SUBMIT_MAIN)])
+
+
 if __name__ == "__main__":
-    # python -m cdcflow.runtime.spark: the spark-submit arguments of a delta-spark run, then the
-    # application file, so that `spark-submit --master URL $(python -m cdcflow.runtime.spark) run
-    # pipeline.yaml` runs cdcflow
-    print(" ".join([*delta_submit_args(), str(SUBMIT_MAIN)]))
+    print(_main(sys.argv[1:]))
 
 
 def workers_import_cdcflow(spark: Any) -> None:

@@ -33,6 +33,7 @@ writer does, with the same options.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
 from collections.abc import Mapping
@@ -396,22 +397,128 @@ class Storage:
         selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
         return bool(fs.get_file_info(selector))
 
-    def delete(self) -> None:
-        """Delete the warehouse: its folder, or every object under its prefix.
+    def holds_data(self, *parts: str) -> bool:
+        """Whether a non-empty file lies anywhere under ``root/parts...`` (lists it all).
+
+        Raises:
+            OSError: the store cannot be listed.
+        """
+        fs, where = self._at(*parts)
+        selector = pafs.FileSelector(where, recursive=True, allow_not_found=True)
+        return any(info.is_file and info.size for info in fs.get_file_info(selector))
+
+    def names(self, *parts: str) -> list[str]:
+        """Names of the files and folders right under ``root/parts...`` (sorted; none when
+        absent).
+
+        Raises:
+            OSError: the store cannot be listed.
+        """
+        fs, where = self._at(*parts)
+        selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
+        return sorted({info.base_name for info in fs.get_file_info(selector)} - {""})
+
+    def read_bytes(self, *parts: str) -> bytes:
+        """The whole file at ``root/parts...``.
+
+        Raises:
+            FileNotFoundError: nothing is there.
+            OSError: the store cannot be read.
+        """
+        fs, where = self._at(*parts)
+        with fs.open_input_stream(where) as f:
+            return bytes(f.read())
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Write the file at ``root/parts...`` whole: a reader sees the old file or the new
+        one, never a part (a folder's file is written beside it and renamed; an object is
+        one PUT).
+
+        Raises:
+            OSError: the store or the disk refused the write.
+        """
+        fs, where = self._at(*parts)
+        if self.local:
+            os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
+            tmp = f"{where}.{secrets.token_hex(4)}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, where)
+            return
+        # delta-rs's Python file system hands its Rust writer pyarrow buffers, which it
+        # refuses (deltalake 1.6): the Rust handler's stream takes bytes
+        handler = DeltaStorageHandler(self.root, dict(self.options) or None)
+        stream = handler._handler.open_output_stream(where, None)
+        stream.write(bytes(data))
+        stream.close()  # type: ignore[attr-defined]  # the stub lacks it (deltalake 1.6)
+
+    def delete(self, *parts: str) -> None:
+        """Delete ``root/parts...`` (the whole warehouse when no parts are given): its
+        folder, or every object under its prefix.
 
         Raises:
             OSError: the store refused a deletion.
         """
-        fs, where = self._at()
+        fs, where = self._at(*parts)
         if self.local:
             shutil.rmtree(where, ignore_errors=True)
             return
         # entry by entry: deltalake 1.6's handler lacks delete_root_dir_contents
-        for info in fs.get_file_info(pafs.FileSelector("", recursive=False, allow_not_found=True)):
+        selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
+        for info in fs.get_file_info(selector):
             if info.type == pafs.FileType.Directory:
                 fs.delete_dir(info.path)
-            else:
+            elif info.base_name:  # not a folder's marker object (S3A writes them)
                 fs.delete_file(info.path)
+
+    def remove(self, *parts: str) -> None:
+        """Delete the file at ``root/parts...``.
+
+        Raises:
+            FileNotFoundError: nothing is there (a folder's file).
+            OSError: the store refused the deletion.
+        """
+        fs, where = self._at(*parts)
+        fs.delete_file(where)
+
+    def _quick(self) -> Storage:
+        """This storage with the probes' short retries (the user's own settings win)."""
+        return self if self.local else Storage(self.root, {**PROBE_RETRIES, **self.options})
+
+    def probe_files(self, item: str = "checkpoint") -> str:
+        """Prove that files can be listed, written, read and deleted under the root (Spark's
+        checkpoint needs no more: the lease keeps its writer alone).
+
+        Args:
+            item: what the root is, for the message.
+
+        Returns:
+            What was proven, one line.
+
+        Raises:
+            StorageError: one line naming ``item``, the step that failed and the fix.
+        """
+        name = f".cdcflow-probe-{secrets.token_hex(8)}"
+        quick = self._quick()
+        step = "list"
+        try:
+            quick.names()
+            step = "write"
+            quick.write_bytes(b"cdcflow", name)
+            step = "read"
+            quick.read_bytes(name)
+            step = "delete"
+            quick.remove(name)
+        except OSError as exc:  # deltalake's errors are OSErrors
+            found = storage_error(exc, self.root)
+            raise StorageError(
+                f"{item}: the {step} probe failed: {found.message}",
+                path=self.root,
+                target=None,
+                kind=found.kind,
+                cause=found.cause,
+            ) from exc
+        return f"{self.root}: list, write, read and delete work"
 
     def probe(self) -> str:
         """Prove what a pipeline needs of the store: list, write, read, and a commit that
@@ -430,11 +537,8 @@ class Storage:
         path = f"{self.root}/{name}"
         # answer in seconds, not after delta-rs's 10 retries over up to 180 s (an
         # unreachable endpoint); the user's own retry settings win
-        options: dict[str, str] | None = None
-        quick = self
-        if not self.local:
-            options = {**PROBE_RETRIES, **self.options}
-            quick = Storage(self.root, options)
+        quick = self._quick()
+        options = None if self.local else dict(quick.options)
         step = "list"
         try:
             quick.folders()
