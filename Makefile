@@ -38,6 +38,8 @@ test: $(STAMP) ## run the whole test suite (unit, Spark, Kafka on tansu and Apac
 	$(BIN)/python -m cdcflow_testkit.services.spark_cluster >/dev/null
 	@# Delta Lake's Spark jars (sink: delta-spark) into Maven's cache, where Spark's Ivy finds them
 	mvn -q -B dependency:get -Dartifact=io.delta:delta-spark_4.2_2.13:4.4.0
+	@# Hadoop's S3A connector and the AWS SDK bundle (686 MB): Spark's checkpoint on S3
+	mvn -q -B org.apache.maven.plugins:maven-dependency-plugin:3.6.1:get -Dartifact=org.apache.hadoop:hadoop-aws:3.5.0
 	$(BIN)/python tests/run_suite.py
 
 test-fast: $(STAMP) ## only the tests that need neither Spark nor Kafka nor Java services

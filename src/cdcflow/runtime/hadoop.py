@@ -17,7 +17,7 @@ give the key to delta-rs only, or keep the checkpoint in a folder.
 
 Spark's checkpoint manager stays Spark's default (FileContext: write a temporary file,
 then rename it, which S3A does as copy and delete): the non-renaming manager of Spark's
-``spark-hadoop-cloud`` module is not published for Spark 4.2 (decision 66). A micro-batch
+``spark-hadoop-cloud`` module is not published for Spark 4.2 (decision 67). A micro-batch
 writes two small files (``offsets/<id>``, ``commits/<id>``); the warehouse, not the
 checkpoint, holds the applied offsets, so a checkpoint lost or damaged loses nothing.
 

@@ -112,7 +112,7 @@ def check_checkpoint_options(checkpoint: str, warehouse: str, options: Mapping[s
         raise ConfigError(
             f"checkpoint: {scheme}:// is not supported for Spark's checkpoint (only s3://); "
             "give a local (or mounted) folder: the warehouse holds the applied offsets, so "
-            "a lost checkpoint resumes where the warehouse is (decision 66)"
+            "a lost checkpoint resumes where the warehouse is (decision 67)"
         )
     if warehouse.split("://", 1)[0].lower() not in ("s3", "s3a"):
         raise ConfigError(
@@ -126,5 +126,5 @@ def check_checkpoint_options(checkpoint: str, warehouse: str, options: Mapping[s
             raise ConfigError(
                 f"storage.{key}: Spark's checkpoint on S3 (Hadoop S3A) is not given this "
                 "option; set the matching spark.hadoop.fs.s3a.* setting yourself and keep "
-                "the key for delta-rs, or give the checkpoint a local folder (decision 66)"
+                "the key for delta-rs, or give the checkpoint a local folder (decision 67)"
             )
