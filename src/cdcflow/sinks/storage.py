@@ -407,6 +407,16 @@ class Storage:
         selector = pafs.FileSelector(where, recursive=True, allow_not_found=True)
         return any(info.is_file and info.size for info in fs.get_file_info(selector))
 
+    def listing(self, *parts: str) -> list[pafs.FileInfo]:
+        """What lies right under ``root/parts...`` (pyarrow's file infos: name, type, size,
+        modification time; none when absent).
+
+        Raises:
+            OSError: the store cannot be listed.
+        """
+        fs, where = self._at(*parts)
+        return list(fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
+
     def names(self, *parts: str) -> list[str]:
         """Names of the files and folders right under ``root/parts...`` (sorted; none when
         absent).
@@ -414,9 +424,7 @@ class Storage:
         Raises:
             OSError: the store cannot be listed.
         """
-        fs, where = self._at(*parts)
-        selector = pafs.FileSelector(where, recursive=False, allow_not_found=True)
-        return sorted({info.base_name for info in fs.get_file_info(selector)} - {""})
+        return sorted({info.base_name for info in self.listing(*parts)} - {""})
 
     def read_bytes(self, *parts: str) -> bytes:
         """The whole file at ``root/parts...``.

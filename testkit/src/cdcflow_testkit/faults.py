@@ -44,6 +44,7 @@ import orjson
 
 from cdcflow.errors import CdcflowError
 from cdcflow.model import Op, seq_key
+from cdcflow.sinks.storage import Storage
 
 __all__ = [
     "MALFORMED",
@@ -430,10 +431,12 @@ def write_config(
     processing_time: str = "1 second",
     pipeline_id: str = "faults",
     more_topics: Sequence[str] = (),
+    storage: Mapping[str, str] | None = None,
 ) -> Path:
     """Write the YAML configuration of a one-topic ``debezium-json`` pipeline (with
     ``more_topics``, one more ``debezium-json`` source per topic, named ``s1``, ``s2``,
-    ...); returns ``path``."""
+    ...; with ``storage``, the ``storage:`` section of a warehouse on a store); returns
+    ``path``."""
     import yaml
 
     config = {
@@ -450,6 +453,7 @@ def write_config(
             {"name": f"s{i}", "format": "debezium-json", "topics": [t]}
             for i, t in enumerate(more_topics, start=1)
         ],
+        **({"storage": dict(storage)} if storage else {}),
     }
     path = Path(path)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -563,37 +567,40 @@ def _kill_session(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _modified(store: Storage, folder: str) -> dict[str, float]:
+    """``{name: modification time (s since the epoch)}`` of the files in ``folder`` of
+    ``store`` (a folder or a prefix on an object store; empty when absent)."""
+    try:
+        infos = store.listing(folder)
+    except FileNotFoundError:
+        return {}
+    return {
+        i.base_name: i.mtime.timestamp() if i.mtime is not None else time.time()
+        for i in infos
+        if i.is_file and i.size
+    }
+
+
 class _Checkpoint:
-    """Spark's checkpoint of one streaming query: planned and committed batch ids."""
+    """Spark's checkpoint of one streaming query: planned and committed batch ids (in a
+    folder or on S3)."""
 
-    def __init__(self, path: str) -> None:
-        self.offsets = os.path.join(path, "offsets")
-        self.commits = os.path.join(path, "commits")
+    def __init__(self, path: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.store = Storage(path, storage_options or {})
 
-    @staticmethod
-    def _last(folder: str) -> int:
-        try:
-            ids = [int(n) for n in os.listdir(folder) if n.isdigit()]
-        except FileNotFoundError:
-            return -1
-        return max(ids, default=-1)
+    def _batches(self, folder: str) -> dict[int, float]:
+        return {int(n): t for n, t in _modified(self.store, folder).items() if n.isdigit()}
 
     def state(self) -> tuple[int, int]:
         """``(last committed batch id, last planned batch id)``; -1 for none."""
-        committed = self._last(self.commits)
-        return committed, max(self._last(self.offsets), committed)
+        committed = max(self._batches("commits"), default=-1)
+        return committed, max(max(self._batches("offsets"), default=-1), committed)
 
     def planned_at(self, batch_id: int) -> float | None:
-        try:
-            return os.path.getmtime(os.path.join(self.offsets, str(batch_id)))
-        except OSError:
-            return None
+        return self._batches("offsets").get(batch_id)
 
     def committed_at(self, batch_id: int) -> float | None:
-        try:
-            return os.path.getmtime(os.path.join(self.commits, str(batch_id)))
-        except OSError:
-            return None
+        return self._batches("commits").get(batch_id)
 
 
 def _stage(warehouse: Any, batch_id: int | None) -> str:
@@ -682,9 +689,14 @@ def run_with_kills(
     config = load_config(config_path)
     source = config.sources[0]
     # the application-transaction id of the source, as Pipeline.warehouse_for names it
-    warehouse = DeltaWarehouse(config.warehouse, pipeline_id=f"{config.pipeline_id}.{source.name}")
+    warehouse = DeltaWarehouse(
+        config.warehouse,
+        pipeline_id=f"{config.pipeline_id}.{source.name}",
+        storage_options=config.storage,
+    )
+    options = config.storage if "://" in config.checkpoint else None
     killer = _Killer(
-        _Checkpoint(os.path.join(config.checkpoint, QUERY_FOLDER)),
+        _Checkpoint(f"{config.checkpoint.rstrip('/')}/{QUERY_FOLDER}", options),
         warehouse,
         rng,
         idle_timeout_s,
@@ -768,7 +780,9 @@ class _Killer:
     ) -> None:
         self.checkpoint = checkpoint
         self.warehouse = warehouse
-        self.changelog_log = os.path.join(warehouse.system_path("changelog"), "_delta_log")
+        self.changelog_log = Storage(
+            f"{warehouse.system_path('changelog')}/_delta_log", warehouse.storage_options
+        )
         self.rng = rng
         self.idle_timeout_s = idle_timeout_s
         self.timeout_s = timeout_s
@@ -801,17 +815,14 @@ class _Killer:
 
     def _changelog_commits(self) -> tuple[int, float]:
         """Commits of the changelog table so far, and the time of the last one."""
-        try:
-            names = [n for n in os.listdir(self.changelog_log) if n.endswith(".json")]
-        except FileNotFoundError:
+        commits = {
+            n: t
+            for n, t in _modified(self.changelog_log, "").items()
+            if n.endswith(".json") and n[0].isdigit()
+        }
+        if not commits:
             return 0, 0.0
-        names = [n for n in names if n[0].isdigit()]
-        if not names:
-            return 0, 0.0
-        try:
-            return len(names), os.path.getmtime(os.path.join(self.changelog_log, max(names)))
-        except OSError:
-            return len(names), time.time()
+        return len(commits), commits[max(commits)]
 
     def kill(self, proc: subprocess.Popen, log: str, cycle: int, aim: str, want: int) -> Kill:
         """Wait for the moment (``aim``: early, batch or apply), SIGKILL, describe the kill."""
@@ -893,9 +904,10 @@ class _Killer:
 # --------------------------------------------------------------------------- checks
 
 
-def _read(path: str, columns: list[str] | None = None, topics: Any = None) -> Any:
-    """A Delta table as Arrow (``None`` when it does not exist); with ``topics``, only
-    the rows of those topics (a warehouse shared with other sources)."""
+def _read(warehouse: Any, path: str, columns: list[str] | None = None, topics: Any = None) -> Any:
+    """A Delta table of ``warehouse`` (a ``DeltaWarehouse``: its storage options) as Arrow
+    (``None`` when it does not exist); with ``topics``, only the rows of those topics (a
+    warehouse shared with other sources)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import DeltaTable
@@ -903,7 +915,8 @@ def _read(path: str, columns: list[str] | None = None, topics: Any = None) -> An
 
     try:
         wanted = columns if topics is None or columns is None else [*columns, "topic"]
-        table = DeltaTable(path).to_pyarrow_table(columns=list(dict.fromkeys(wanted or [])) or None)
+        table = DeltaTable(path, storage_options=warehouse.storage_options or None)
+        table = table.to_pyarrow_table(columns=list(dict.fromkeys(wanted or [])) or None)
     except TableNotFoundError:
         return None
     if topics is not None:
@@ -926,7 +939,7 @@ def check_mirrors(
 
     problems = []
     for target, (rows, key_columns) in sorted(expected.items()):
-        mirror = _read(warehouse.table_path(target))
+        mirror = _read(warehouse, warehouse.table_path(target))
         if mirror is None:
             if rows:
                 problems.append(f"{target}: no Delta table, {len(rows)} source rows")
@@ -948,6 +961,7 @@ def check_changelog(warehouse: Any, faulty: FaultyTopic, shared: bool = False) -
     and once when deduplicated by (table, seq).
     """
     cl = _read(
+        warehouse,
         warehouse.system_path("changelog"),
         ["table", "seq", "topic", "partition", "offset", "event_index"],
         topics=[faulty.topic] if shared else None,
@@ -1009,7 +1023,9 @@ def check_changelog(warehouse: Any, faulty: FaultyTopic, shared: bool = False) -
 
 def check_dead_letters(warehouse: Any, faulty: FaultyTopic, shared: bool = False) -> list[str]:
     """The dead letters are exactly the malformed records, once each, with their bytes."""
-    dl = _read(warehouse.system_path("dead_letters"), topics=[faulty.topic] if shared else None)
+    dl = _read(
+        warehouse, warehouse.system_path("dead_letters"), topics=[faulty.topic] if shared else None
+    )
     rows = [] if dl is None else dl.to_pylist()
     want = {
         (faulty.topic, p, o): faulty.messages[p][o]
@@ -1070,7 +1086,9 @@ def check_accounting(
             topics of ``end_offsets`` are checked.
     """
     out = Accounting()
-    table = _read(warehouse.system_path("batches"), topics=list(end_offsets) if shared else None)
+    table = _read(
+        warehouse, warehouse.system_path("batches"), topics=list(end_offsets) if shared else None
+    )
     rows = [] if table is None else table.to_pylist()
     by_partition: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -1214,7 +1232,9 @@ def verify(
     problems += check_changelog(warehouse, faulty, shared)
     problems += check_dead_letters(warehouse, faulty, shared)
     problems += check_mirrors(warehouse, faulty.expected)
-    progress = _read(warehouse.system_path("progress"), ["source", "batch_id", "rows_changed"])
+    progress = _read(
+        warehouse, warehouse.system_path("progress"), ["source", "batch_id", "rows_changed"]
+    )
     if progress is not None and shared:
         import pyarrow.compute as pc
 
