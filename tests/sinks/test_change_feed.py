@@ -352,6 +352,20 @@ def test_spark_reads_the_feed_delta_rs_wrote(tmp_path, spark):
     _check_feed(wh, {"spark": lambda path: spark_feed(spark, path), "delta-rs": delta_rs_feed})
 
 
+@pytest.mark.services
+def test_the_feed_on_an_object_store_holds_exactly_what_each_commit_changed(object_store):
+    """The same history on a warehouse on S3 (moto, S3Proxy) and Azure Blob (Azurite),
+    read back through the store by delta-rs."""
+    options = object_store.storage_options()
+    wh = DeltaWarehouse(object_store.warehouse_uri(), pipeline_id="test", storage_options=options)
+    _apply_history(BatchApplier(wh, tables=TableRules.of(RULES)), KINDS)
+
+    def feed(path: str) -> list[dict[str, Any]]:
+        return pa.table(DeltaTable(path, storage_options=options).load_cdf()).to_pylist()
+
+    _check_feed(wh, {"delta-rs": feed})
+
+
 def test_a_partitioned_mirror_feeds_what_delta_rs_merges(tmp_path):
     """Partitioned mirrors are merged by delta-rs (decision 50): rows move between
     partition folders, and the change files are written in them."""
