@@ -36,6 +36,7 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_de
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
+from cdcflow.sinks.app_transactions import AppTransactions
 from cdcflow.sinks.arrow_merge import TARGET_FILE_ROWS
 from cdcflow.sinks.engines import MergeEngine
 from cdcflow.sinks.engines import merge_engine as named_engine
@@ -155,6 +156,8 @@ class DeltaWarehouse:
         #: of ``maintenance.log_retention_hours``, set by the batch applier)
         self.table_configuration: dict[str, str] = {}
         self._tables: dict[str, DeltaTable] = {}
+        #: the application transaction versions, read from the commits since the last ask
+        self.app_transactions = AppTransactions(self.storage_options)
         #: the version each cached handle was opened at (:func:`~cdcflow.sinks.refresh.worn`)
         self._opened_at: dict[str, int] = {}
         #: the mirrors' deleted keys and truncates (read once, one commit per batch)
@@ -197,8 +200,10 @@ class DeltaWarehouse:
         return self._tables.get(path)
 
     def forget(self, path: str) -> None:
-        """Drop the cached handle of the table at ``path`` (after a failed write)."""
+        """Drop the cached handle of the table at ``path`` (after a failed write), and
+        what is known of its application transactions."""
         self._tables.pop(path, None)
+        self.app_transactions.forget(path)
 
     def _target_of(self, path: str) -> str | None:
         """The mirror's folder name of ``path`` (also for its history log); ``None`` for
@@ -221,7 +226,7 @@ class DeltaWarehouse:
         if table is None:
             return False
         try:
-            version = table.transaction_version(app_id or self.app_id)
+            version = self.app_transactions.version(path, table, app_id or self.app_id)
         except (DeltaError, OSError) as exc:  # the log read lazily: damaged, unreadable
             self._tables.pop(path, None)
             raise storage_error(exc, path, self._target_of(path)) from exc
@@ -381,7 +386,8 @@ class DeltaWarehouse:
         table = self.open(self.system_path(name))
         if table is None:
             return {}
-        versions = {app: table.transaction_version(app) for app in app_ids}
+        path = self.system_path(name)
+        versions = {app: self.app_transactions.version(path, table, app) for app in app_ids}
         return {app: int(v) for app, v in versions.items() if v is not None}
 
     @cached_property
