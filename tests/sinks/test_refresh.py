@@ -66,3 +66,33 @@ def test_the_warehouse_opens_a_worn_handle_again(tmp_path):
     assert again is not first and again.version() == REOPEN_AFTER_VERSIONS
     assert again.to_pyarrow_table().num_rows == REOPEN_AFTER_VERSIONS + 1
     assert wh.open(path) is again
+
+
+def test_expired_log_files_are_cleaned_up_by_the_checkpoints_commit_only(tmp_path):
+    """cdcflow's commits leave the log's clean-up (a listing of the whole log) to the
+    commit that writes a checkpoint: expired commit files stay until then, and go then."""
+    from cdcflow.sinks.refresh import CHECKPOINT_INTERVAL
+    from cdcflow.sinks.warehouse import CommitContext
+
+    path = str(tmp_path / "t")
+    wh = DeltaWarehouse(str(tmp_path), pipeline_id="p")
+    write_deltalake(
+        path,
+        pa.table({"id": [0]}),
+        configuration={"delta.logRetentionDuration": "interval 1 hour"},
+    )
+    log = os.path.join(path, "_delta_log")
+
+    def commits() -> int:
+        return len([n for n in os.listdir(log) if n.endswith(".json")])
+
+    for batch in range(1, CHECKPOINT_INTERVAL - 1):  # versions 1 .. 98
+        wh.append(path, pa.table({"id": [batch]}), CommitContext("cdcflow-p", batch, {}))
+    age_log(path, 2 * 3600)  # every commit so far expired
+    wh.append(path, pa.table({"id": [99]}), CommitContext("cdcflow-p", 99, {}))  # version 99
+    checkpoint = os.path.join(log, f"{CHECKPOINT_INTERVAL - 1:020d}.checkpoint.parquet")
+    assert os.path.exists(checkpoint)  # delta-rs's checkpoint
+    assert commits() == CHECKPOINT_INTERVAL  # expired, but not cleaned up by a commit
+    wh.append(path, pa.table({"id": [100]}), CommitContext("cdcflow-p", 100, {}))
+    assert commits() == 2  # the next commit cleaned up what the checkpoint holds
+    assert DeltaTable(path).transaction_version("cdcflow-p") == 100

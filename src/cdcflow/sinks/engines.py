@@ -56,6 +56,7 @@ from cdcflow.sinks.merge import (
     quote_column,
     table_feeds_changes,
 )
+from cdcflow.sinks.refresh import commit_hooks
 
 if TYPE_CHECKING:
     from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse
@@ -233,9 +234,12 @@ def delta_rs_truncate(
             },
             predicate=f"({predicate}) AND NOT {quote_column(SOFT_DELETE_COLUMN)}",
             commit_properties=props,
+            post_commithook_properties=commit_hooks(table),
         )
     else:
-        table.delete(predicate, commit_properties=props)
+        table.delete(
+            predicate, commit_properties=props, post_commithook_properties=commit_hooks(table)
+        )
     if commit is not None and table.version() == before:
         # delta-rs commits nothing when no row matched: the batch is recorded alone
         warehouse.mark(table, commit)
@@ -273,6 +277,7 @@ def delta_rs_merge(
         source_alias="s",
         target_alias="t",
         commit_properties=warehouse.commit_properties(commit),
+        post_commithook_properties=commit_hooks(table),
     )
     is_delete = f"s.{quote_column(DELETE_FLAG)} AND {newer}"
     if spec.soft_delete:
@@ -351,6 +356,7 @@ def _append_new_keys(
             "append",
             table.schema(),
             commit_properties=warehouse.commit_properties(commit),
+            post_commithook_properties=commit_hooks(table),
         )
     else:  # deletes of keys the table never held
         warehouse.mark(table, commit)
@@ -446,6 +452,7 @@ def _rewrite_once(
             commit_properties=warehouse.commit_properties(
                 commit, max_commit_retries=0 if rewrites else None
             ),
+            post_commithook_properties=commit_hooks(table),
         )
     except CommitFailedError as exc:
         if not rewrites:

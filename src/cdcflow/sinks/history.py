@@ -103,6 +103,7 @@ from cdcflow.sinks.merge import (
     unchanged,
 )
 from cdcflow.sinks.mirror import ensure_table
+from cdcflow.sinks.refresh import commit_hooks
 from cdcflow.sinks.system_tables import HISTORY_LOG, HISTORY_LOG_SCHEMA
 from cdcflow.sinks.warehouse import CommitContext, DeltaWarehouse, arrow_schema
 
@@ -805,6 +806,7 @@ def _merge(
             source_alias="s",
             target_alias="t",
             commit_properties=warehouse.commit_properties(commit),
+            post_commithook_properties=commit_hooks(table),
         )
         .when_matched_delete(predicate=f"s.{quote_column(DELETE_FLAG)}")
         .when_matched_update(updates=columns, predicate=update_if)

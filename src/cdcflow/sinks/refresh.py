@@ -26,14 +26,47 @@ import os
 from collections.abc import Mapping
 from urllib.parse import unquote, urlparse
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, PostCommitHookProperties
 
-__all__ = ["REOPEN_AFTER_VERSIONS", "current", "local_path", "refresh", "worn"]
+__all__ = [
+    "CHECKPOINT_INTERVAL",
+    "REOPEN_AFTER_VERSIONS",
+    "commit_hooks",
+    "current",
+    "local_path",
+    "refresh",
+    "worn",
+]
 
 #: a handle is opened again once it has moved this many versions past its opening: the
 #: checkpoint interval delta-rs writes at (``delta.checkpointInterval``, 100), so the new
 #: handle starts from a checkpoint no older than that
 REOPEN_AFTER_VERSIONS = 100
+
+#: delta-rs 1.6 writes a checkpoint with each commit of a version ``v`` where
+#: ``(v + 1) % CHECKPOINT_INTERVAL == 0`` (``delta.checkpointInterval``, whose default
+#: cdcflow keeps): versions 99, 199, ...
+CHECKPOINT_INTERVAL = 100
+
+
+def commit_hooks(table: DeltaTable | None) -> PostCommitHookProperties:
+    """delta-rs's post-commit hooks for a commit through ``table`` (``None``: a table
+    being created): the log's expired files are cleaned up only by the commit after a
+    checkpoint (versions 100, 200, ...).
+
+    delta-rs 1.6 cleans up after every commit, listing the whole ``_delta_log`` each time
+    (measured on S3: one more LIST per commit, growing a page per 1,000 files; a table
+    committed to every second keeps 86,400 commit files over cdcflow's 24 hours of log
+    retention, decision 52). A clean-up removes only files older than the last
+    checkpoint, and they expire by the hour, so one per :data:`CHECKPOINT_INTERVAL`
+    commits keeps the log as short. A commit that lost a race lands a version later and
+    skips this clean-up; the next interval's makes it.
+    """
+    next_version = 0 if table is None else table.version() + 1
+    return PostCommitHookProperties(
+        create_checkpoint=True,
+        cleanup_expired_logs=next_version % CHECKPOINT_INTERVAL == 0,
+    )
 
 
 def current(

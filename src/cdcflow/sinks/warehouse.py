@@ -41,7 +41,7 @@ from cdcflow.sinks.arrow_merge import TARGET_FILE_ROWS
 from cdcflow.sinks.engines import MergeEngine
 from cdcflow.sinks.engines import merge_engine as named_engine
 from cdcflow.sinks.faults import storage_error
-from cdcflow.sinks.refresh import current
+from cdcflow.sinks.refresh import commit_hooks, current
 from cdcflow.sinks.storage import Storage
 from cdcflow.sinks.system_tables import (
     SCHEMA_CHANGES,
@@ -253,6 +253,7 @@ class DeltaWarehouse:
             empty,
             mode="append",
             commit_properties=self.commit_properties(commit),
+            post_commithook_properties=commit_hooks(table),
             storage_options=self.storage_options or None,
         )
 
@@ -322,7 +323,13 @@ class DeltaWarehouse:
                         storage_options=self.storage_options or None,
                     )
                 else:
-                    write_deltalake(table, data, mode="append", commit_properties=commit)
+                    write_deltalake(
+                        table,
+                        data,
+                        mode="append",
+                        commit_properties=commit,
+                        post_commithook_properties=commit_hooks(table),
+                    )
 
     @staticmethod
     def _add_missing_columns(table: DeltaTable | None, schema: pa.Schema) -> None:
