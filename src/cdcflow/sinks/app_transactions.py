@@ -10,8 +10,10 @@ requests a micro-batch made on an object store.
 
 :class:`AppTransactions` asks delta-rs once per table, then reads only the commits made
 since (usually one: the pipeline's own last commit) and takes the ``txn`` actions in them.
-A table that moved many versions (a compaction, another writer) or whose commit files
-are gone (log clean-up) is replayed by delta-rs again, as before.
+A commit cdcflow makes itself is told (:meth:`AppTransactions.committed`): when the
+table is then one version on, that version is that commit and nothing is read at all. A
+table that moved many versions (a compaction, another writer) or whose commit files are
+gone (log clean-up) is replayed by delta-rs again, as before.
 
 Source documents: Delta transaction protocol, "Transaction Identifiers" and "Delta Log
 Entries" (one JSON action per line; the latest ``txn`` of an ``appId`` holds).
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 import orjson
 from deltalake import DeltaTable
 
+from cdcflow.sinks.refresh import local_path
 from cdcflow.sinks.storage import Storage
 
 __all__ = ["AppTransactions", "MAX_COMMITS_READ"]
@@ -46,6 +49,8 @@ class AppTransactions:
         #: table path -> (table version, {app id: its transaction version or None})
         self._known: dict[str, tuple[int, dict[str, int | None]]] = {}
         self._logs: dict[str, Storage] = {}
+        #: table path -> (the version a commit of cdcflow's was made on, its transactions)
+        self._pending: dict[str, tuple[int, dict[str, int]]] = {}
         self._lock = threading.Lock()
 
     def version(self, path: str, table: DeltaTable, app_id: str) -> int | None:
@@ -55,11 +60,17 @@ class AppTransactions:
         Raises:
             deltalake.exceptions.DeltaError, OSError: the log cannot be read.
         """
+        path = _key(path)
         at = table.version()
         with self._lock:
             known = self._known.get(path)
+            pending = self._pending.pop(path, None)
         if known is not None and known[0] != at:
-            known = self._advanced(path, known, at)
+            if pending is not None and pending[0] == known[0] and at == known[0] + 1:
+                # the one version since is that commit: the latest of its transactions
+                known = (at, {**known[1], **pending[1]})
+            else:
+                known = self._advanced(path, known, at)
         if known is None:
             known = (at, {})
         apps = known[1]
@@ -69,17 +80,30 @@ class AppTransactions:
             self._known[path] = (at, apps)
         return apps[app_id]
 
+    def committed(self, path: str, on_version: int, transactions: Mapping[str, int]) -> None:
+        """Tell that a commit recording ``transactions`` (``{app id: version}``) was made
+        to the table at ``path`` (or its handle's ``table_uri``) on ``on_version`` (the
+        version its handle held)."""
+        path = _key(path)
+        with self._lock:
+            known = self._known.get(path)
+            if known is not None and known[0] == on_version:
+                self._pending[path] = (on_version, dict(transactions))
+
     def forget(self, path: str) -> None:
         """Drop what is known of the table at ``path`` (it was deleted or replaced)."""
+        path = _key(path)
         with self._lock:
             self._known.pop(path, None)
+            self._pending.pop(path, None)
 
     def _advanced(
         self, path: str, known: tuple[int, dict[str, int | None]], at: int
     ) -> tuple[int, dict[str, int | None]] | None:
         """``known`` (as of an older version) carried to version ``at`` by the ``txn``
-        actions of the commits in between; ``None`` when they are too many or cannot be
-        read (then delta-rs replays the log)."""
+        actions of the commits in between (the latest of each application, also of one
+        not asked yet); ``None`` when they are too many or cannot be read (then delta-rs
+        replays the log)."""
         seen, apps = known
         if not seen < at < seen + MAX_COMMITS_READ:
             return None
@@ -93,8 +117,13 @@ class AppTransactions:
                     if b'"txn"' not in line:
                         continue
                     txn = orjson.loads(line).get("txn")
-                    if isinstance(txn, dict) and txn.get("appId") in apps:
-                        apps[txn["appId"]] = int(txn["version"])
+                    if isinstance(txn, dict):
+                        apps[str(txn["appId"])] = int(txn["version"])
         except (OSError, ValueError, TypeError, KeyError):
             return None
         return at, apps
+
+
+def _key(path: str) -> str:
+    """One name per table: its folder (a handle's ``file://`` URI made a path) or URI."""
+    return local_path(path) or path.rstrip("/")

@@ -351,6 +351,7 @@ def _append_new_keys(
         return None
     adds, metrics = planned
     if adds:
+        on_version = table.version()
         table.create_write_transaction(
             list(adds),
             "append",
@@ -358,6 +359,7 @@ def _append_new_keys(
             commit_properties=warehouse.commit_properties(commit),
             post_commithook_properties=commit_hooks(table),
         )
+        warehouse.made(table.table_uri, on_version, commit)
     else:  # deletes of keys the table never held
         warehouse.mark(table, commit)
     metrics["merge_s"] = round(time.perf_counter() - started, 4)
@@ -444,6 +446,7 @@ def _rewrite_once(
     # race, the merge is computed again on the new version. New keys alone are
     # a blind append, which any version takes.
     rewrites = any(isinstance(a, RemoveAction) for a in actions)
+    on_version = table.version()
     try:
         table.create_write_transaction(
             actions,
@@ -458,4 +461,5 @@ def _rewrite_once(
         if not rewrites:
             raise
         raise _RewriteRaced(str(exc)) from exc
+    warehouse.made(table.table_uri, on_version, commit)
     return metrics, True

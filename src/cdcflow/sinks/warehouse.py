@@ -97,6 +97,11 @@ class CommitContext:
         """The same context recording ``transactions`` too (``{app_id: version}``)."""
         return replace(self, transactions={**self.transactions, **transactions})
 
+    @property
+    def all_transactions(self) -> dict[str, int]:
+        """``{app_id: version}`` of every application transaction the commit records."""
+        return {self.app_id: self.version, **self.transactions}
+
     def properties(self, max_commit_retries: int | None = None) -> CommitProperties:
         """delta-rs's commit properties of this context; ``max_commit_retries=0`` commits
         only on the version read (delta-rs's default retries on newer versions)."""
@@ -245,9 +250,16 @@ class DeltaWarehouse:
         """delta-rs's commit properties of ``commit`` (:meth:`CommitContext.properties`)."""
         return commit.properties(max_commit_retries)
 
+    def made(self, path: str, on_version: int, commit: CommitContext) -> None:
+        """Record that ``commit`` was committed to the table at ``path`` through a handle
+        at ``on_version``, so the next ask of its transactions reads nothing
+        (:meth:`AppTransactions.committed`)."""
+        self.app_transactions.committed(path, on_version, commit.all_transactions)
+
     def mark(self, table: DeltaTable, commit: CommitContext) -> None:
         """An empty commit that only records ``commit`` (its transactions and metadata)."""
         empty = pa.Table.from_batches([], schema=arrow_schema(table))
+        on_version = table.version()
         write_deltalake(
             table,
             empty,
@@ -256,6 +268,7 @@ class DeltaWarehouse:
             post_commithook_properties=commit_hooks(table),
             storage_options=self.storage_options or None,
         )
+        self.made(table.table_uri, on_version, commit)
 
     def append(self, path: str, data: pa.Table, commit: CommitContext) -> bool:
         """Append ``data`` once per apply: the commit carries ``commit``; nothing is
@@ -270,7 +283,10 @@ class DeltaWarehouse:
         if data.num_rows == 0 or self.committed(path, commit.version, commit.app_id):
             return False
         table = self._tables.get(path)  # refreshed by committed()
+        on_version = None if table is None else table.version()
         self._append_mapped(path, table, data, self.commit_properties(commit))
+        if on_version is not None:
+            self.made(path, on_version, commit)
         return True
 
     def _append_mapped(
