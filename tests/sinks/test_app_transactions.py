@@ -66,3 +66,33 @@ def test_versions_equal_delta_rs_replay_after_every_kind_of_commit(where, tmp_pa
     known.forget(path)
     check(6)
     assert known.version(path, table, "cdcflow-p") == 2 + MAX_COMMITS_READ
+
+
+def test_a_commit_cdcflow_made_itself_is_not_read_back(tmp_path):
+    """Told of its own commit, the cache reads no commit file when the table moved by
+    exactly that one: the commit file is altered afterwards to show it was not read; a
+    second commit by another writer makes it read the files again."""
+    import os
+
+    path = str(tmp_path / "t")
+    _commit(path, 0)
+    known = AppTransactions()
+    table = DeltaTable(path)
+    assert known.version(path, table, "cdcflow-p") == 0
+    on_version = table.version()
+    _commit(path, 1)
+    known.committed(f"file://{path}", on_version, {"cdcflow-p": 1, "offsets": 7})
+    log = os.path.join(path, "_delta_log", f"{on_version + 1:020d}.json")
+    with open(log, "rb") as f:
+        text = f.read()
+    with open(log, "wb") as f:
+        f.write(text.replace(b'"version":1', b'"version":999'))
+    table.update_incremental()
+    assert known.version(path, table, "cdcflow-p") == 1  # told, not read
+    assert known.version(path, table, "offsets") == 7
+
+    _commit(path, 2)
+    _commit(path, 3, app="other")  # not told: two versions on, both are read
+    table.update_incremental()
+    assert known.version(path, table, "cdcflow-p") == 2
+    assert known.version(path, table, "other") == 3
