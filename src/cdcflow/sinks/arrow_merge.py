@@ -61,6 +61,7 @@ from cdcflow.sinks.merge import (
     MergeSpec,
 )
 from cdcflow.sinks.refresh import local_path
+from cdcflow.sinks.storage import put_object
 
 __all__ = [
     "TARGET_FILE_BYTES",
@@ -352,6 +353,21 @@ class _Rewritten:
 
 #: the counts :func:`merged_rows` gives per file, summed over the files of a merge
 _COUNTS = ("num_target_rows_updated", "num_target_rows_deleted", "num_target_rows_copied")
+
+
+def _write_parquet(filesystem: pa_fs.FileSystem, path: str, part: pa.Table) -> int:
+    """Write ``part`` as the Parquet file ``path``; its size in bytes. On an object
+    store the file is made in memory and uploaded whole: asking the store for its size
+    cost a LIST and a HEAD per file (delta-rs's file system)."""
+    handler = getattr(filesystem, "handler", None)
+    if isinstance(handler, DeltaStorageHandler):
+        sink = pa.BufferOutputStream()
+        pq.write_table(part, sink, compression="snappy")
+        data = sink.getvalue()
+        put_object(handler, path, data)
+        return int(data.size)
+    pq.write_table(part, path, filesystem=filesystem, compression="snappy")
+    return int(filesystem.get_file_info(path).size)
 
 
 def table_filesystem(
@@ -663,7 +679,6 @@ def write_data_files(
     for start in range(0, rows.num_rows, per_file):
         part = rows.slice(start, per_file)
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        pq.write_table(part, path, filesystem=filesystem, compression="snappy")
-        size = filesystem.get_file_info(path).size
+        size = _write_parquet(filesystem, path, part)
         actions.append(AddAction(path, size, {}, now_ms, data_change, file_stats(part)))
     return actions

@@ -57,6 +57,7 @@ __all__ = [
     "Storage",
     "check_storage_options",
     "provider_of",
+    "put_object",
 ]
 
 Provider = Literal["local", "s3", "azure", "gcs"]
@@ -314,6 +315,21 @@ def check_storage_options(uri: str, options: Mapping[str, object]) -> dict[str, 
     return out
 
 
+def put_object(handler: DeltaStorageHandler, path: str, data: bytes | pa.Buffer) -> None:
+    """Write ``data`` whole to ``path`` of delta-rs's object store ``handler``.
+
+    delta-rs's Python file system hands its Rust writer pyarrow buffers, which it refuses
+    (deltalake 1.6: "'Buffer' object is not an instance of 'bytes'"); the Rust handler's
+    own stream takes bytes.
+
+    Raises:
+        OSError: the store refused the write.
+    """
+    stream = handler._handler.open_output_stream(path, None)
+    stream.write(data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data))
+    stream.close()  # type: ignore[attr-defined]  # the stub lacks it (deltalake 1.6)
+
+
 @dataclass(frozen=True)
 class Storage:
     """A warehouse's root and the options to reach it; lists what lies under it.
@@ -453,12 +469,7 @@ class Storage:
                 f.write(data)
             os.replace(tmp, where)
             return
-        # delta-rs's Python file system hands its Rust writer pyarrow buffers, which it
-        # refuses (deltalake 1.6): the Rust handler's stream takes bytes
-        handler = DeltaStorageHandler(self.root, dict(self.options) or None)
-        stream = handler._handler.open_output_stream(where, None)
-        stream.write(bytes(data))
-        stream.close()  # type: ignore[attr-defined]  # the stub lacks it (deltalake 1.6)
+        put_object(DeltaStorageHandler(self.root, dict(self.options) or None), where, data)
 
     def delete(self, *parts: str) -> None:
         """Delete ``root/parts...`` (the whole warehouse when no parts are given): its
