@@ -134,6 +134,12 @@ def test_other_spellings_and_unsupported_places_are_refused_at_load(overrides, m
         _config(**overrides)
 
 
+def test_tables_are_applied_16_at_once_on_a_store_unless_set():
+    assert _config().apply.parallel_tables == 16
+    assert _config(apply={"parallel_tables": 2}).apply.parallel_tables == 2
+    assert _config(warehouse="/tmp/wh").apply.parallel_tables == 4
+
+
 # --------------------------------------------------------------------------- faults
 
 
