@@ -168,25 +168,7 @@ SURVIVED = {
 }
 
 
-#: a lost commit response: delta-rs retries its PUT, meets 412 (its own commit is there)
-#: and raises "Concurrent transaction failed"; cdcflow then commits the apply again
-_LOST = pytest.mark.xfail(
-    strict=True,
-    reason="a lost commit response: cdcflow commits the apply again at the next version "
-    "(system tables: rows twice; the mirror: its transaction twice)",
-)
-
-
-@pytest.mark.parametrize(
-    "fault",
-    [
-        pytest.param(f, marks=_LOST)
-        if f.action == "drop_response" and "_delta_log" in f.path
-        else f
-        for f in SURVIVED.values()
-    ],
-    ids=SURVIVED.keys(),
-)
+@pytest.mark.parametrize("fault", SURVIVED.values(), ids=SURVIVED.keys())
 def test_a_transient_fault_changes_nothing_in_the_warehouse(moto_s3, store_proxy, fault):
     wh = _warehouse(moto_s3, store_proxy.endpoint_url)
     applier = BatchApplier(wh, parallel_tables=1)

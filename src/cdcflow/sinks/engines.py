@@ -448,6 +448,14 @@ def _rewrite_once(
             ),
         )
     except CommitFailedError as exc:
+        if warehouse.holds(table, commit):  # it landed: its response was lost
+            log.warning(
+                "table %s: the store holds apply %d although its commit failed "
+                "(a lost response); not merged again",
+                table.table_uri,
+                commit.version,
+            )
+            return metrics, True
         if not rewrites:
             raise
         raise _RewriteRaced(str(exc)) from exc
