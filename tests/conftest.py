@@ -201,3 +201,13 @@ def object_store(request):
     """Each object-store server a warehouse is tested on: moto and S3Proxy (S3), Azurite
     (Azure Blob); each has ``warehouse_uri()`` and ``storage_options()``."""
     return request.getfixturevalue("moto_s3" if request.param == "moto" else request.param)
+
+
+@pytest.fixture
+def store_proxy(moto_s3):
+    """A fault-injecting proxy in front of moto's S3 server, fresh per test
+    (``cdcflow_testkit.services.store_proxy``): give a client its ``endpoint_url``."""
+    from cdcflow_testkit.services.store_proxy import StoreProxy
+
+    with StoreProxy(moto_s3.endpoint_url) as proxy:
+        yield proxy

@@ -152,13 +152,20 @@ def test_tables_are_applied_16_at_once_on_a_store_unless_set():
         ("<Code>NoSuchBucket</Code>", "missing"),
         ("error sending request for url (http://127.0.0.1:1/x): tcp connect error", "unreachable"),
         ("Connection refused (os error 111)", "unreachable"),
+        (
+            "Generic S3 error: Error performing PUT http://s3/x in 210ms, after 2 retries, "
+            "max_retries: 2, retry_timeout: 10s - Server returned non-2xx status code: "
+            "503 Service Unavailable: <Error><Code>SlowDown</Code>",
+            "unavailable",
+        ),
+        ("Failed to parse parquet: External: <Code>InternalError</Code>", "unavailable"),
     ],
 )
 def test_object_store_failures_have_their_kind_and_an_object_store_fix(text, kind):
     error = storage_error(OSError(text), "s3://lake/wh/_cdcflow/batches")
     assert error.kind == kind
     assert "Fix: " in error.message and "folder" not in error.message.split("Fix: ")[1]
-    assert (kind in GLOBAL_KINDS) == (kind in ("missing", "unreachable"))
+    assert (kind in GLOBAL_KINDS) == (kind in ("missing", "unreachable", "unavailable"))
 
 
 # --------------------------------------------------------------------------- listing

@@ -458,6 +458,14 @@ def _rewrite_once(
             post_commithook_properties=commit_hooks(table),
         )
     except CommitFailedError as exc:
+        if warehouse.holds(table, commit):  # it landed: its response was lost
+            log.warning(
+                "table %s: the store holds apply %d although its commit failed "
+                "(a lost response); not merged again",
+                table.table_uri,
+                commit.version,
+            )
+            return metrics, True
         if not rewrites:
             raise
         raise _RewriteRaced(str(exc)) from exc

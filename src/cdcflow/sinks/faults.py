@@ -10,8 +10,9 @@ the fix, and a ``kind`` that decides its reach (decision 25):
 - ``full``, ``read_only``: the volume refuses every write; the run stops (exit 74) and
   the micro-batch is applied again on the next run (nothing was completed);
 - ``unreachable`` (an object store that does not answer: connection refused, DNS, time-outs
-  after delta-rs's own retries), ``missing`` (no such bucket or container): no table can
-  escape either; the run stops (exit 74) as for ``full``;
+  after delta-rs's own retries), ``unavailable`` (it answers, but with 5xx errors, such as
+  S3's ``503 SlowDown`` throttling, beyond delta-rs's retries), ``missing`` (no such bucket
+  or container): no table can escape them; the run stops (exit 74) as for ``full``;
 - ``permission``, ``damaged``, ``other``: a fault of that one table; a mirror with such a
   fault is stopped alone (:class:`~cdcflow.apply.batch.BatchApplier`), a ``_cdcflow``
   system table stops the run.
@@ -27,7 +28,7 @@ from cdcflow.errors import StorageError
 __all__ = ["GLOBAL_KINDS", "conditional_put_error", "storage_error"]
 
 #: kinds that no table can escape: the run stops instead of stopping tables one by one
-GLOBAL_KINDS = frozenset({"full", "read_only", "unreachable", "missing"})
+GLOBAL_KINDS = frozenset({"full", "read_only", "unreachable", "unavailable", "missing"})
 
 _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("full", re.compile(r"no space left on device|disk quota exceeded|os error (28|122)\b", re.I)),
@@ -46,6 +47,15 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"nosuchbucket|containernotfound|bucket.{0,40}not (exist|found)"
             r"|list request.{0,200}404 not found",
+            re.I,
+        ),
+    ),
+    (
+        # object_store's "Server returned non-2xx status code: 503 Service Unavailable:
+        # <Error><Code>SlowDown</Code>..." once its retries are spent
+        "unavailable",
+        re.compile(
+            r"non-2xx status code: 5\d\d|<code>(slowdown|internalerror|serviceunavailable)</code>",
             re.I,
         ),
     ),
@@ -78,6 +88,8 @@ _FIXES = {
     "backup, or remove a last commit file that a crash left incomplete",
     "missing": "create the folder {path}, or correct the warehouse path",
     "unreachable": "check that {path} is reachable from this machine, then run again",
+    "unavailable": "the store failed or throttled requests beyond the retries; run again "
+    "when it recovers",
     "other": "see the log above for the full error",
 }
 
@@ -86,6 +98,10 @@ _REMOTE_FIXES = {
     "permission": "give the storage credentials (the storage: section, or the provider's "
     "default chain) read, write, list and delete on {path}",
     "missing": "create the bucket (or container) of {path}, or correct the warehouse URI",
+    "unavailable": "the store answered with server errors (5xx, such as 503 SlowDown "
+    "throttling) beyond delta-rs's retries (storage: max_retries, retry_timeout); run again "
+    "when it recovers; nothing is lost: an unfinished micro-batch is applied again from its "
+    "Kafka offsets",
     "unreachable": "check the store's endpoint (storage: aws_endpoint_url, "
     "azure_storage_endpoint, ...) and that it is reachable from this machine, then run "
     "again; nothing is lost: an unfinished micro-batch is applied again from its Kafka offsets",
@@ -151,7 +167,8 @@ def storage_error(exc: BaseException, path: str, target: str | None = None) -> S
     Returns:
         A one-line error: ``table T (PATH): CAUSE. Fix: ...`` (``PATH: CAUSE. Fix: ...``
         for a system table), with ``kind`` one of ``full``, ``read_only``,
-        ``permission``, ``damaged``, ``other``.
+        ``unreachable``, ``unavailable``, ``missing``, ``permission``, ``damaged``,
+        ``other``.
     """
     if isinstance(exc, StorageError):
         return exc

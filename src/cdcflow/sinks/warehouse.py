@@ -284,13 +284,22 @@ class DeltaWarehouse:
             return False
         table = self._tables.get(path)  # refreshed by committed()
         on_version = None if table is None else table.version()
-        self._append_mapped(path, table, data, self.commit_properties(commit))
+        self._append_mapped(path, table, data, commit)
         if on_version is not None:
             self.made(path, on_version, commit)
         return True
 
+    def holds(self, table: DeltaTable, commit: CommitContext) -> bool:
+        """Whether ``table``, refreshed to its newest version, holds ``commit``'s
+        transaction: a commit that raised may have landed all the same (its response was
+        lost, delta-rs's retry of the same PUT met its own commit: "Concurrent transaction
+        failed"), and must not be made again (decision 66)."""
+        table.update_incremental()
+        version = table.transaction_version(commit.app_id)
+        return version is not None and version >= commit.version
+
     def _append_mapped(
-        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties | None
+        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitContext | None
     ) -> None:
         """Append ``data`` (columns a newer cdcflow added are added to the table first);
         a storage failure is raised as ``StorageError`` (:mod:`cdcflow.sinks.faults`)."""
@@ -302,7 +311,7 @@ class DeltaWarehouse:
             raise storage_error(exc, path, self._target_of(path)) from exc
 
     def _write_append(
-        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitProperties | None
+        self, path: str, table: DeltaTable | None, data: pa.Table, commit: CommitContext | None
     ) -> None:
         """Append ``data`` through the cached handle of the table at ``path`` when there is
         one: delta-rs then commits on the snapshot it holds instead of replaying the log
@@ -312,8 +321,10 @@ class DeltaWarehouse:
         Several sources' first applies create a shared system table at the same moment:
         the losers' commits (creations, or appends read before another creation landed)
         fail on its protocol or metadata; nothing of them was committed, so the append is
-        made again on the table as it now is (up to :data:`_CREATE_RACE_ATTEMPTS` in all).
+        made again on the table as it now is (up to :data:`_CREATE_RACE_ATTEMPTS` in all),
+        unless the table now holds ``commit``: the failed commit landed (:meth:`holds`).
         """
+        properties = self.commit_properties(commit) if commit is not None else None
 
         def again(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -329,13 +340,21 @@ class DeltaWarehouse:
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
                     table = DeltaTable(path, storage_options=self.storage_options or None)
+                    if commit is not None and self.holds(table, commit):
+                        log.warning(
+                            "table %s: the store holds apply %d although its commit failed "
+                            "(a lost response); not appended again",
+                            path,
+                            commit.version,
+                        )
+                        return
                 if table is None:
                     write_deltalake(
                         path,
                         data,
                         mode="append",
                         configuration=self.table_configuration or None,
-                        commit_properties=commit,
+                        commit_properties=properties,
                         storage_options=self.storage_options or None,
                     )
                 else:
@@ -343,7 +362,7 @@ class DeltaWarehouse:
                         table,
                         data,
                         mode="append",
-                        commit_properties=commit,
+                        commit_properties=properties,
                         post_commithook_properties=commit_hooks(table),
                     )
 
