@@ -16,6 +16,10 @@ carry over from one to the next):
 * ``many_tables``: :mod:`many_tables` -- one micro-batch of ``--many-tables`` tables with
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;
+* ``store_requests``: :mod:`store_requests` -- the same micro-batches of 1, 50 and
+  ``--many-tables`` tables on moto's S3 behind a proxy adding ``--store-latency-ms`` to
+  every request, beside local disk: requests by kind per touched table (against a
+  budget) and seconds per micro-batch (issue 34: within 3x local disk for 500 tables);
 * ``many_topics``: :mod:`many_topics` -- the same tables end to end, a Debezium topic per
   table, through ``cdcflow run --once``: read tasks packed (default), a task per
   topic-partition, and every table in one topic (the reference), seconds per micro-batch;
@@ -62,6 +66,7 @@ BENCHMARKS = (
     "debezium",
     "multitable",
     "many_tables",
+    "store_requests",
     "many_topics",
     "many_sources",
     "merge_scale",
@@ -107,6 +112,15 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             n(args.many_tables),
             "--changes",
             str(args.many_tables_changes),
+        ],
+        "store_requests": [
+            "store_requests.py",
+            "--tables",
+            ",".join(sorted({"1", n(50), n(args.many_tables)}, key=int)),
+            "--changes",
+            str(args.many_tables_changes),
+            "--latency-ms",
+            str(args.store_latency_ms),
         ],
         "many_topics": [
             "many_topics.py",
@@ -167,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--many-tables", type=int, default=500, help="tables per micro-batch")
     parser.add_argument(
         "--many-tables-changes", type=int, default=50, help="changes per table per micro-batch"
+    )
+    parser.add_argument(
+        "--store-latency-ms", type=float, default=30.0, help="store_requests: per request"
     )
     parser.add_argument("--freshness-rate", type=int, default=20_000, help="changes/s")
     parser.add_argument("--freshness-seconds", type=float, default=120.0)

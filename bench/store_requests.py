@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import child_env, emit, row  # noqa: E402
+from common import emit, row  # noqa: E402
 from many_tables import micro_batches  # noqa: E402
 
 #: requests per touched table per micro-batch, at most (steady state: the table's
@@ -48,60 +47,22 @@ REQUEST_BUDGET = 20.0
 #: the 500-table micro-batch on the store within this many times local disk
 LATENCY_TARGET_RATIO = 3.0
 
-_PROXY = """
-import sys
-from cdcflow_testkit.services.store_proxy import Fault, StoreProxy
 
-proxy = StoreProxy(sys.argv[1]).start()
-if float(sys.argv[2]) > 0:
-    proxy.inject(Fault("delay", times=None, seconds=float(sys.argv[2])))
-print(proxy.endpoint_url, flush=True)
-for line in sys.stdin:  # "counts": the requests by kind since the last ask
-    kinds = {}
+def _requests(proxy: Any) -> Counter[str]:
+    """The requests the proxy forwarded since the last call, by kind (a LIST is a GET
+    with ``list-type``)."""
+    kinds: Counter[str] = Counter()
     for seen in proxy.seen:
-        kind = "LIST" if seen.method == "GET" and "list-type=" in seen.path else seen.method
-        kinds[kind] = kinds.get(kind, 0) + 1
+        kinds["LIST" if seen.method == "GET" and "list-type=" in seen.path else seen.method] += 1
     proxy.reset_counts()
-    print(" ".join(f"{k}={v}" for k, v in sorted(kinds.items())), flush=True)
-proxy.stop()
-"""
-
-
-class _Proxy:
-    """The store proxy in a process of its own (so its threads take no GIL from the
-    pipeline), adding ``latency_s`` to every request."""
-
-    def __init__(self, upstream: str, latency_s: float) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _PROXY, upstream, str(latency_s)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # a client's closed connection, as it pleases
-            text=True,
-            env=child_env(),
-        )
-        assert self.process.stdout is not None
-        self.endpoint_url = self.process.stdout.readline().strip()
-
-    def counts(self) -> Counter[str]:
-        """The requests by kind since the last call."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write("counts\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline().strip()
-        return Counter({k: int(v) for k, v in (p.split("=") for p in line.split())})
-
-    def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=30)
+    return kinds
 
 
 def _apply(
     batches: list[Any],
     root: str,
     options: dict[str, str] | None,
-    proxy: _Proxy | None,
+    proxy: Any,
     parallel_tables: int,
 ):
     """Apply the micro-batches in order to a fresh warehouse at ``root``; the seconds and
@@ -114,14 +75,14 @@ def _apply(
     applier = BatchApplier(warehouse, Router(), parallel_tables=parallel_tables)
     applier.apply(batches[0], delivery_id=0)
     if proxy is not None:
-        proxy.counts()
+        _requests(proxy)
     seconds, requests = [], []
     for i, events in enumerate(batches[1:], 1):
         t = time.perf_counter()
         applier.apply(events, delivery_id=i)
         seconds.append(time.perf_counter() - t)
         if proxy is not None:
-            requests.append(proxy.counts())
+            requests.append(_requests(proxy))
     return seconds, requests
 
 
@@ -129,59 +90,58 @@ def run(
     tables_list: list[int], changes: int, batches: int, latency_ms: float, parallel: int
 ) -> list[dict]:
     from cdcflow_testkit.services.object_stores import MotoS3
+    from cdcflow_testkit.services.store_proxy import Fault, StoreProxy
 
     rows: list[dict[str, Any]] = []
-    with MotoS3() as s3:
-        proxy = _Proxy(s3.endpoint_url, latency_ms / 1000)
+    with MotoS3() as s3, StoreProxy(s3.endpoint_url) as proxy:
+        if latency_ms > 0:
+            proxy.inject(Fault("delay", times=None, seconds=latency_ms / 1000))
         options = {**s3.storage_options(), "aws_endpoint_url": proxy.endpoint_url}
-        try:
-            for tables in tables_list:
-                work = micro_batches(tables, changes, batches)
-                with tempfile.TemporaryDirectory(prefix="cdcflow-store-") as folder:
-                    local_s, _ = _apply(work, folder, None, None, 4)
-                store_s, requests = _apply(work, s3.warehouse_uri(), options, proxy, parallel)
-                local, store = statistics.median(local_s), statistics.median(store_s)
-                total: Counter[str] = Counter()
-                for r in requests:
-                    total.update(r)
-                per_table = sum(total.values()) / len(requests) / tables
-                print(
-                    f"  {tables} tables: local {[round(s, 2) for s in local_s]} s; store at "
-                    f"{latency_ms:g} ms {[round(s, 2) for s in store_s]} s; "
-                    f"{dict(total)} requests over {len(requests)} micro-batches",
-                    flush=True,
+        for tables in tables_list:
+            work = micro_batches(tables, changes, batches)
+            with tempfile.TemporaryDirectory(prefix="cdcflow-store-") as folder:
+                local_s, _ = _apply(work, folder, None, None, 4)
+            store_s, requests = _apply(work, s3.warehouse_uri(), options, proxy, parallel)
+            local, store = statistics.median(local_s), statistics.median(store_s)
+            total: Counter[str] = Counter()
+            for r in requests:
+                total.update(r)
+            per_table = sum(total.values()) / len(requests) / tables
+            print(
+                f"  {tables} tables: local {[round(s, 2) for s in local_s]} s; store at "
+                f"{latency_ms:g} ms {[round(s, 2) for s in store_s]} s; "
+                f"{dict(total)} requests over {len(requests)} micro-batches",
+                flush=True,
+            )
+            big = tables >= 500
+            rows.append(
+                row(
+                    "store_requests",
+                    f"micro-batch, {tables} tables x {changes} changes, S3 at {latency_ms:g} ms",
+                    store,
+                    "s",
+                    reference=local,
+                    reference_name="the same on local disk",
+                    target=f"<= {LATENCY_TARGET_RATIO:g}x reference" if big else None,
+                    met=(store <= LATENCY_TARGET_RATIO * local) if big else None,
+                    tables=tables,
                 )
-                big = tables >= 500
-                rows.append(
-                    row(
-                        "store_requests",
-                        f"micro-batch, {tables} tables x {changes} changes, S3 at {latency_ms:g} ms",
-                        store,
-                        "s",
-                        reference=local,
-                        reference_name="the same on local disk",
-                        target=f"<= {LATENCY_TARGET_RATIO:g}x reference" if big else None,
-                        met=(store <= LATENCY_TARGET_RATIO * local) if big else None,
-                        tables=tables,
-                    )
+            )
+            rows.append(
+                row(
+                    "store_requests",
+                    f"requests per touched table per micro-batch, {tables} tables",
+                    per_table,
+                    "requests",
+                    target=f"<= {REQUEST_BUDGET:g}",
+                    met=per_table <= REQUEST_BUDGET,
+                    tables=tables,
+                    **{
+                        kind.lower(): round(n / len(requests) / tables, 2)
+                        for kind, n in sorted(total.items())
+                    },
                 )
-                rows.append(
-                    row(
-                        "store_requests",
-                        f"requests per touched table per micro-batch, {tables} tables",
-                        per_table,
-                        "requests",
-                        target=f"<= {REQUEST_BUDGET:g}",
-                        met=per_table <= REQUEST_BUDGET,
-                        tables=tables,
-                        **{
-                            kind.lower(): round(n / len(requests) / tables, 2)
-                            for kind, n in sorted(total.items())
-                        },
-                    )
-                )
-        finally:
-            proxy.stop()
+            )
     return rows
 
 
@@ -194,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3, help="timed micro-batches")
     parser.add_argument("--latency-ms", type=float, default=30.0, help="added to each request")
     parser.add_argument(
-        "--parallel", type=int, default=4, help="apply.parallel_tables on the store (4 on disk)"
+        "--parallel",
+        type=int,
+        default=16,
+        help="apply.parallel_tables on the store (its default there; 4 on disk)",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)

@@ -63,3 +63,19 @@ def test_long_run_benchmark_measures_both_runs_at_its_marks(long_run):
     rows = long_run.rows_of(runs)
     assert len(rows) == 2 * len(runs["with maintenance"][3])
     assert all(r["target"] is None for r in rows)  # one mark: nothing to be flat against
+
+
+@pytest.fixture(scope="module")
+def store_requests():
+    yield from _bench_module("store_requests")
+
+
+@pytest.mark.services
+def test_store_benchmark_counts_the_requests_of_each_micro_batch(store_requests):
+    rows = store_requests.run([2], changes=5, batches=1, latency_ms=0, parallel=2)
+    seconds, requests = rows
+    assert seconds["figure"] == "micro-batch, 2 tables x 5 changes, S3 at 0 ms"
+    assert seconds["value"] > 0 and seconds["reference"] > 0
+    # every micro-batch reads, lists and writes: each kind is counted, none made up
+    assert requests["value"] == sum(requests[k] for k in ("get", "head", "list", "post", "put"))
+    assert requests["get"] > 0 and requests["list"] > 0 and requests["put"] > 0
