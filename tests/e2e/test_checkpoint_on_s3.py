@@ -90,7 +90,7 @@ def test_sigkills_mid_batch_on_s3_lose_nothing_and_repeat_nothing(broker, tmp_pa
 
     seed, kills = 34, 2
     workload = Workload(tables_for(encoder_for("debezium-json").exact_types), seed=seed)
-    stream = workload_stream(workload, 1_000, truncate_every=450)
+    stream = workload_stream(workload, 600, truncate_every=270)
     faulty = inject_faults(
         stream, f"s3faults.{uuid.uuid4().hex[:8]}", 2, random.Random(seed), replays=2
     )

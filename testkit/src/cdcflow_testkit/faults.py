@@ -792,6 +792,10 @@ class _Killer:
         self.run = KillRun()
         self._last_rss = 0.0
         self._batches = warehouse.system_path("batches")
+        # each look lists the checkpoint and the changelog's log: on a store, a few
+        # requests the server must answer on the same cores as the pipeline
+        on_store = not (checkpoint.store.local and self.changelog_log.local)
+        self.poll_s = 0.2 if on_store else 0.02
         self._applied = -1  # the last apply id the warehouse completed, as last seen
 
     def state(self) -> tuple[int, int]:
@@ -898,7 +902,7 @@ class _Killer:
                     f"process {cycle} committed no batch for {self.timeout_s:.0f} s; "
                     f"log {log}:\n{_tail(log)}"
                 )
-            time.sleep(0.02)
+            time.sleep(self.poll_s)
 
 
 # --------------------------------------------------------------------------- checks
