@@ -76,15 +76,7 @@ def test_the_s3a_connector_is_the_version_of_pysparks_hadoop_client():
 def _spark_wrote(s3, checkpoint: Checkpoint, batches: int) -> None:
     """The objects Spark's checkpoint holds after ``batches`` micro-batches, as S3A writes
     them: with its folders' marker objects (keys ending in ``/``)."""
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint_url,
-        aws_access_key_id=s3.access_key_id,
-        aws_secret_access_key=s3.secret_access_key,
-        region_name=s3.region,
-    )
+    client = s3.client()
     prefix = checkpoint.path.split(f"s3://{s3.bucket}/", 1)[1]
     for marker in ("", "offsets/", "commits/"):
         client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{marker}", Body=b"")

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cdcflow.errors import ConfigError
+from cdcflow.sinks.s3a import checkpoint_on_store
 from cdcflow.sinks.storage import Storage
 
 __all__ = ["Checkpoint", "Fingerprint", "QUERY_FOLDER"]
@@ -96,7 +97,7 @@ class Checkpoint:
         """``folder`` of a ``PipelineConfig``'s ``checkpoint`` (a URI gets the ``storage:``
         options)."""
         root = str(config.checkpoint).rstrip("/")
-        options = config.storage if "://" in root else None
+        options = config.storage if checkpoint_on_store(root) else None
         return cls(f"{root}/{folder}", options)
 
     def _batches(self, sub: str) -> list[int]:

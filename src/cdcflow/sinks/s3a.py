@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cdcflow.errors import ConfigError
+from cdcflow.sinks.storage import CLIENT_KEYS
 
 __all__ = ["S3A_KEYS", "check_checkpoint_options", "checkpoint_on_store"]
 
@@ -37,8 +38,11 @@ S3A_KEYS: dict[str, str] = {
     "default_region": "endpoint.region",
 }
 
-#: options that only tune delta-rs's own client (retries, timeouts, commits): S3A's
-#: defaults stand for the checkpoint
+#: the HTTP client's proxy settings: they change how S3 is reached, and S3A is not given them
+_PROXY_KEYS = frozenset({"proxy_url", "proxy_ca_certificate", "proxy_excludes"})
+
+#: options that only tune delta-rs's own client (retries, timeouts, commits; the HTTP
+#: client's keys but its proxy): S3A's defaults stand for the checkpoint
 _DELTA_RS_ONLY = frozenset(
     {
         "aws_allow_http",  # read from the endpoint's scheme instead
@@ -65,28 +69,8 @@ _DELTA_RS_ONLY = frozenset(
         "aws_ec2_metadata_timeout",
         "aws_bucket",
         "aws_bucket_name",
-        # the HTTP client's keys (object_store's ClientConfigKey) and delta-rs's retries
-        "allow_invalid_certificates",
-        "connect_timeout",
-        "default_content_type",
-        "http1_only",
-        "http2_keep_alive_interval",
-        "http2_keep_alive_timeout",
-        "http2_keep_alive_while_idle",
-        "http2_max_frame_size",
-        "http2_only",
-        "pool_idle_timeout",
-        "pool_max_idle_per_host",
-        "randomize_addresses",
-        "timeout",
-        "user_agent",
-        "max_retries",
-        "retry_timeout",
-        "backoff_config.init_backoff",
-        "backoff_config.max_backoff",
-        "backoff_config.base",
     }
-)
+) | (CLIENT_KEYS - _PROXY_KEYS)
 
 
 def checkpoint_on_store(checkpoint: str) -> bool:

@@ -55,6 +55,7 @@ __all__ = [
     "PROVIDERS",
     "Provider",
     "Storage",
+    "CLIENT_KEYS",
     "check_storage_options",
     "provider_of",
     "put_object",
@@ -76,7 +77,7 @@ PROVIDERS: dict[str, Provider] = {
 }
 
 #: the HTTP client's keys, for every provider (object_store's ``ClientConfigKey``)
-_CLIENT_KEYS = frozenset(
+CLIENT_KEYS = frozenset(
     {
         "allow_http",
         "allow_invalid_certificates",
@@ -248,9 +249,9 @@ _GCS_KEYS = frozenset(
 
 _KEYS: dict[Provider, frozenset[str]] = {
     "local": frozenset(),
-    "s3": _S3_KEYS | _CLIENT_KEYS,
-    "azure": _AZURE_KEYS | _CLIENT_KEYS,
-    "gcs": _GCS_KEYS | _CLIENT_KEYS,
+    "s3": _S3_KEYS | CLIENT_KEYS,
+    "azure": _AZURE_KEYS | CLIENT_KEYS,
+    "gcs": _GCS_KEYS | CLIENT_KEYS,
 }
 
 
@@ -504,6 +505,17 @@ class Storage:
         """This storage with the probes' short retries (the user's own settings win)."""
         return self if self.local else Storage(self.root, {**PROBE_RETRIES, **self.options})
 
+    def _probe_failed(self, item: str, step: str, exc: OSError) -> StorageError:
+        """One line naming ``item``, the probe ``step`` that failed, and the fix."""
+        found = storage_error(exc, self.root)
+        return StorageError(
+            f"{item}: the {step} probe failed: {found.message}",
+            path=self.root,
+            target=None,
+            kind=found.kind,
+            cause=found.cause,
+        )
+
     def probe_files(self, item: str = "checkpoint") -> str:
         """Prove that files can be listed, written, read and deleted under the root (Spark's
         checkpoint needs no more: the lease keeps its writer alone).
@@ -529,14 +541,7 @@ class Storage:
             step = "delete"
             quick.remove(name)
         except OSError as exc:  # deltalake's errors are OSErrors
-            found = storage_error(exc, self.root)
-            raise StorageError(
-                f"{item}: the {step} probe failed: {found.message}",
-                path=self.root,
-                target=None,
-                kind=found.kind,
-                cause=found.cause,
-            ) from exc
+            raise self._probe_failed(item, step, exc) from exc
         return f"{self.root}: list, write, read and delete work"
 
     def probe(self) -> str:
@@ -579,14 +584,7 @@ class Storage:
             else:
                 raise conditional_put_error(self.root, self.provider)
         except OSError as exc:  # deltalake's errors are OSErrors
-            found = storage_error(exc, self.root)
-            raise StorageError(
-                f"warehouse: the {step} probe failed: {found.message}",
-                path=self.root,
-                target=None,
-                kind=found.kind,
-                cause=found.cause,
-            ) from exc
+            raise self._probe_failed("warehouse", step, exc) from exc
         finally:
             # a probe left behind is harmless; the next probe uses another name
             with contextlib.suppress(OSError):

@@ -683,7 +683,7 @@ def run_with_kills(
             within ``timeout_s``, or the drain timed out; the message has its log's tail.
     """
     from cdcflow.config import load_config
-    from cdcflow.runtime.checkpoint import QUERY_FOLDER
+    from cdcflow.runtime.checkpoint import Checkpoint
     from cdcflow.sinks.warehouse import DeltaWarehouse
 
     config = load_config(config_path)
@@ -694,9 +694,9 @@ def run_with_kills(
         pipeline_id=f"{config.pipeline_id}.{source.name}",
         storage_options=config.storage,
     )
-    options = config.storage if "://" in config.checkpoint else None
+    checkpoint = Checkpoint.of(config)  # its folder or URI, and the options to reach it
     killer = _Killer(
-        _Checkpoint(f"{config.checkpoint.rstrip('/')}/{QUERY_FOLDER}", options),
+        _Checkpoint(checkpoint.path, checkpoint.store.options),
         warehouse,
         rng,
         idle_timeout_s,

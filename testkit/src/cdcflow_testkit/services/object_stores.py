@@ -38,6 +38,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 from cdcflow_testkit.services.maven import MavenError, cache_root, run_maven
 from cdcflow_testkit.services.process import (
@@ -114,6 +115,19 @@ class _S3Endpoint:
     def warehouse_uri(self, name: str = "warehouse") -> str:
         """``s3://<bucket>/<random>/<name>``: a prefix no other test has written."""
         return f"s3://{self.bucket}/{uuid.uuid4().hex}/{name}"
+
+    def client(self) -> Any:
+        """A boto3 S3 client of this server (signed with its credentials), for what a
+        test does beside delta-rs (e.g. objects S3A writes)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region,
+        )
 
 
 def _answers(url: str) -> bool:
@@ -367,17 +381,8 @@ class S3Proxy(_S3Endpoint, ManagedProcess):
         Raises:
             ObjectStoreError: the server refused it.
         """
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            region_name=self.region,
-        )
         try:
-            client.create_bucket(Bucket=name)
+            self.client().create_bucket(Bucket=name)
         except Exception as exc:  # botocore's ClientError and connection errors
             raise ObjectStoreError(f"creating bucket {name!r} on S3Proxy: {exc}") from exc
 
