@@ -50,6 +50,7 @@ Example (every key with its default where it has one)::
     apply:
       tombstone_retention_hours: 168   # deleted keys remembered this long (0: forever)
       table_budget_s: 600          # a table whose apply of one batch takes longer stops (0: off)
+      store_outage_budget_s: 60    # a store failing beyond delta-rs's retries: restart this long, then exit 74
       parallel_tables: 4           # tables of a micro-batch applied at once (1: one by one; 16 on a store)
       merge_engine: arrow          # arrow (rewrite only the files a batch's keys are in) | delta-rs
       dead_letter_limit: null      # share of a micro-batch's records; over it the run stops (0: any)
@@ -395,6 +396,11 @@ class ApplyConfig(_Strict):
             purged; 0 keeps them forever.
         table_budget_s: a table whose apply of one micro-batch takes longer is stopped
             after it; 0: no budget.
+        store_outage_budget_s: seconds a warehouse store that throttles or does not
+            answer beyond delta-rs's own retries is waited out, by starting the query
+            again from its checkpoint (:mod:`cdcflow.runtime.store_outage`); then the run
+            stops (exit 74). 0: the first such failure stops it. The lease's validity
+            (40 s of its 60 s TTL) ends a longer outage first.
         parallel_tables: how many tables of a micro-batch are applied at once (threads
             on the driver; 1 applies them one after another). Default 4 on a local
             warehouse, 16 on an object store, where a table's apply mostly waits on
@@ -412,6 +418,7 @@ class ApplyConfig(_Strict):
 
     tombstone_retention_hours: float = Field(default=168.0, ge=0)
     table_budget_s: float = Field(default=600.0, ge=0)
+    store_outage_budget_s: float = Field(default=60.0, ge=0)
     parallel_tables: int = Field(default=4, ge=1, le=64)
     merge_engine: Literal["arrow", "delta-rs"] = "arrow"
     transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)

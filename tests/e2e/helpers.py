@@ -4,11 +4,15 @@ workload scenario over the demo tables, and the accounting checks every test end
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import zlib
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs as pafs
+from deltalake.fs import DeltaStorageHandler
 
 from cdcflow.config import PipelineConfig, parse_config
 from cdcflow_testkit.encoders import Message, encoder_for
@@ -201,3 +205,31 @@ def check_changelog_once(wh):
         )
     )
     assert len(coords) == len(set(coords)), "an event reached the changelog twice"
+
+
+def delta_log_problems(uri, options):
+    """What is wrong in the Delta logs under ``uri``: a data file added by two commits of
+    one table, or one application transaction ``(app_id, version)`` in two commits."""
+    fs = pafs.PyFileSystem(DeltaStorageHandler(uri, options))
+    commits: dict[str, list[tuple[str, list[dict]]]] = {}
+    for info in fs.get_file_info(pafs.FileSelector("", recursive=True)):
+        if info.is_file and "_delta_log/" in info.path and info.path.endswith(".json"):
+            table, name = info.path.rsplit("/_delta_log/", 1)
+            with fs.open_input_stream(info.path) as f:
+                actions = [json.loads(line) for line in f.read().decode().splitlines() if line]
+            commits.setdefault(table, []).append((name, actions))
+    assert commits, f"no Delta log under {uri}"
+    problems = []
+    for table, logs in sorted(commits.items()):
+        added: dict[str, list[str]] = {}
+        txns: dict[tuple[str, int], list[str]] = {}
+        for name, actions in sorted(logs):
+            for action in actions:
+                if "add" in action:
+                    added.setdefault(action["add"]["path"], []).append(name)
+                if "txn" in action:
+                    txn = (action["txn"]["appId"], action["txn"]["version"])
+                    txns.setdefault(txn, []).append(name)
+        problems += [f"{table}: file {p} added by {c}" for p, c in added.items() if len(c) > 1]
+        problems += [f"{table}: transaction {t} in {c}" for t, c in txns.items() if len(c) > 1]
+    return problems

@@ -84,3 +84,17 @@ def test_two_pipelines_in_one_process_have_their_own_metrics(metrics):
 def test_a_taken_port_is_an_os_error_naming_nothing_else():
     with socket.create_server(("127.0.0.1", 0)) as taken, pytest.raises(OSError):
         Metrics(taken.getsockname()[1])
+
+
+def test_store_restarts_count_by_kind_and_the_outage_gauge_returns_to_zero(metrics):
+    metrics.store_restarted("unavailable", 1.0)
+    metrics.store_restarted("unavailable", 3.5)
+    metrics.store_restarted("unreachable", 8.0)
+    got = _scrape(metrics.url)
+    assert got[("cdcflow_store_restarts_total", (("kind", "unavailable"),))] == 2
+    assert got[("cdcflow_store_restarts_total", (("kind", "unreachable"),))] == 1
+    assert got[("cdcflow_store_outage_seconds", ())] == 8.0
+    metrics.store_restarted(None, 0.0)  # a micro-batch applied: the outage is over
+    got = _scrape(metrics.url)
+    assert got[("cdcflow_store_outage_seconds", ())] == 0
+    assert got[("cdcflow_store_restarts_total", (("kind", "unavailable"),))] == 2

@@ -339,3 +339,48 @@ def test_s3_racing_processes_never_both_hold_it(s3, s3_store, request):
     rounds = 10
     out = _race(root, rounds, racers=2, storage_options=options)
     _check_race(root, out, rounds, storage_options=options)
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_a_holder_whose_renewals_hang_counts_itself_lost_before_anyone_may_take_over(
+    moto_s3, store_proxy
+):
+    """The holder reaches the store through the fault proxy, whose every request hangs
+    from some point on (its renewal thread waits inside a request); a contender reaches
+    the store directly and takes the lease over once it expired. At every moment the
+    contender holds it, the holder already counts itself lost: the two never both hold
+    it, although the holder's renewal never answered (decision 69)."""
+    from cdcflow_testkit.services.store_proxy import Fault
+
+    root = f"{moto_s3.warehouse_uri()}/lease-hang"
+    direct = moto_s3.storage_options()
+    proxied = {**direct, "aws_endpoint_url": store_proxy.endpoint_url, "timeout": "30s"}
+    ttl_s = 3.0
+    lost: list[str] = []
+    holder = PipelineLease(
+        root, "orders", storage_options=proxied, ttl_s=ttl_s, renew_every_s=0.5,
+        on_lost=lost.append,
+    )  # fmt: skip
+    holder.acquire()
+    store_proxy.inject(Fault("hang", times=None, seconds=20))
+    hung_at = time.monotonic()
+    contender = _lease(root, storage_options=direct, ttl_s=ttl_s)
+    overlap = []
+    while time.monotonic() - hung_at < 3 * ttl_s:
+        try:
+            contender.acquire()
+        except LeaseHeld:
+            assert holder.held or holder.lost
+            time.sleep(0.05)
+            continue
+        overlap.append(holder.held)  # the instant the contender holds it
+        break
+    assert overlap == [False], "the contender took the lease over while the holder held it"
+    assert holder.lost and lost and "was not renewed" in lost[0]
+    assert contender.held
+    waited = time.monotonic() - hung_at
+    assert waited >= ttl_s * 2 / 3 - 0.5  # not lost before its margin
+    store_proxy.clear()
+    assert contender.release() is True

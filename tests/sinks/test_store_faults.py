@@ -12,13 +12,9 @@ transaction is recorded by one commit. See docs/decisions/0066-store-faults.md.
 
 from __future__ import annotations
 
-import json
-
-import pyarrow.fs as pafs
 import pytest
-from deltalake.fs import DeltaStorageHandler
 from tests.apply.helpers import dele, ins, table_of, upd
-from tests.e2e.helpers import check_accounting, check_changelog_once
+from tests.e2e.helpers import check_accounting, check_changelog_once, delta_log_problems
 
 from cdcflow.apply.batch import BatchApplier
 from cdcflow.errors import StorageError
@@ -67,34 +63,6 @@ def _model(batches):
     return rows
 
 
-def _log_problems(uri, options):
-    """What is wrong in the Delta logs under ``uri``: a data file added by two commits of
-    one table, or one application transaction ``(app_id, version)`` in two commits."""
-    fs = pafs.PyFileSystem(DeltaStorageHandler(uri, options))
-    commits: dict[str, list[tuple[str, list[dict]]]] = {}
-    for info in fs.get_file_info(pafs.FileSelector("", recursive=True)):
-        if info.is_file and "_delta_log/" in info.path and info.path.endswith(".json"):
-            table, name = info.path.rsplit("/_delta_log/", 1)
-            with fs.open_input_stream(info.path) as f:
-                actions = [json.loads(line) for line in f.read().decode().splitlines() if line]
-            commits.setdefault(table, []).append((name, actions))
-    assert commits, f"no Delta log under {uri}"
-    problems = []
-    for table, logs in sorted(commits.items()):
-        added: dict[str, list[str]] = {}
-        txns: dict[tuple[str, int], list[str]] = {}
-        for name, actions in sorted(logs):
-            for action in actions:
-                if "add" in action:
-                    added.setdefault(action["add"]["path"], []).append(name)
-                if "txn" in action:
-                    txn = (action["txn"]["appId"], action["txn"]["version"])
-                    txns.setdefault(txn, []).append(name)
-        problems += [f"{table}: file {p} added by {c}" for p, c in added.items() if len(c) > 1]
-        problems += [f"{table}: transaction {t} in {c}" for t, c in txns.items() if len(c) > 1]
-    return problems
-
-
 def _warehouse(moto_s3, endpoint, **options):
     uri = moto_s3.warehouse_uri()
     opts = {**moto_s3.storage_options(), "aws_endpoint_url": endpoint, **options}
@@ -109,7 +77,7 @@ def _check_store(moto_s3, wh, batches):
     records = sum(len(b) for b in batches)
     check_accounting(direct, records)
     check_changelog_once(direct)
-    assert _log_problems(wh.root, options) == []
+    assert delta_log_problems(wh.root, options) == []
 
 
 # --------------------------------------------------------------------------- the proxy

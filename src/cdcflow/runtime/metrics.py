@@ -12,6 +12,12 @@ units in names); labels are the source (``<source>`` of the configuration), the 
     cdcflow_records_behind{source}           cdcflow_lag_seconds{source}
     cdcflow_batch_duration_seconds{source}   cdcflow_last_batch_timestamp_seconds{source}
     cdcflow_table_rows_total{table,change}   (change: inserted | updated | deleted)
+    cdcflow_store_restarts_total{kind}       cdcflow_store_outage_seconds
+                                             (kind: unavailable | unreachable)
+
+The last two count the query's restarts across a warehouse outage
+(:mod:`cdcflow.runtime.store_outage`) and how long the current outage has lasted (0:
+none).
 
 Kafka Connect's sink-task and error metrics and Flink's ``numRecordsIn`` / ``currentEmitEventTimeLag``
 are the models. Each :class:`Metrics` has a registry of its own, so two pipelines in one
@@ -73,6 +79,17 @@ class Metrics:
         self.rows = Counter(
             "cdcflow_table_rows", "Rows changed in target tables", ["table", "change"], registry=r
         )
+        self.store_restarts = Counter(
+            "cdcflow_store_restarts",
+            "Restarts of the query after the warehouse's store failed beyond its retries",
+            ["kind"],
+            registry=r,
+        )
+        self.store_outage = Gauge(
+            "cdcflow_store_outage_seconds",
+            "How long the current warehouse outage has lasted (0: none)",
+            registry=r,
+        )
         self._server, self._thread = start_http_server(port, addr=host, registry=r)
         self.host = host
         self.port = int(self._server.server_address[1])
@@ -107,6 +124,13 @@ class Metrics:
                                   ("deleted", c.deleted)):  # fmt: skip
                     if n:
                         self.rows.labels(mirror.target, change).inc(n)
+
+    def store_restarted(self, kind: str | None, outage_s: float) -> None:
+        """A restart of the query after a store failure of ``kind`` (``None``: the outage
+        ended), ``outage_s`` seconds into the outage."""
+        if kind is not None:
+            self.store_restarts.labels(kind).inc()
+        self.store_outage.set(outage_s)
 
     def close(self) -> None:
         """Stop serving."""

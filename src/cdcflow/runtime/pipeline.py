@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ from cdcflow.apply.batch import BatchApplier
 from cdcflow.apply.offsets import PendingApply
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
-from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError
+from cdcflow.errors import CdcflowError, ConfigError, DeadLetterLimit, SourceError, StorageError
 from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.model import dumps
 from cdcflow.runtime.checkpoint import Checkpoint, Fingerprint
@@ -46,6 +47,7 @@ from cdcflow.runtime.hadoop import hadoop_uri, use_checkpoint_store
 from cdcflow.runtime.metrics import Metrics
 from cdcflow.runtime.progress import ProgressReporter, attach, detach
 from cdcflow.runtime.spark import get_or_create_session, workers_import_cdcflow
+from cdcflow.runtime.store_outage import StoreOutage
 from cdcflow.sinks.delta_spark import SparkDeltaWarehouse, delta_spark_ready
 from cdcflow.sinks.maintenance import ExpiryClock
 from cdcflow.sinks.s3a import checkpoint_on_store
@@ -312,6 +314,8 @@ class Pipeline:
         #: group's offsets (``kafka.commit_offsets``), while the query runs
         self._metrics: Metrics | None = None
         self._group: GroupOffsets | None = None
+        #: the restarts of the query across a warehouse outage, while :meth:`run` runs
+        self._outage: StoreOutage | None = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -452,6 +456,7 @@ class Pipeline:
 
             def work(on_durable: Callable[[], None]) -> None:
                 reports = self._apply_sources(appliers, parts, batch_id, on_durable)
+                self._store_answers()
                 self.progress.applied(batch_id, reports)
                 self._publish(reports)
                 if manifest is not None:
@@ -486,6 +491,8 @@ class Pipeline:
     def _monitor(self, options: dict[str, str]) -> None:
         """Start what ``monitoring:`` and ``kafka.commit_offsets`` ask for, and say where."""
         monitoring = self.config.monitoring
+        if self._metrics is not None or self._group is not None:
+            return  # the query was started again (a store outage): they go on
         if monitoring.prometheus_port is not None:
             try:
                 metrics = Metrics(monitoring.prometheus_port, monitoring.prometheus_host)
@@ -670,8 +677,15 @@ class Pipeline:
             ledger = appliers[source.name].ledger
             # a checkpoint whose micro-batches read nothing of the source (started before
             # the replication tool created or filled its topic, or at "latest" before a
-            # new change) agrees with a warehouse that applied nothing of it
-            if committed and ledger.completed_id() < 0 and not checkpoint.read_nothing(source.name):
+            # new change) agrees with a warehouse that applied nothing of it; so does one
+            # whose first apply was interrupted after its intent (finished below: Spark
+            # went on once the intent made its records durable, decision 32)
+            if (
+                committed
+                and ledger.completed_id() < 0
+                and ledger.pending() is None
+                and not checkpoint.read_nothing(source.name)
+            ):
                 raise self._lost_warehouse(checkpoint, source, len(committed))
         for source in self.config.sources:
             applier = appliers[source.name]
@@ -810,7 +824,9 @@ class Pipeline:
 
     def run(self, once: bool = False, stop_on_signals: bool = False) -> RunSummary:
         """Start the pipeline's query over every source; with ``once``, drain what is
-        there and return.
+        there and return. A query that fails because the warehouse's store throttles or
+        does not answer is started again from its checkpoint, within
+        ``apply.store_outage_budget_s`` (:mod:`cdcflow.runtime.store_outage`).
 
         Args:
             once: drain what the topics hold now, then return.
@@ -823,7 +839,8 @@ class Pipeline:
             Interrupted: stopped by a signal (with ``stop_on_signals``), once the last
                 micro-batch's apply has ended.
             CdcflowError: a micro-batch's apply failed with one (e.g. ``StorageError``:
-                the warehouse cannot be written; ``LeaseLost``).
+                the warehouse cannot be written, or its store failed for longer than
+                ``apply.store_outage_budget_s``; ``LeaseLost``).
             SourceError: the query failed on an error of the Kafka source (e.g.
                 ``SOURCE_UNAVAILABLE``: the brokers stayed unreachable for
                 ``kafka.outage_budget_s``; ``DATA_LOSS``), chained to Spark's exception.
@@ -831,11 +848,38 @@ class Pipeline:
                 logged); the checkpoint keeps the last committed batch, so a restart
                 resumes there.
         """
+        outage = self._outage = StoreOutage(
+            self.config.apply.store_outage_budget_s, self.config.warehouse, self.progress.write
+        )
+        try:
+            while True:
+                try:
+                    return self._run_query(once, stop_on_signals)
+                except StorageError as exc:
+                    delay = outage.failed(exc)  # raises when no wait mends it
+                    if self._metrics is not None:
+                        self._metrics.store_restarted(exc.kind, outage.elapsed_s())
+                    self._failures.clear()
+                    time.sleep(delay)
+                    if self.fence is not None:
+                        self.fence()  # a lease lost meanwhile ends the run here
+        finally:
+            self._unmonitor()
+
+    def _store_answers(self) -> None:
+        """A micro-batch applied: a warehouse outage, if one was under way, is over."""
+        outage = self._outage
+        if outage is not None and outage.since is not None:
+            outage.ok()
+            if self._metrics is not None:
+                self._metrics.store_restarted(None, 0.0)
+
+    def _run_query(self, once: bool, stop_on_signals: bool) -> RunSummary:
+        """One query of :meth:`run`, from its start to its end or failure."""
         try:
             query = self._start(once=once)
         except BaseException:
             self._unfollow()
-            self._unmonitor()
             raise
         restore = _stop_on_signals(query) if stop_on_signals else None
         try:
@@ -856,7 +900,6 @@ class Pipeline:
             self._lane.wait()  # the last micro-batch's apply
         finally:
             self._unfollow()  # its line, after the last apply
-            self._unmonitor()
             if restore is not None:
                 signum = restore()
                 if signum is not None and query.exception() is None:

@@ -23,6 +23,13 @@ contender's: clocks must agree to well under the TTL (NTP does). A holder whose 
 taken over, released by someone else, or not renewed within its TTL notices on its next
 renewal: :attr:`PipelineLease.lost` becomes true and ``on_lost`` is called once.
 
+The holder does not wait for a renewal's answer to know its lease is running out: it
+counts its own validity (from the start of its last successful renewal, on the
+monotonic clock) and :attr:`PipelineLease.lost` turns true ``ttl_s / 3`` before that
+validity ends, whatever the renewal thread is doing (a renewal stuck in a request that
+hangs on a store cannot keep it held). That margin is the time a commit checked against
+the lease has to land before a contender may take the lease over (decision 69).
+
 Example::
 
     with PipelineLease("s3://lake/warehouse", "orders", storage_options=opts) as lease:
@@ -278,6 +285,9 @@ class PipelineLease:
         self.on_lost = on_lost
         self._clock = clock
         self._lock = threading.RLock()  # one read-decide-commit at a time in this process
+        self._lost_lock = threading.Lock()  # never held across a request to the store
+        #: the lease counts as lost this long before its validity ends (module docstring)
+        self.margin_s = ttl_s / 3
         self._table: DeltaTable | None = None
         self._opened_at = 0  # the version _table was opened at
         self._state: LeaseState | None = None  # ours, as last committed
@@ -290,13 +300,25 @@ class PipelineLease:
 
     @property
     def held(self) -> bool:
-        """Acquired, not released, not lost."""
-        return self._state is not None and self._lost_reason is None
+        """Acquired, not released, not lost (:attr:`lost`)."""
+        return self._state is not None and not self.lost
 
     @property
     def lost(self) -> bool:
-        """The lease was taken over, given up by someone else, or not renewed in time."""
+        """The lease was taken over, given up by someone else, or not renewed in time:
+        its validity ends within :attr:`margin_s` (checked now, not at the next renewal;
+        ``on_lost`` is called once, from the caller's thread, when this finds it)."""
+        if self._lost_reason is None and self._running_out():
+            self._lose(
+                f"pipeline {self.pipeline_id!r} stops: its lease {self.path} was not renewed "
+                f"for {self.ttl_ms / 1000 - self.margin_s:.0f} s (TTL {self.ttl_ms / 1000:g} s, "
+                "the store did not answer), so another run may take it over"
+            )
         return self._lost_reason is not None
+
+    def _running_out(self) -> bool:
+        """Held, and less than :attr:`margin_s` left of its validity."""
+        return self._state is not None and time.monotonic() >= self._valid_until - self.margin_s
 
     @property
     def lost_reason(self) -> str | None:
@@ -515,7 +537,7 @@ class PipelineLease:
         )
 
     def _lose(self, reason: str) -> None:
-        with self._lock:
+        with self._lost_lock:
             if self._lost_reason is not None:
                 return  # reported once
             self._lost_reason = reason
@@ -532,12 +554,13 @@ class PipelineLease:
         while not self._stop.wait(wait):
             try:
                 reason = self._renew()
-            except Exception as exc:  # the store is unreachable: retry until the TTL ends
-                if time.monotonic() >= self._valid_until:
+            except Exception as exc:  # the store is unreachable: retry until it runs out
+                if self._running_out():
                     self._lose(
                         f"pipeline {self.pipeline_id!r} stops: its lease {self.path} could not "
-                        f"be renewed within {self.ttl_ms / 1000:.0f} s, so another run may "
-                        f"have taken it over ({_one_line(exc, 200)})"
+                        f"be renewed for {self.ttl_ms / 1000 - self.margin_s:.0f} s (TTL "
+                        f"{self.ttl_ms / 1000:g} s), so another run may take it over "
+                        f"({_one_line(exc, 200)})"
                     )
                     return
                 log.warning("lease %s: renewal failed, retrying: %s", self.path, _one_line(exc))
