@@ -17,7 +17,7 @@ carry over from one to the next):
   ``--many-tables-changes`` changes each through the apply path (issue 18: <= 5 s for
   500 x 50), beside the same changes in one table, and the fixed cost per table;
 * ``store_requests``: :mod:`store_requests` -- the same micro-batches of 1, 50 and
-  ``--many-tables`` tables on moto's S3 behind a proxy adding ``--store-latency-ms`` to
+  ``--many-tables`` tables on S3Proxy behind a proxy adding ``--store-latency-ms`` to
   every request, beside local disk: requests by kind per touched table (against a
   budget) and seconds per micro-batch (issue 34: within 3x local disk for 500 tables);
 * ``many_topics``: :mod:`many_topics` -- the same tables end to end, a Debezium topic per

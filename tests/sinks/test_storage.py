@@ -135,7 +135,7 @@ def test_other_spellings_and_unsupported_places_are_refused_at_load(overrides, m
 
 
 def test_tables_are_applied_16_at_once_on_a_store_unless_set():
-    assert _config().apply.parallel_tables == 16
+    assert _config().apply.parallel_tables == 32
     assert _config(apply={"parallel_tables": 2}).apply.parallel_tables == 2
     assert _config(warehouse="/tmp/wh").apply.parallel_tables == 4
 

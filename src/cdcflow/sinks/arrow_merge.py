@@ -60,6 +60,7 @@ from cdcflow.sinks.merge import (
     SOFT_DELETE_COLUMN,
     MergeSpec,
 )
+from cdcflow.sinks.object_files import ObjectFiles, object_files, put_file
 from cdcflow.sinks.refresh import local_path
 from cdcflow.sinks.storage import put_object
 
@@ -360,11 +361,12 @@ def _write_parquet(filesystem: pa_fs.FileSystem, path: str, part: pa.Table) -> i
     store the file is made in memory and uploaded whole: asking the store for its size
     cost a LIST and a HEAD per file (delta-rs's file system)."""
     handler = getattr(filesystem, "handler", None)
-    if isinstance(handler, DeltaStorageHandler):
+    if isinstance(handler, (DeltaStorageHandler, ObjectFiles)):
         sink = pa.BufferOutputStream()
         pq.write_table(part, sink, compression="snappy")
         data = sink.getvalue()
-        put_object(handler, path, data)
+        if not put_file(filesystem, path, data):
+            put_object(handler, path, data)
         return int(data.size)
     pq.write_table(part, path, filesystem=filesystem, compression="snappy")
     return int(filesystem.get_file_info(path).size)
@@ -375,10 +377,14 @@ def table_filesystem(
 ) -> pa_fs.FileSystem:
     """A pyarrow file system rooted at the table's folder: the local one for a local
     table (no Python call per read or write, so parallel applies do not queue on the
-    GIL), delta-rs's object store otherwise."""
+    GIL); on an object store obstore's, which waits on the store without the GIL
+    (:mod:`cdcflow.sinks.object_files`), else delta-rs's."""
     local = local_path(table_uri)
     if local is not None:
         return pa_fs.SubTreeFileSystem(local, pa_fs.LocalFileSystem())
+    files = object_files(table_uri, storage_options)
+    if files is not None:
+        return files
     return pa_fs.PyFileSystem(DeltaStorageHandler(table_uri, dict(storage_options or {}) or None))
 
 
