@@ -86,3 +86,24 @@ def test_a_budget_of_zero_stops_at_the_first_failure_unchanged():
     with pytest.raises(StorageError) as raised:
         _outage(0, _Clock(), []).failed(error)
     assert raised.value is error
+
+
+def test_a_signal_ends_the_wait_between_two_queries():
+    """SIGTERM during the wait before a restart stops the run as it stops a query
+    (``Interrupted``, exit 130, the lease released on the way out)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from cdcflow.runtime.pipeline import Interrupted, _wait
+
+    before = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Interrupted) as raised:
+        _wait(30, stop_on_signals=True)
+    assert raised.value.signum == signal.SIGTERM
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGTERM) == before  # put back

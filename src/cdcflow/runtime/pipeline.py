@@ -860,7 +860,7 @@ class Pipeline:
                     if self._metrics is not None:
                         self._metrics.store_restarted(exc.kind, outage.elapsed_s())
                     self._failures.clear()
-                    time.sleep(delay)
+                    _wait(delay, stop_on_signals)
                     if self.fence is not None:
                         self.fence()  # a lease lost meanwhile ends the run here
         finally:
@@ -934,6 +934,26 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signum}")
         self.signum = signum
+
+
+def _wait(seconds: float, stop_on_signals: bool) -> None:
+    """Sleep between two queries of a run; with ``stop_on_signals`` (from the main thread)
+    SIGINT and SIGTERM end the wait with :class:`Interrupted`, as they end a query."""
+    import signal
+
+    if not stop_on_signals or threading.current_thread() is not threading.main_thread():
+        time.sleep(seconds)
+        return
+
+    def stop(signum, frame) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        time.sleep(seconds)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _stop_on_signals(query) -> Callable[[], int | None]:
