@@ -46,8 +46,10 @@ def test_a_store_without_credentials_it_can_find_keeps_delta_rs_files(monkeypatc
         "AWS_WEB_IDENTITY_TOKEN_FILE",
         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
         "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_PROFILE",
     ):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/a/key.json")  # another provider's
     options = {"aws_region": "eu-west-1"}
     assert object_files("s3://lake/wh/orders", options) is None
     fs = table_filesystem("s3://lake/wh/orders", options)
@@ -55,6 +57,11 @@ def test_a_store_without_credentials_it_can_find_keeps_delta_rs_files(monkeypatc
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-the-environment-too")
     assert isinstance(object_files("s3://lake/wh/orders", options).handler, ObjectFiles)
+    # a profile or a role to assume: only delta-rs's SDK chain signs as it says
+    assert object_files("s3://lake/wh/orders", {**options, "aws_profile": "lake"}) is None
+    assert object_files("s3://lake/wh/orders", {**options, "aws_role_arn": "arn:x"}) is None
+    monkeypatch.setenv("AWS_PROFILE", "lake")
+    assert object_files("s3://lake/wh/orders", options) is None
 
 
 @pytest.mark.services

@@ -22,9 +22,11 @@ they are (both take ``object_store``'s), the HTTP client's keys
 prefix) as client options, ``max_retries`` and ``retry_timeout`` as its retry settings.
 It is used only where it finds the credentials the way delta-rs does: in the options or
 in the environment's variables (``AWS_ACCESS_KEY_ID``, a web-identity token,
-``AZURE_STORAGE_*``, ``GOOGLE_*``); otherwise (an EC2 instance role, an AWS profile, which
-delta-rs's AWS SDK chain resolves and ``object_store``'s may not), and when obstore refuses
-the options, the merge stays on delta-rs's file system.
+``AZURE_STORAGE_*``, ``GOOGLE_*``), and no AWS profile or role to assume is named (in the
+options or ``AWS_PROFILE``); otherwise (an EC2 instance role, a profile, a role: delta-rs's
+AWS SDK chain resolves them, ``object_store``'s may not, or may sign with the
+environment's keys instead), and when obstore refuses the options, the merge stays on
+delta-rs's file system.
 
 Errors are raised as :class:`OSError` (``FileNotFoundError`` for a missing object) with
 ``object_store``'s message, which :func:`cdcflow.sinks.faults.storage_error` classifies as
@@ -60,19 +62,31 @@ _CREDENTIAL_KEY = re.compile(
     r"application_credentials|web_identity",
     re.I,
 )
-_CREDENTIAL_VARIABLES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_SAS_KEY",
-    "AZURE_CLIENT_SECRET",
-    "AZURE_FEDERATED_TOKEN_FILE",
-    "GOOGLE_SERVICE_ACCOUNT",
-    "GOOGLE_SERVICE_ACCOUNT_KEY",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-)
+#: credentials only delta-rs's AWS SDK chain resolves (a profile, a role to assume): with
+#: them object_store could sign as someone else, from the environment's keys
+_SDK_ONLY_KEY = re.compile(r"profile|role_arn|role_session_name", re.I)
+#: per URI scheme, the environment's variables that carry credentials object_store finds
+_CREDENTIAL_VARIABLES = {
+    "s3": (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ),
+    "azure": (
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_KEY",
+        "AZURE_CLIENT_SECRET",
+        "AZURE_FEDERATED_TOKEN_FILE",
+    ),
+    "gcs": (
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ),
+}
+_PROVIDER = {"s3": "s3", "s3a": "s3", "gs": "gcs", "abfs": "azure", "abfss": "azure",
+             "az": "azure", "adl": "azure", "azure": "azure"}  # fmt: skip
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 #: above this a file is uploaded in parts (obstore's put chunks it)
@@ -114,10 +128,15 @@ def _split(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], 
     return config, client, retry
 
 
-def _has_credentials(options: Mapping[str, str]) -> bool:
+def _has_credentials(scheme: str, options: Mapping[str, str]) -> bool:
+    provider = _PROVIDER.get(scheme.lower())
+    if provider is None:
+        return False
+    if any(_SDK_ONLY_KEY.search(k) for k in options) or os.environ.get("AWS_PROFILE"):
+        return False
     if any(_CREDENTIAL_KEY.search(k) for k in options):
         return True
-    return any(os.environ.get(name) for name in _CREDENTIAL_VARIABLES)
+    return any(os.environ.get(name) for name in _CREDENTIAL_VARIABLES[provider])
 
 
 def _store(base: str, options: Mapping[str, str]) -> Any:
@@ -251,10 +270,8 @@ def object_files(
     or ``None`` where delta-rs's file system must stay (module docstring: no credentials
     object_store finds, or options obstore refuses)."""
     options = dict(storage_options or {})
-    if not _has_credentials(options):
-        return None
     parts = urlsplit(table_uri)
-    if not parts.scheme or not parts.netloc:
+    if not parts.netloc or not _has_credentials(parts.scheme, options):
         return None
     base = f"{parts.scheme}://{parts.netloc}"
     try:
