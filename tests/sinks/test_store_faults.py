@@ -192,3 +192,24 @@ def test_a_fault_that_outlasts_the_retries_stops_the_run_in_one_line(
     store_proxy.clear()
     BatchApplier(wh, parallel_tables=1).apply(table_of(*second), 1)  # the next run
     _check_store(moto_s3, wh, [first, second])
+
+
+@pytest.mark.parametrize("engine", ["delta-rs"])
+def test_a_lost_commit_response_of_delta_rs_merge_is_not_applied_twice(
+    moto_s3, store_proxy, engine
+):
+    """The lost-response check of every commit path, not only the Arrow merge's: the
+    mirror merged by delta-rs's MERGE (``apply.merge_engine: delta-rs``), the response to
+    its commit lost after the store took it."""
+    uri = moto_s3.warehouse_uri()
+    options = {**moto_s3.storage_options(), "aws_endpoint_url": store_proxy.endpoint_url}
+    wh = DeltaWarehouse(uri, pipeline_id="faults", storage_options=options, merge_engine=engine)
+    applier = BatchApplier(wh, parallel_tables=1)
+    first, second = _batches()
+    applier.apply(table_of(*first), 0)
+    store_proxy.inject(Fault("drop_response", "PUT", rf"{TARGET}{COMMIT}"))
+    report = applier.apply(table_of(*second), 1)
+    assert report.records == len(second)
+    (taken,) = store_proxy.faults
+    assert taken.spent, taken
+    _check_store(moto_s3, wh, [first, second])

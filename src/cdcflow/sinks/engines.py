@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -87,6 +88,8 @@ MERGE_ENGINES = ("arrow", "delta-rs")
 _MERGE_ATTEMPTS = 3
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class MergeEngine(Protocol):
@@ -213,6 +216,33 @@ def _delta_merge(
     return delta_rs_merge(warehouse, table, source, spec, commit)
 
 
+def _landed(
+    warehouse: DeltaWarehouse,
+    table: DeltaTable,
+    commit: CommitContext | None,
+    make: Callable[[], T],
+) -> tuple[T | None, bool]:
+    """``make()``, a delta-rs operation committing ``commit``; ``(result, True)``, or
+    ``(None, False)`` when its commit failed but the store holds ``commit`` (the
+    response to it was lost, decision 66: not to be committed again, nor marked).
+
+    Raises:
+        CommitFailedError: the commit failed and the store does not hold it.
+    """
+    try:
+        return make(), True
+    except CommitFailedError:
+        if commit is None or not warehouse.holds(table, commit):
+            raise
+        log.warning(
+            "table %s: the store holds apply %d although its commit failed (a lost "
+            "response); not applied again",
+            table.table_uri,
+            commit.version,
+        )
+        return None, False
+
+
 def delta_rs_truncate(
     warehouse: DeltaWarehouse,
     table: DeltaTable,
@@ -226,21 +256,24 @@ def delta_rs_truncate(
     )
     props = warehouse.commit_properties(commit) if commit is not None else None
     before = table.version()
-    if soft_delete:
-        table.update(
-            updates={
-                quote_column(SOFT_DELETE_COLUMN): "true",
-                quote_column(SEQ_COLUMN): f"'{truncate_seq}'",
-            },
-            predicate=f"({predicate}) AND NOT {quote_column(SOFT_DELETE_COLUMN)}",
-            commit_properties=props,
-            post_commithook_properties=commit_hooks(table),
-        )
-    else:
-        table.delete(
+
+    def truncate() -> object:
+        if soft_delete:
+            return table.update(
+                updates={
+                    quote_column(SOFT_DELETE_COLUMN): "true",
+                    quote_column(SEQ_COLUMN): f"'{truncate_seq}'",
+                },
+                predicate=f"({predicate}) AND NOT {quote_column(SOFT_DELETE_COLUMN)}",
+                commit_properties=props,
+                post_commithook_properties=commit_hooks(table),
+            )
+        return table.delete(
             predicate, commit_properties=props, post_commithook_properties=commit_hooks(table)
         )
-    if commit is not None and table.version() == before:
+
+    _, made = _landed(warehouse, table, commit, truncate)
+    if made and commit is not None and table.version() == before:
         # delta-rs commits nothing when no row matched: the batch is recorded alone
         warehouse.mark(table, commit)
 
@@ -292,14 +325,12 @@ def delta_rs_merge(
         )
     else:
         merger = merger.when_matched_delete(predicate=is_delete)
-    metrics = (
-        merger.when_matched_update(
-            updates=updates, predicate=f"NOT s.{quote_column(DELETE_FLAG)} AND {newer}"
-        )
-        .when_not_matched_insert(updates=inserts, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
-        .execute()
-    )
-    if table.version() == before:
+    merger = merger.when_matched_update(
+        updates=updates, predicate=f"NOT s.{quote_column(DELETE_FLAG)} AND {newer}"
+    ).when_not_matched_insert(updates=inserts, predicate=f"NOT s.{quote_column(DELETE_FLAG)}")
+    executed, made = _landed(warehouse, table, commit, merger.execute)
+    metrics: dict[str, Any] = dict(executed or {})
+    if made and table.version() == before:
         # delta-rs commits nothing when no row changed: the batch is recorded alone
         warehouse.mark(table, commit)
     if unchanged_rows:
@@ -352,14 +383,20 @@ def _append_new_keys(
     adds, metrics = planned
     if adds:
         on_version = table.version()
-        table.create_write_transaction(
-            list(adds),
-            "append",
-            table.schema(),
-            commit_properties=warehouse.commit_properties(commit),
-            post_commithook_properties=commit_hooks(table),
+        _, made = _landed(
+            warehouse,
+            table,
+            commit,
+            lambda: table.create_write_transaction(
+                list(adds),
+                "append",
+                table.schema(),
+                commit_properties=warehouse.commit_properties(commit),
+                post_commithook_properties=commit_hooks(table),
+            ),
         )
-        warehouse.made(table.table_uri, on_version, commit)
+        if made:
+            warehouse.made(table.table_uri, on_version, commit)
     else:  # deletes of keys the table never held
         warehouse.mark(table, commit)
     metrics["merge_s"] = round(time.perf_counter() - started, 4)
