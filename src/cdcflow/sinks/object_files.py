@@ -149,12 +149,13 @@ def _store(base: str, options: Mapping[str, str]) -> Any:
             from obstore.store import from_url
 
             config, client, retry = _split(options)
-            store = from_url(
-                base,
-                config=config or None,  # type: ignore[arg-type]  # one of three TypedDicts
-                client_options=client or None,  # type: ignore[arg-type]
-                retry_config=retry or None,  # type: ignore[arg-type]
-            )
+            # plain dicts: from_url's overloads take one TypedDict per provider
+            settings: dict[str, Any] = {
+                "config": config or None,
+                "client_options": client or None,
+                "retry_config": retry or None,
+            }
+            store = from_url(base, **settings)
             _stores[key] = store
         return store
 
