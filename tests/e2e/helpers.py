@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -35,6 +36,20 @@ def cli_env(**extra: str) -> dict[str, str]:
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     return env
+
+
+def run_cli(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``cdcflow ARGS`` in a subprocess (:func:`cli_env` with ``env``), its output kept as
+    text; ``timeout`` seconds at most."""
+    return subprocess.run(
+        [*CDCFLOW, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(**(env or {})),
+    )
 
 
 def partition_of(m: Message) -> int:

@@ -7,22 +7,14 @@ accounted for once.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import yaml
-from tests.e2e.helpers import CDCFLOW, Scenario, check_accounting, cli_env, config_dict
+from tests.e2e.helpers import Scenario, check_accounting, config_dict, run_cli
 
 from cdcflow.runtime.checkpoint import QUERY_FOLDER, Checkpoint
 from cdcflow.sinks.warehouse import DeltaWarehouse
 
 pytestmark = [pytest.mark.kafka, pytest.mark.services, pytest.mark.slow]
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CDCFLOW, *args], capture_output=True, text=True, timeout=600, env=cli_env()
-    )
 
 
 def test_a_checkpoint_on_s3_is_resumed_by_the_next_run_and_reset(broker, tmp_path, moto_s3):
@@ -36,7 +28,7 @@ def test_a_checkpoint_on_s3_is_resumed_by_the_next_run_and_reset(broker, tmp_pat
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data))
 
-    first = _cli("run", str(path), "--once")
+    first = run_cli("run", str(path), "--once")
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoint = Checkpoint(f"{checkpoint_uri}/{QUERY_FOLDER}", options)
     finished = checkpoint.committed_batches()
@@ -46,7 +38,7 @@ def test_a_checkpoint_on_s3_is_resumed_by_the_next_run_and_reset(broker, tmp_pat
     s.produce(200)
     data["sources"][0]["options"] = s.options
     path.write_text(yaml.safe_dump(data))
-    second = _cli("run", str(path), "--once")
+    second = run_cli("run", str(path), "--once")
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = Checkpoint(f"{checkpoint_uri}/{QUERY_FOLDER}", options).committed_batches()
     assert resumed[: len(finished)] == finished and len(resumed) > len(finished)  # not anew
@@ -63,7 +55,7 @@ def test_a_checkpoint_on_s3_is_resumed_by_the_next_run_and_reset(broker, tmp_pat
     for out in (first, second):
         assert secret not in out.stdout + out.stderr
 
-    reset = _cli("reset", str(path), "--yes")
+    reset = run_cli("reset", str(path), "--yes")
     assert reset.returncode == 0, reset.stderr
     assert f"delete checkpoint {checkpoint_uri}/{QUERY_FOLDER}" in reset.stdout
     assert not checkpoint.exists()

@@ -13,12 +13,11 @@ import pytest
 import yaml
 from deltalake.fs import DeltaStorageHandler
 from tests.e2e.helpers import (
-    CDCFLOW,
     Scenario,
     check_accounting,
     check_changelog_once,
-    cli_env,
     config_dict,
+    run_cli,
 )
 
 from cdcflow.commands.maintain import maintain, warehouse_tables
@@ -34,9 +33,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CDCFLOW, *args], capture_output=True, text=True, timeout=120, env=cli_env(**(env or {}))
-    )
+    return run_cli(*args, timeout=120, env=env)
 
 
 def _assert_nowhere(secret: str, checkpoint, store: Storage) -> None:

@@ -9,18 +9,15 @@ budget stops the run with one line and exit 74.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import yaml
 from tests.e2e.helpers import (
-    CDCFLOW,
     Scenario,
     check_accounting,
     check_changelog_once,
-    cli_env,
     config_dict,
     delta_log_problems,
+    run_cli,
 )
 
 from cdcflow.runtime.store_outage import BUDGET_KEY
@@ -46,16 +43,6 @@ def _config(tmp_path, broker, s, moto_s3, store_proxy, budget_s):
     return path, uri, {**options, "aws_endpoint_url": moto_s3.endpoint_url}
 
 
-def _run(path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CDCFLOW, "run", str(path), "--once"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=cli_env(),
-    )
-
-
 def test_a_store_outage_past_the_retries_restarts_the_query_and_loses_nothing(
     broker, tmp_path, moto_s3, store_proxy
 ):
@@ -65,7 +52,7 @@ def test_a_store_outage_past_the_retries_restarts_the_query_and_loses_nothing(
     # six refusals: more than one commit's retries, so the query fails and starts again
     store_proxy.inject(Fault("slow_down", "PUT", MIRROR_COMMIT, times=6))
 
-    run = _run(path)
+    run = run_cli("run", str(path), "--once")
 
     assert run.returncode == 0, run.stderr[-3000:]
     (fault,) = store_proxy.faults
@@ -91,7 +78,7 @@ def test_a_store_that_keeps_failing_stops_the_run_after_the_budget_in_one_line(
     path, uri, direct = _config(tmp_path, broker, s, moto_s3, store_proxy, budget_s=4)
     store_proxy.inject(Fault("slow_down", "PUT", MIRROR_COMMIT, times=None))
 
-    run = _run(path)
+    run = run_cli("run", str(path), "--once")
 
     assert run.returncode == 74, run.stderr[-3000:]
     error = [ln for ln in run.stderr.splitlines() if "Fix:" in ln]
@@ -99,7 +86,7 @@ def test_a_store_that_keeps_failing_stops_the_run_after_the_budget_in_one_line(
     assert f"{BUDGET_KEY}=4; raise it to wait longer" in error[0]
     assert "restarting the query in" in run.stdout + run.stderr
     store_proxy.clear()  # the store recovers: the next run applies everything once
-    again = _run(path)
+    again = run_cli("run", str(path), "--once")
     assert again.returncode == 0, again.stderr[-3000:]
     wh = DeltaWarehouse(uri, storage_options=direct)
     s.check_mirrors(wh)

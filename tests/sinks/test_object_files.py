@@ -13,7 +13,7 @@ import pytest
 from deltalake.fs import DeltaStorageHandler
 
 from cdcflow.sinks.arrow_merge import table_filesystem
-from cdcflow.sinks.object_files import ObjectFiles, _split, object_files, put_file
+from cdcflow.sinks.object_files import ObjectFiles, _split, object_files
 
 
 def test_delta_rs_options_become_obstores_config_client_and_retries():
@@ -73,7 +73,7 @@ def test_a_file_is_written_and_read_whole_on_each_store(object_store):
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     data = sink.getvalue()
-    assert put_file(fs, "part-0.parquet", data)
+    fs.handler.put("part-0.parquet", data)
     (info,) = fs.get_file_info(["part-0.parquet"])
     assert info.type == pa.fs.FileType.File and info.size == data.size
     assert pq.read_table("part-0.parquet", filesystem=fs).equals(table)

@@ -60,7 +60,7 @@ from cdcflow.sinks.merge import (
     SOFT_DELETE_COLUMN,
     MergeSpec,
 )
-from cdcflow.sinks.object_files import ObjectFiles, object_files, put_file
+from cdcflow.sinks.object_files import ObjectFiles, object_files
 from cdcflow.sinks.refresh import local_path
 from cdcflow.sinks.storage import put_object
 
@@ -365,7 +365,9 @@ def _write_parquet(filesystem: pa_fs.FileSystem, path: str, part: pa.Table) -> i
         sink = pa.BufferOutputStream()
         pq.write_table(part, sink, compression="snappy")
         data = sink.getvalue()
-        if not put_file(filesystem, path, data):
+        if isinstance(handler, ObjectFiles):
+            handler.put(path, data)
+        else:
             put_object(handler, path, data)
         return int(data.size)
     pq.write_table(part, path, filesystem=filesystem, compression="snappy")

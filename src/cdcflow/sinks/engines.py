@@ -485,26 +485,24 @@ def _rewrite_once(
     rewrites = any(isinstance(a, RemoveAction) for a in actions)
     on_version = table.version()
     try:
-        table.create_write_transaction(
-            actions,
-            "append",
-            table.schema(),
-            commit_properties=warehouse.commit_properties(
-                commit, max_commit_retries=0 if rewrites else None
+        _, made = _landed(
+            warehouse,
+            table,
+            commit,
+            lambda: table.create_write_transaction(
+                actions,
+                "append",
+                table.schema(),
+                commit_properties=warehouse.commit_properties(
+                    commit, max_commit_retries=0 if rewrites else None
+                ),
+                post_commithook_properties=commit_hooks(table),
             ),
-            post_commithook_properties=commit_hooks(table),
         )
-    except CommitFailedError as exc:
-        if warehouse.holds(table, commit):  # it landed: its response was lost
-            log.warning(
-                "table %s: the store holds apply %d although its commit failed "
-                "(a lost response); not merged again",
-                table.table_uri,
-                commit.version,
-            )
-            return metrics, True
+    except CommitFailedError as exc:  # not landed
         if not rewrites:
             raise
         raise _RewriteRaced(str(exc)) from exc
-    warehouse.made(table.table_uri, on_version, commit)
+    if made:
+        warehouse.made(table.table_uri, on_version, commit)
     return metrics, True

@@ -13,7 +13,7 @@ uses, the same reads took 0.36 s (decision 70).
 - a file is read with one GET of the whole object (delta-rs's reader made a HEAD and two
   ranged GETs); the files the merge rewrites are a mirror's, at most
   ``maintenance.mirror_file_bytes`` (16 MiB) unless a user made them larger;
-- a file is written with one PUT (:func:`put_file`; delta-rs's writer makes a multipart
+- a file is written with one PUT (:meth:`ObjectFiles.put`; delta-rs's writer makes a multipart
   upload, three requests, even for a small file), multipart above 10 MiB.
 
 It takes the warehouse's delta-rs storage options (``storage:``): the provider's keys as
@@ -47,9 +47,9 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.fs as pa_fs
 
-from cdcflow.sinks.storage import CLIENT_KEYS
+from cdcflow.sinks.storage import CLIENT_KEYS, PROVIDERS
 
-__all__ = ["ObjectFiles", "object_files", "put_file"]
+__all__ = ["ObjectFiles", "object_files"]
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,12 @@ _CREDENTIAL_VARIABLES = {
         "GOOGLE_APPLICATION_CREDENTIALS",
     ),
 }
-_PROVIDER = {"s3": "s3", "s3a": "s3", "gs": "gcs", "abfs": "azure", "abfss": "azure",
-             "az": "azure", "adl": "azure", "azure": "azure"}  # fmt: skip
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 #: above this a file is uploaded in parts (obstore's put chunks it)
 _MULTIPART_BYTES = 10 * 1024 * 1024
 
+#: (base, options) -> its obstore store, or ``None`` when obstore refused the options
 _stores: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 _stores_lock = threading.Lock()
 
@@ -114,8 +113,8 @@ def _split(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], 
         if k in _RETRY_KEYS:
             if k == "max_retries" and str(value).isdigit():
                 retry["max_retries"] = int(value)
-            elif k == "retry_timeout" and _duration(value) is not None:
-                retry["retry_timeout"] = _duration(value)
+            elif k == "retry_timeout" and (timeout := _duration(value)) is not None:
+                retry["retry_timeout"] = timeout
             continue
         bare = k
         for prefix in ("aws_", "azure_", "google_"):
@@ -129,8 +128,8 @@ def _split(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], 
 
 
 def _has_credentials(scheme: str, options: Mapping[str, str]) -> bool:
-    provider = _PROVIDER.get(scheme.lower())
-    if provider is None:
+    provider = PROVIDERS.get(scheme.lower())
+    if provider not in _CREDENTIAL_VARIABLES:
         return False
     if any(_SDK_ONLY_KEY.search(k) for k in options) or os.environ.get("AWS_PROFILE"):
         return False
@@ -141,22 +140,29 @@ def _has_credentials(scheme: str, options: Mapping[str, str]) -> bool:
 
 def _store(base: str, options: Mapping[str, str]) -> Any:
     """The obstore store of ``base`` (``scheme://bucket``), one per base and options, so
-    the tables of a warehouse share its connections."""
+    the tables of a warehouse share its connections; ``None`` when obstore refuses the
+    options (asked once: the refusal is kept as well)."""
     key = (base, tuple(sorted((k, str(v)) for k, v in options.items())))
     with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            from obstore.store import from_url
+        if key in _stores:
+            return _stores[key]
+        from obstore.store import from_url
 
-            config, client, retry = _split(options)
-            # plain dicts: from_url's overloads take one TypedDict per provider
-            settings: dict[str, Any] = {
-                "config": config or None,
-                "client_options": client or None,
-                "retry_config": retry or None,
-            }
+        config, client, retry = _split(options)
+        # plain dicts: from_url's overloads take one TypedDict per provider
+        settings: dict[str, Any] = {
+            "config": config or None,
+            "client_options": client or None,
+            "retry_config": retry or None,
+        }
+        try:
             store = from_url(base, **settings)
-            _stores[key] = store
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # obstore panics on some options (pyo3)
+            log.info("data files of %s through delta-rs's file system: %s", base, exc)
+            store = None
+        _stores[key] = store
         return store
 
 
@@ -274,25 +280,7 @@ def object_files(
     parts = urlsplit(table_uri)
     if not parts.netloc or not _has_credentials(parts.scheme, options):
         return None
-    base = f"{parts.scheme}://{parts.netloc}"
-    try:
-        store = _store(base, options)
-    except (Exception, BaseException) as exc:  # obstore panics on some options (pyo3)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        log.info("data files of %s through delta-rs's file system: %s", base, exc)
+    store = _store(f"{parts.scheme}://{parts.netloc}", options)
+    if store is None:
         return None
     return pa_fs.PyFileSystem(ObjectFiles(store, parts.path))
-
-
-def put_file(filesystem: pa_fs.FileSystem, path: str, data: bytes | pa.Buffer) -> bool:
-    """Write ``data`` as ``path`` of ``filesystem`` whole if it is :func:`object_files`'.
-
-    Returns:
-        ``False`` (nothing written) for another file system.
-    """
-    handler = getattr(filesystem, "handler", None)
-    if not isinstance(handler, ObjectFiles):
-        return False
-    handler.put(path, data)
-    return True
