@@ -7,6 +7,8 @@ executor read are called directly.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import time
 import uuid
 
@@ -152,10 +154,15 @@ def test_a_spent_budget_is_source_unavailable_in_one_line(durable_broker, topic)
             assert 2.5 < took < 8, f"{what}: gave up after {took:.1f} s with a 3 s budget"
             text = str(error)
             assert "\n" not in text
-            assert text.startswith(
-                f"[SOURCE_UNAVAILABLE] Kafka brokers {durable_broker.bootstrap_servers} unavailable "
-                "for 3 s ("
+            head = re.match(
+                rf"\[SOURCE_UNAVAILABLE\] Kafka brokers {re.escape(durable_broker.bootstrap_servers)}"
+                r" unavailable for (\d+) s \(",
+                text,
             )
+            assert head, text
+            # the figure is the outage as the reader measured it, inside this call: at least
+            # the budget, at most the call's own duration (a loaded machine makes it 4 s)
+            assert 3 <= int(head.group(1)) <= math.ceil(took), (head.group(1), took)
             assert f"kafka.outage_budget_s=3) while {what}; last error: _" in text
             assert "Connection refused" in text or "brokers are down" in text
             assert text.endswith("raise kafka.outage_budget_s to wait longer")
