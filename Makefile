@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml testkit/pyproject.toml
 	@command -v java >/dev/null || { echo "cdcflow needs Java 17 on PATH for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,demo]' -e ./testkit
+	$(BIN)/pip install --quiet -e '.[test,demo,verify]' -e ./testkit
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install cdcflow, its test kit (testkit/) and test tools

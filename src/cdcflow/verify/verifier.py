@@ -1,0 +1,466 @@
+"""``cdcflow verify``'s engine: every mirror of a pipeline against its source table.
+
+1. **Which tables.** The source database's tables, each routed as the pipeline routes it
+   (:class:`~cdcflow.transform.router.Router` of every configured source, first match):
+   a table whose target mirror exists is compared with it; the rows of a sharded target
+   are those whose shard column names the table.
+2. **One snapshot.** Every table is read in one read-only snapshot of the database,
+   whose position is recorded (:mod:`cdcflow.verify.databases`). Before the mirrors are
+   read, verify waits (``wait_s``) until the pipeline's applied offsets reach the log
+   ends the brokers had once the snapshot was open: the changes in Kafka before the
+   snapshot are then in the mirrors. Each mirror is read at its newest Delta version
+   after that wait (recorded).
+3. **Cheap when equal.** Per table, key ranges of about ``chunk_rows`` rows, a checksum
+   per range on each side, bisection of the differing ones, rows compared at the leaves
+   (:mod:`cdcflow.verify.ranges`). ``quick`` hashes the key only (missing and extra rows);
+   ``full`` every compared column; ``sample`` compares ``sample_ranges`` random ranges in
+   full.
+4. **Never a false mismatch while both move.** A key found different is read again, both
+   sides, after ``recheck_after_s`` in a new snapshot (and the wait of 2.), up to
+   ``rechecks`` times. It is a mismatch only if it still differs while its source row
+   stayed the same between the last two snapshots; if its source row kept changing it is
+   reported *in flight*; if it became equal it was a change on its way (counted, not
+   reported as a difference). The report says whether the pipeline had caught up.
+
+What is compared: the columns the source table and the mirror both have, less the
+mirror's own (``_cdc_*``, history columns, the shard column). Columns on one side only are
+listed as left out (excluded columns, computed columns).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cdcflow.errors import ConfigError
+from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.transform.router import Router, compile_pattern
+from cdcflow.verify.canonical import Column
+from cdcflow.verify.databases import SourceDatabase, SourceTable, redact
+from cdcflow.verify.ranges import (
+    Difference,
+    KeyRange,
+    RangeStats,
+    Row,
+    bisect,
+    row_differences,
+    sample,
+)
+from cdcflow.verify.sides import MirrorSide, SourceSide
+
+__all__ = ["MODES", "TableResult", "Verification", "VerifyOptions", "verify"]
+
+MODES = ("quick", "full", "sample")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How to verify (the command's flags).
+
+    Attributes:
+        mode: ``quick`` | ``full`` | ``sample``.
+        tables: a regular expression over target names (whole match); ``None``: all.
+        chunk_rows: rows per first-level key range.
+        leaf_rows: a differing range with at most this many rows is compared row by row.
+        fanout: parts a differing range is split into.
+        sample_ranges: ranges compared in ``sample`` mode.
+        wait_s: how long to wait for the pipeline to apply what Kafka held at the
+            snapshot (0: do not wait).
+        rechecks: how many times a differing key is read again.
+        recheck_after_s: the pause before each recheck.
+        statement_timeout_s: the longest statement on the source.
+        show: differing keys listed per kind in the text report (all in JSON).
+        threads: DuckDB's threads for the mirror (``None``: its default, every core).
+    """
+
+    mode: str = "full"
+    tables: str | None = None
+    chunk_rows: int = 100_000
+    leaf_rows: int = 256
+    fanout: int = 16
+    sample_ranges: int = 8
+    wait_s: float = 60.0
+    rechecks: int = 2
+    recheck_after_s: float = 5.0
+    statement_timeout_s: float = 60.0
+    show: int = 10
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode {self.mode}: give one of {', '.join(MODES)}")
+
+
+@dataclass
+class TableResult:
+    """One mirror against one source table.
+
+    ``missing``/``extra``/``different``: keys (as read, JSON-ready) differing after the
+    rechecks; ``different`` items also name each differing column with both texts.
+    ``in_flight``: keys whose source row kept changing; ``settled``: keys that differed
+    once and caught up. ``refused``: why the table was not compared (no key...).
+    """
+
+    target: str
+    source_table: str
+    rows_source: int = 0
+    rows_mirror: int = 0
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    different: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    settled: int = 0
+    compared_columns: list[str] = field(default_factory=list)
+    left_out_columns: dict[str, str] = field(default_factory=dict)
+    mirror_version: int | None = None
+    ranges: int = 0
+    checksums: int = 0
+    differing_ranges: int = 0
+    leaves: int = 0
+    rows_read: int = 0
+    seconds: float = 0.0
+    refused: str | None = None
+
+    @property
+    def equal(self) -> bool:
+        return self.refused is None and not (self.missing or self.extra or self.different)
+
+
+@dataclass
+class Verification:
+    """One run of ``cdcflow verify``."""
+
+    source_db: str
+    mode: str
+    position: str = ""
+    started_at_ms: int = 0
+    seconds: float = 0.0
+    caught_up: bool | None = None  # None: not asked (no wait, or no brokers)
+    records_behind: int | None = None
+    rounds: int = 1
+    tables: list[TableResult] = field(default_factory=list)
+    not_mirrored: list[str] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return all(t.equal for t in self.tables)
+
+
+@dataclass
+class _Plan:
+    table: SourceTable
+    target: str
+    shard_column: str | None
+    shard_value: str | None
+
+
+@dataclass
+class _Compared:
+    """A table under comparison between rounds."""
+
+    plan: _Plan
+    result: TableResult
+    key: list[Column]
+    columns: list[Column]
+    candidates: dict[tuple, Difference]
+    last_source: dict[tuple, Row]
+    #: candidates whose source row changed in the last recheck
+    moved: set[tuple] = field(default_factory=set)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def plan_tables(
+    config: Any, db: SourceDatabase, warehouse: DeltaWarehouse, tables: str | None
+) -> tuple[list[_Plan], list[str]]:
+    """The source tables with a mirror (routed as the pipeline routes them), and the names
+    of those without."""
+    routers = [(s.format, Router(config.target_template, s.routing())) for s in config.sources]
+    wanted = compile_pattern(tables) if tables else None
+    plans, missing = [], []
+    for table in db.tables():
+        chosen = None
+        for fmt, router in routers:
+            route = router.route(fmt, table.database, table.schema, table.table)
+            if route is None:
+                continue
+            if warehouse.open(warehouse.table_path(route.target)) is not None:
+                chosen = route
+                break
+        if chosen is None:
+            missing.append(table.name)
+            continue
+        if wanted is not None and not wanted.fullmatch(chosen.target):
+            continue
+        plans.append(
+            _Plan(
+                table,
+                chosen.target,
+                chosen.shard_column,
+                chosen.source if chosen.shard_column else None,
+            )
+        )
+    return plans, missing
+
+
+def _is_own_column(name: str) -> bool:
+    return name.startswith(("_cdc_", "__"))
+
+
+def _columns(
+    plan: _Plan, schema: pa.Schema
+) -> tuple[list[Column], list[Column], dict[str, str]] | str:
+    """``(key, other compared columns, left out)`` or why the table cannot be compared."""
+    table = plan.table
+    if not table.key:
+        return (
+            f"{table.name} has no primary key: verify plans its ranges on the key's index; "
+            "give the table a primary key (or leave it out with --tables)"
+        )
+    by_name = {c.name: c for c in table.columns}
+    mirror = set(schema.names)
+    lost = [k for k in table.key if k not in mirror]
+    if lost:
+        return f"the mirror has no key column {', '.join(lost)} of {table.name}"
+    left: dict[str, str] = {}
+    for c in table.columns:
+        if c.name not in mirror:
+            left[c.name] = "not in the mirror (excluded or not yet added)"
+    for name in schema.names:
+        if name in by_name:
+            continue
+        if name == plan.shard_column:
+            left[name] = "the shard column"
+        elif _is_own_column(name):
+            continue
+        else:
+            left[name] = "the mirror's only (computed or metadata)"
+    key = [by_name[k] for k in table.key]
+    others = [c for c in table.columns if c.name in mirror and c.name not in table.key]
+    return key, others, left
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def verify(
+    config: Any,
+    db: SourceDatabase,
+    options: VerifyOptions,
+    say: Callable[[str], None] = lambda line: None,
+    caught_up: Callable[[float], tuple[bool | None, int | None]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Verification:
+    """Verify every mirror of ``config``'s pipeline against ``db`` (see the module).
+
+    Args:
+        config: the pipeline's :class:`~cdcflow.config.PipelineConfig`.
+        db: the source database (read-only).
+        say: receives one progress line per table and round.
+        caught_up: waits up to its argument (seconds) until the pipeline has applied what
+            the brokers held when called; returns ``(caught up, records behind)``
+            (``None``: not known). ``None``: do not wait.
+        sleep: the pause before a recheck (a test's clock).
+
+    Raises:
+        ConfigError: ``--tables`` is not a valid pattern; no table of the database has a
+            mirror.
+        StorageError: a mirror cannot be read.
+    """
+    started = time.monotonic()
+    warehouse = DeltaWarehouse(config.warehouse, storage_options=dict(config.storage))
+    run = Verification(redact(db.url), options.mode, started_at_ms=int(time.time() * 1000))
+    plans, run.not_mirrored = plan_tables(config, db, warehouse, options.tables)
+    if not plans:
+        raise ConfigError(
+            f"cdcflow verify: no table of {redact(db.url)} has a mirror in {config.warehouse}"
+            + (f" matching --tables {options.tables}" if options.tables else "")
+            + "; check --source-db and the sources' routing"
+        )
+    full = options.mode != "quick"
+    run.position = db.begin_snapshot()
+    say(f"source snapshot at {run.position}")
+    if caught_up is not None and options.wait_s > 0:
+        run.caught_up, run.records_behind = caught_up(options.wait_s)
+        say(_caught_up_line(run))
+    compared: list[_Compared] = []
+    try:
+        for plan in plans:
+            compared.append(_first_round(plan, db, warehouse, options, full))
+            result = compared[-1].result
+            say(_table_line(result, len(compared[-1].candidates)))
+    finally:
+        db.end_snapshot()
+    # rechecks: read the differing keys again, in a new snapshot, after a pause
+    pending = [c for c in compared if c.candidates]
+    for _ in range(options.rechecks):
+        if not pending:
+            break
+        sleep(options.recheck_after_s)
+        run.rounds += 1
+        position = db.begin_snapshot()
+        say(
+            f"recheck {run.rounds - 1}: {sum(len(c.candidates) for c in pending)} keys at {position}"
+        )
+        if caught_up is not None and options.wait_s > 0:
+            run.caught_up, run.records_behind = caught_up(options.wait_s)
+        try:
+            for c in pending:
+                _recheck(c, db, warehouse, full)
+        finally:
+            db.end_snapshot()
+        pending = [c for c in pending if c.candidates and _unstable(c)]
+    for c in compared:
+        _settle(c, options)
+    run.tables = [c.result for c in compared]
+    run.seconds = time.monotonic() - started
+    return run
+
+
+def _first_round(
+    plan: _Plan, db: SourceDatabase, warehouse: DeltaWarehouse, options: VerifyOptions, full: bool
+) -> _Compared:
+    began = time.monotonic()
+    result = TableResult(plan.target, plan.table.name)
+    table = warehouse.open(warehouse.table_path(plan.target))
+    assert table is not None  # planned only with a mirror
+    result.mirror_version = table.version()
+    dataset = table.to_pyarrow_dataset()
+    shaped = _columns(plan, dataset.schema)
+    if isinstance(shaped, str):
+        result.refused = shaped
+        return _Compared(plan, result, [], [], {}, {})
+    key, columns, result.left_out_columns = shaped
+    if not full:  # quick: keys only, at the leaves too (no value is half compared)
+        columns = []
+    result.compared_columns = [c.name for c in key + columns]
+    where = None
+    if plan.shard_column:
+        where = (
+            f"\"{plan.shard_column}\" = '{(plan.shard_value or '').replace(chr(39), chr(39) * 2)}'"
+        )
+    mirror = MirrorSide(dataset, dataset.schema, key, columns, full, where, options.threads)
+    source = SourceSide(db, plan.table, key, columns, full)
+    try:
+        rows = mirror.count()
+        parts = max(1, -(-rows // options.chunk_rows))
+        bounds = mirror.split(KeyRange(), parts) if rows else []
+        ranges = KeyRange().cut(bounds)
+        if options.mode == "sample":
+            ranges = sample(ranges, options.sample_ranges)
+        result.ranges = len(ranges)
+        stats = RangeStats()
+        found, source_rows, _ = bisect(
+            source, mirror, ranges, columns, options.leaf_rows, options.fanout, stats
+        )
+    finally:
+        mirror.close()
+    result.rows_source, result.rows_mirror = stats.source_rows, stats.mirror_rows
+    result.checksums = stats.checksums
+    result.differing_ranges, result.leaves, result.rows_read = (
+        stats.differing,
+        stats.leaves,
+        stats.rows_read,
+    )
+    result.seconds = time.monotonic() - began
+    last = {k: source_rows[k] for k in found if k in source_rows}
+    return _Compared(plan, result, key, columns, found, last)
+
+
+def _recheck(c: _Compared, db: SourceDatabase, warehouse: DeltaWarehouse, full: bool) -> None:
+    """Read the candidate keys again on both sides; keep those still differing, and
+    remember which source rows changed since the last round."""
+    table = warehouse.open(warehouse.table_path(c.plan.target))
+    assert table is not None
+    c.result.mirror_version = table.version()
+    dataset = table.to_pyarrow_dataset()
+    keys = [d.key for d in c.candidates.values()]
+    source = SourceSide(db, c.plan.table, c.key, c.columns, full)
+    src = source.rows_by_key(keys)
+    where = None
+    if c.plan.shard_column:
+        where = f"\"{c.plan.shard_column}\" = '{(c.plan.shard_value or '').replace(chr(39), chr(39) * 2)}'"
+    mirror = _KeyReader(dataset, c, where)
+    try:
+        mir = mirror.rows_by_key(keys)
+    finally:
+        mirror.close()
+    still = row_differences(src, mir, c.columns)
+    c.result.settled += len([k for k in c.candidates if k not in still])
+    moved = {k for k in still if src.get(k) != c.last_source.get(k)}
+    c.candidates = still
+    c.last_source = {k: v for k, v in src.items() if k in still}
+    c.moved = moved
+
+
+def _KeyReader(dataset: Any, c: _Compared, where: str | None) -> MirrorSide:  # noqa: N802 - a constructor
+    """A mirror side that only reads rows by key (no sorted key table built)."""
+    return MirrorSide(dataset, dataset.schema, c.key, c.columns, False, where, keyed=False)
+
+
+def _unstable(c: _Compared) -> bool:
+    return bool(c.moved)
+
+
+def _settle(c: _Compared, options: VerifyOptions) -> None:
+    """Sort the remaining candidates: in flight (source row moved in the last round) or
+    missing/extra/different."""
+    moved = c.moved
+    r = c.result
+    for k, d in sorted(c.candidates.items()):
+        item = _key_dict(c.key, d.key)
+        if k in moved:
+            r.in_flight.append(item)
+        elif d.kind == "missing":
+            r.missing.append(item)
+        elif d.kind == "extra":
+            r.extra.append(item)
+        else:
+            item = {
+                "key": item,
+                "columns": {n: {"source": a, "mirror": b} for n, (a, b) in d.columns.items()},
+            }
+            r.different.append(item)
+
+
+def _key_dict(key: Sequence[Column], values: tuple) -> dict[str, Any]:
+    return {c.name: _jsonable(v) for c, v in zip(key, values, strict=True)}
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    return str(v)
+
+
+# ----------------------------------------------------------------------------- lines
+
+
+def _caught_up_line(run: Verification) -> str:
+    if run.caught_up is None:
+        return "pipeline progress: not known (no brokers to ask)"
+    if run.caught_up:
+        return "pipeline caught up with what Kafka held at the snapshot"
+    return (
+        f"pipeline NOT caught up: {run.records_behind} records behind after waiting; "
+        "differences may be changes on their way (rechecked)"
+    )
+
+
+def _table_line(r: TableResult, candidates: int) -> str:
+    if r.refused:
+        return f"{r.target}: not compared: {r.refused}"
+    return (
+        f"{r.target}: {r.rows_source} rows in the source, {r.rows_mirror} in the mirror "
+        f"(version {r.mirror_version}); {r.ranges} ranges, {r.differing_ranges} differing; "
+        f"{candidates} keys differ before rechecks ({r.seconds:.1f} s)"
+    )

@@ -1,0 +1,133 @@
+"""What the verify tests share: a real database holding a golden capture's final state,
+and a mirror made from that capture's messages by cdcflow's own decode and apply.
+
+The golden captures (``tests/capture/golden/<capture>/``) are what Debezium published for
+a real PostgreSQL 15 and a real MariaDB 10.11 (messages.jsonl) and the rows those
+databases held at the end (database.json); the capture tests check that the mirrors equal
+those rows. Here the rows go back into a fresh database of the same schema, so that
+``cdcflow verify`` compares a mirror written from a real capture with a real database,
+without running Kafka Connect again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from tests.capture.helpers import GOLDEN, load_capture
+
+from cdcflow.apply.batch import BatchApplier
+from cdcflow.config import parse_config
+from cdcflow.decode.batches import decode_records
+from cdcflow.formats import decoder_for
+from cdcflow.formats.base import Record
+from cdcflow.model import Origin
+from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.transform.router import Router
+
+#: the capture tests' schemas, at the end of their workloads (``tier`` added by ALTER)
+POSTGRES_SCHEMA = """
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TABLE customers (
+    id bigint PRIMARY KEY, name text NOT NULL, email varchar(200), balance numeric(12, 2),
+    score double precision, ratio real, visits integer, small smallint, active boolean,
+    born date, wake time, created_at timestamp, updated_at timestamptz, avatar bytea,
+    doc jsonb, uid uuid, feeling mood, tags text[], notes text, tier integer
+);
+CREATE TABLE order_lines (
+    order_id integer, line_no integer, sku text, qty integer, PRIMARY KEY (order_id, line_no)
+);
+"""
+MARIADB_SCHEMA = [
+    """CREATE TABLE customers (
+        id BIGINT PRIMARY KEY, name VARCHAR(100) NOT NULL, visits INT, small SMALLINT,
+        active TINYINT(1), balance DECIMAL(12, 2), score DOUBLE, ratio FLOAT, born DATE,
+        wake TIME(6), created_at DATETIME(6), updated_at TIMESTAMP(6) NULL DEFAULT NULL,
+        avatar BLOB, doc JSON, feeling ENUM('sad', 'ok', 'happy'),
+        perms SET('read', 'write', 'admin'), notes TEXT, tier INT
+    )""",
+    """CREATE TABLE order_lines (
+        order_id INT, line_no INT, sku VARCHAR(40), qty INT, PRIMARY KEY (order_id, line_no)
+    )""",
+]
+
+
+def golden_state(capture: str) -> tuple[list[dict], dict[str, Any]]:
+    """The capture's messages and final database state (:func:`load_capture`)."""
+    return load_capture(GOLDEN / capture)
+
+
+def fill_postgres(pg: Any, state: dict[str, Any]) -> None:
+    """Create the capture's tables in ``pg`` and insert their final rows."""
+    from psycopg.types.json import Jsonb
+
+    with pg.connect() as c:
+        c.execute(POSTGRES_SCHEMA)
+        for name, table in state["tables"].items():
+            columns = list(table["types"])
+            for row in table["rows"]:
+                values = [
+                    Jsonb(row[k]) if table["types"][k] == "jsonb" and row[k] is not None else row[k]
+                    for k in columns
+                ]
+                c.execute(
+                    f"INSERT INTO {name} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join(['%s'] * len(columns))})",
+                    values,
+                )
+
+
+def fill_mariadb(db: Any, state: dict[str, Any]) -> None:
+    """Create the capture's tables in ``db`` and insert their final rows."""
+    with db.connect() as c, c.cursor() as cur:
+        for statement in MARIADB_SCHEMA:
+            cur.execute(statement)
+        for name, table in state["tables"].items():
+            columns = list(table["types"])
+            for row in table["rows"]:
+                cur.execute(
+                    f"INSERT INTO {name} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join(['%s'] * len(columns))})",
+                    [row[k] for k in columns],
+                )
+
+
+def mirror_capture(messages: list[dict], root: Path, schemas: bool) -> DeltaWarehouse:
+    """Decode the capture's messages as ``debezium-json`` and apply them to ``root`` in one
+    micro-batch (the path ``cdcflow apply`` takes: no Spark, no broker)."""
+    decoder = decoder_for("debezium-json", {"schema_include": schemas})
+    records = [
+        Record(
+            value=None if m["value"] is None else m["value"].encode(),
+            key=None if m["key"] is None else m["key"].encode(),
+            origin=Origin(topic=m["topic"], partition=m["partition"], offset=m["offset"]),
+        )
+        for m in messages
+    ]
+    warehouse = DeltaWarehouse(str(root), pipeline_id="verify")
+    events = pa.Table.from_batches([decode_records(decoder, records)])
+    report = BatchApplier(warehouse, Router()).apply(events)
+    assert not report.dead_letters, report
+    return warehouse
+
+
+def config_for(root: Path, schemas: bool, **source: Any) -> Any:
+    """A pipeline configuration whose warehouse is ``root`` and whose one source reads
+    Debezium JSON (routing as given in ``source``)."""
+    return parse_config(
+        {
+            "pipeline_id": "verify",
+            "warehouse": str(root),
+            "checkpoint": str(root.parent / "checkpoint"),
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+            "sources": [
+                {
+                    "format": "debezium-json",
+                    "topic_pattern": r"pg\..*",
+                    "options": {"schema_include": schemas},
+                    **source,
+                }
+            ],
+        }
+    )
