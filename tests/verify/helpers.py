@@ -11,10 +11,12 @@ without running Kafka Connect again.
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
 from tests.capture.helpers import GOLDEN, load_capture
 
 from cdcflow.apply.batch import BatchApplier
@@ -131,3 +133,24 @@ def config_for(root: Path, schemas: bool, **source: Any) -> Any:
             ],
         }
     )
+
+
+def damage(root: Path, prefix: str, null_column: str) -> None:
+    """Damage the mirror ``<prefix>.customers`` in each way issue 35 lists, one key each --
+    id 5 deleted, 777 added (a copy of 3), 6 renamed, ``null_column`` of 7 set to NULL,
+    ``created_at`` of 9 a microsecond later -- and delete ``order_id`` 8 from
+    ``<prefix>.order_lines`` (a composite key)."""
+    path = str(root / f"{prefix}.customers")
+    table = DeltaTable(path)
+    table.delete("id = 5")
+    table.update({"name": "'renamed'"}, predicate="id = 6")
+    table.update({null_column: "NULL"}, predicate="id = 7")
+    created = DeltaTable(path).to_pyarrow_table(filters=[("id", "=", 9)])["created_at"][0]
+    later = created.as_py() + dt.timedelta(microseconds=1)
+    DeltaTable(path).update(
+        {"created_at": f"CAST('{later.isoformat()}' AS TIMESTAMP)"}, predicate="id = 9"
+    )
+    extra = DeltaTable(path).to_pyarrow_table(filters=[("id", "=", 3)])
+    extra = extra.set_column(extra.schema.get_field_index("id"), "id", pa.array([777], pa.int64()))
+    write_deltalake(path, extra, mode="append")
+    DeltaTable(str(root / f"{prefix}.order_lines")).delete("order_id = 8")

@@ -243,7 +243,9 @@ def sql_text(column: Column, dialect: Dialect, quote: str) -> str:
         "float": _float_sql(f"CAST({c} AS DOUBLE)", column.digits, dialect),
         "bool": f"CAST({c} AS CHAR)",
         "date": f"CAST(DATEDIFF({c}, '1970-01-01') AS CHAR)",
-        "time": f"CAST(TIME_TO_SEC({c}) * 1000000 + MICROSECOND({c}) AS CHAR)",
+        # TIME_TO_SEC keeps the fraction on MariaDB, drops it on MySQL: parts instead
+        "time": f"CAST((HOUR({c}) * 3600 + MINUTE({c}) * 60 + SECOND({c})) * 1000000 "
+        f"+ MICROSECOND({c}) AS CHAR)",
         "timestamp": f"CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {c}) AS CHAR)",
         "bytes": f"LOWER(HEX({c}))",
         "json": f"CONVERT(CAST({c} AS CHAR) USING utf8mb4)",
