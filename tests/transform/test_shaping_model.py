@@ -15,9 +15,10 @@ The model, rule by rule (the documents' words):
 
 * filter (configuration.md "Row filters"): an insert it is not true for is skipped
   (``ROW_FILTERED``); an update it is not true for deletes the row (a key move: the old
-  key's row), unless the before image shows the row was never in it (skipped); a delete
-  whose before image it is not true for is skipped; a partial image without the column
-  the filter reads is applied as it is; NULL is not true.
+  key's row), unless the before image shows the row was never in it (the filter false
+  on it: skipped); a delete whose before image the filter is false for is skipped; a
+  partial image without the column the filter reads is applied as it is; NULL is not
+  true, and in a before image not false either (the image may not know the value).
 * columns: the excluded column never lands; the computed column is computed from the
   after image and left out when a partial image lacks its input (the stored value stays).
 * shards (configuration.md "Routing and sharded tables"): each row records its source
@@ -170,10 +171,17 @@ def streams(draw) -> list[list[Change]]:
 
 
 def _passes(image: dict[str, Any]) -> bool | None:
-    """The filter ``status <> 'test'`` on an image: ``None`` when it lacks ``status``."""
-    if "status" not in image:
+    """The filter ``status <> 'test'`` on an image: ``None`` (unknown) when it lacks
+    ``status`` or holds NULL there."""
+    if image.get("status") is None:
         return None
-    return image["status"] is not None and image["status"] != "test"
+    return bool(image["status"] != "test")
+
+
+def _leaves(after: dict[str, Any]) -> bool:
+    """An after image out of the filtered set: it holds ``status`` and the filter is not
+    true on it (NULL is not true)."""
+    return "status" in after and _passes(after) is not True
 
 
 @dataclass
@@ -234,8 +242,7 @@ class Model:
             assert c.before is not None
             return None if _passes(c.before) is False else ("delete", c.key, None)
         assert c.after is not None
-        verdict = _passes(c.after)
-        if verdict is False:
+        if _leaves(c.after):
             if c.op is Op.INSERT or (c.before is not None and _passes(c.before) is False):
                 return None
             # the row left the filtered set: its row goes (a key move: the old key's)

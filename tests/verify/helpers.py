@@ -19,14 +19,13 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from tests.capture.helpers import GOLDEN, load_capture
 
-from cdcflow.apply.batch import BatchApplier
 from cdcflow.config import parse_config
 from cdcflow.decode.batches import decode_records
 from cdcflow.formats import decoder_for
 from cdcflow.formats.base import Record
 from cdcflow.model import Origin
+from cdcflow.runtime.pipeline import applier_for
 from cdcflow.sinks.warehouse import DeltaWarehouse
-from cdcflow.transform.router import Router
 
 #: the capture tests' schemas, at the end of their workloads (``tier`` added by ALTER)
 POSTGRES_SCHEMA = """
@@ -95,9 +94,14 @@ def fill_mariadb(db: Any, state: dict[str, Any]) -> None:
                 )
 
 
-def mirror_capture(messages: list[dict], root: Path, schemas: bool) -> DeltaWarehouse:
+def mirror_capture(
+    messages: list[dict], root: Path, schemas: bool, config: Any = None
+) -> DeltaWarehouse:
     """Decode the capture's messages as ``debezium-json`` and apply them to ``root`` in one
-    micro-batch (the path ``cdcflow apply`` takes: no Spark, no broker)."""
+    micro-batch (the path ``cdcflow apply`` takes: no Spark, no broker), with ``config``'s
+    routing and table options (:func:`~cdcflow.runtime.pipeline.applier_for`; default:
+    :func:`config_for` ``root``)."""
+    config = config or config_for(root, schemas)
     decoder = decoder_for("debezium-json", {"schema_include": schemas})
     records = [
         Record(
@@ -109,16 +113,17 @@ def mirror_capture(messages: list[dict], root: Path, schemas: bool) -> DeltaWare
     ]
     warehouse = DeltaWarehouse(str(root), pipeline_id="verify")
     events = pa.Table.from_batches([decode_records(decoder, records)])
-    report = BatchApplier(warehouse, Router()).apply(events)
+    report = applier_for(config, warehouse, config.sources[0]).apply(events)
     assert not report.dead_letters, report
     return warehouse
 
 
-def config_for(root: Path, schemas: bool, **source: Any) -> Any:
+def config_for(root: Path, schemas: bool, tables: list | None = None, **source: Any) -> Any:
     """A pipeline configuration whose warehouse is ``root`` and whose one source reads
-    Debezium JSON (routing as given in ``source``)."""
+    Debezium JSON (routing as given in ``source``; ``tables``: its table rules)."""
     return parse_config(
         {
+            "tables": tables or [],
             "pipeline_id": "verify",
             "warehouse": str(root),
             "checkpoint": str(root.parent / "checkpoint"),

@@ -174,3 +174,41 @@ def test_a_bad_source_url_is_one_line_naming_the_flag(pg, tmp_path, capsys):
     assert err.startswith(
         f"cdcflow: [BAD_CONFIG] --source-db postgresql://u:***@127.0.0.1:{pg.port + 1}/shop: cannot connect ("
     )
+
+
+def test_a_filtered_table_with_excluded_and_computed_columns_compares_what_lands(pg, tmp_path):
+    """The source side gets the target's row filter (evaluated as the pipeline evaluates
+    it) and loses the excluded column; the computed column is the mirror's only."""
+    messages, state = golden_state(CAPTURES[0])
+    rule = {
+        "match": "shop.public.customers",
+        "filter": "visits > 0",
+        "columns": {"exclude": ["notes"]},
+        "computed_columns": {"name_upper": "upper(name)"},
+    }
+    config = config_for(tmp_path / "wh", True, tables=[rule])
+    mirror_capture(messages, tmp_path / "wh", True, config)
+    kept = [r for r in state["tables"]["customers"]["rows"] if (r["visits"] or 0) > 0]
+    assert 0 < len(kept) < 38
+
+    customers = _by_target(_run(pg, config, chunk_rows=5, leaf_rows=2, fanout=2))[
+        "shop.public.customers"
+    ]
+    assert customers.equal, customers
+    assert customers.rows_source == customers.rows_mirror == len(kept)
+    assert "notes" not in customers.compared_columns and len(customers.compared_columns) == 19
+    assert customers.left_out_columns == {
+        "notes": "not in the mirror (excluded or not yet added)",
+        "name_upper": "the mirror's only (computed or metadata)",
+    }
+
+    # the filter is not a blind spot: a kept row lost, and a filtered-out row added
+    dropped = next(r for r in state["tables"]["customers"]["rows"] if (r["visits"] or 0) < 0)
+    path = str(tmp_path / "wh" / "shop.public.customers")
+    DeltaTable(path).delete(f"id = {kept[0]['id']}")
+    DeltaTable(path).update({"id": str(dropped["id"])}, predicate=f"id = {kept[1]['id']}")
+    customers = _by_target(_run(pg, config, chunk_rows=5, leaf_rows=2, fanout=2))[
+        "shop.public.customers"
+    ]
+    assert customers.missing == [{"id": kept[0]["id"]}, {"id": kept[1]["id"]}]
+    assert customers.extra == [{"id": dropped["id"]}]

@@ -21,9 +21,12 @@ In order, per after image (the before image gets steps 1 and 6 only):
    and friends) and the route's ``shard_column``: from the event, not the row.
 4. ``filter`` (Flink CDC's ``transform ... filter``) over the after image: an insert it is
    not true for is skipped; an update it is not true for deletes the row (the row left
-   the filtered set), unless the before image shows it was never in it (then skipped); a
-   delete whose before image it is not true for is skipped. An image that lacks a column
-   the filter reads (a partial image) passes unchanged.
+   the filtered set), unless the before image shows it was never in it (the filter false
+   on it: then skipped); a delete whose before image the filter is false for is skipped.
+   A NULL read from a before image is not "false": the image may not know the value
+   (Debezium's key-only before image under PostgreSQL's REPLICA IDENTITY DEFAULT), so the
+   delete is applied (a delete of an absent row changes nothing). An image that lacks a
+   column the filter reads (a partial image) passes unchanged.
 5. ``columns``: ``include`` or ``exclude`` of the source's columns; key columns, computed,
    metadata and shard columns always land.
 6. The ``columns`` declarations follow: overridden types, excluded columns gone, the
@@ -247,18 +250,18 @@ def _apply_filter(img: _Images, expr: Expression, part: pa.Table) -> tuple[list[
     n = len(img.ops)
     skip = [False] * n
 
-    def verdict(images: list[dict[str, Any] | None]) -> dict[int, bool]:
+    def verdict(images: list[dict[str, Any] | None]) -> dict[int, bool | None]:
         ok = [e is None for e in img.errors]
         rows = _with_all(images, expr.columns, ok)
         if not rows:
             return {}
         values, errors = expr.evaluate_rows(img.table(images, expr.columns, rows))
-        out = {}
+        out: dict[int, bool | None] = {}
         for i, v, e in zip(rows, values.to_pylist(), errors, strict=True):
             if e is not None:
                 img.fail(i, f"filter ({expr.text}): {e}")
             else:
-                out[i] = v is True
+                out[i] = None if v is None else v is True  # None: unknown (a NULL read)
         return out
 
     after = verdict(img.afters)
@@ -267,9 +270,15 @@ def _apply_filter(img: _Images, expr: Expression, part: pa.Table) -> tuple[list[
     for i, op in enumerate(img.ops):
         if img.errors[i] is not None:
             continue
+        # SQL's WHERE: a row lands only where the filter is true (not NULL). But a
+        # before image may hold NULLs it does not know (Debezium's key-only before image
+        # under REPLICA IDENTITY DEFAULT): it shows the row out of the set only where the
+        # filter is false, and a delete or a leaving update of a row that may be there is
+        # applied (a delete of an absent row changes nothing).
+        leaves = i in after and after[i] is not True
         if op in (Op.INSERT.value, Op.SNAPSHOT.value):
-            skip[i] = after.get(i) is False
-        elif op == Op.UPDATE.value and after.get(i) is False:
+            skip[i] = leaves
+        elif op == Op.UPDATE.value and leaves:
             if before.get(i) is False:
                 skip[i] = True
             else:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdcflow.transform.expressions import Expression
 from cdcflow.verify.canonical import (
     Column,
     duckdb_row_hash,
@@ -54,6 +55,7 @@ class SourceSide:
         key: Sequence[Column],
         columns: Sequence[Column],
         full: bool,
+        row_filter: Expression | None = None,
     ) -> None:
         self.db, self.table = db, table
         self.key, self.columns = list(key), list(columns)
@@ -64,6 +66,52 @@ class SourceSide:
         hashed = self.key_texts + (self.texts if full else [])
         self.hash = sql_row_hash(hashed, db.dialect)
         self.ordered = [db.ordered(c) for c in self.key]
+        self.row_filter = row_filter
+
+    def _kept(self, r: KeyRange) -> list[tuple[tuple, tuple, tuple, int]]:
+        """A filtered table's rows of ``r`` the filter keeps, in key order, as ``(key as
+        read, key texts, texts, hash)``: the pipeline's own filter
+        (:mod:`cdcflow.transform.expressions`) over the columns it reads, evaluated here
+        on the rows' values, so the source side holds exactly the rows that land."""
+        assert self.row_filter is not None
+        where, params = self._where(r)
+        q = self.db.quote
+        reads = list(self.row_filter.columns)
+        select = [
+            *(q(c.name) for c in self.key),
+            *self.key_texts,
+            *self.texts,
+            self.hash,
+            *(q(n) for n in reads),
+        ]
+        # every output aliased: a key's text (``"id"::text``) is named as the key, and
+        # ORDER BY would take it for the key
+        aliased = ", ".join(f"{e} AS cdcflow_{i}" for i, e in enumerate(select))
+        got = self.db.execute(
+            f"SELECT {aliased} FROM {self.relation} WHERE {where} "
+            f"ORDER BY {', '.join(self.ordered)}",
+            params,
+        )
+        if not got:
+            return []
+        n, m = len(self.key), len(self.texts)
+        values = pa.table(
+            {
+                name: pa.array([_plain(row[2 * n + m + 1 + i]) for row in got])
+                for i, name in enumerate(reads)
+            }
+        )
+        keep = self.row_filter.evaluate(values).to_pylist()
+        return [
+            (
+                tuple(_plain(v) for v in row[:n]),
+                tuple(row[n : 2 * n]),
+                tuple(row[2 * n : 2 * n + m]),
+                int(row[2 * n + m]),
+            )
+            for row, kept in zip(got, keep, strict=True)
+            if kept
+        ]
 
     def _where(self, r: KeyRange) -> tuple[str, list[Any]]:
         return range_predicate(r, self.ordered, "%s")
@@ -72,6 +120,9 @@ class SourceSide:
         return int(self.db.execute(f"SELECT count(*) FROM {self.relation}")[0][0])
 
     def checksum(self, r: KeyRange) -> tuple[int, int]:
+        if self.row_filter is not None:
+            kept = self._kept(r)
+            return len(kept), sum(h for *_, h in kept)
         where, params = self._where(r)
         count, total = self.db.execute(
             f"SELECT count(*), sum({self.hash}) FROM {self.relation} WHERE {where}", params
@@ -79,6 +130,10 @@ class SourceSide:
         return int(count), int(total or 0)
 
     def split(self, r: KeyRange, parts: int) -> list[tuple]:
+        if self.row_filter is not None:
+            kept = self._kept(r)
+            step = max(1, -(-len(kept) // parts))
+            return [k for k, *_ in kept[step::step]] if len(kept) > 1 and parts > 1 else []
         where, params = self._where(r)
         count = self.checksum(r)[0]
         return _split_sql(
@@ -96,6 +151,11 @@ class SourceSide:
 
     def rows(self, ranges: Sequence[KeyRange]) -> dict[tuple, Row]:
         out: dict[tuple, Row] = {}
+        if self.row_filter is not None:
+            for r in ranges:
+                for key, key_texts, row_texts, _ in self._kept(r):
+                    out[key_texts] = Row(key, row_texts)
+            return out
         names = ", ".join(self.db.quote(c.name) for c in self.key)
         texts = ", ".join([*self.key_texts, *self.texts])
         for r in ranges:
@@ -110,7 +170,38 @@ class SourceSide:
         return out
 
     def rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
-        """The rows of ``keys`` (as read), by canonical key; absent keys left out."""
+        """The rows of ``keys`` (as read), by canonical key; absent keys (and, on a
+        filtered table, rows the filter leaves out) left out."""
+        if self.row_filter is not None:
+            found = self._rows_by_key(keys)
+            kept = self._kept_keys(list(found.values()))
+            return {k: row for k, row in found.items() if row.key in kept}
+        return self._rows_by_key(keys)
+
+    def _kept_keys(self, rows: Sequence[Row]) -> set[tuple]:
+        """The keys (as read) among ``rows`` whose source rows the filter keeps."""
+        assert self.row_filter is not None
+        if not rows:
+            return set()
+        q = self.db.quote
+        reads = list(self.row_filter.columns)
+        n = len(self.key)
+        one = f"({', '.join(['%s'] * n)})"
+        names = ", ".join(q(c.name) for c in self.key)
+        row = names if n == 1 else f"({names})"
+        marks = ", ".join(["%s" if n == 1 else one] * len(rows))
+        got = self.db.execute(
+            f"SELECT {names}, {', '.join(q(c) for c in reads)} FROM {self.relation} "
+            f"WHERE {row} IN ({marks})",
+            [v for r in rows for v in r.key],
+        )
+        values = pa.table(
+            {name: pa.array([_plain(g[n + i]) for g in got]) for i, name in enumerate(reads)}
+        )
+        keep = self.row_filter.evaluate(values).to_pylist() if got else []
+        return {tuple(_plain(v) for v in g[:n]) for g, k in zip(got, keep, strict=True) if k}
+
+    def _rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
         out: dict[tuple, Row] = {}
         names = ", ".join(self.db.quote(c.name) for c in self.key)
         texts = ", ".join([*self.key_texts, *self.texts])

@@ -37,7 +37,9 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.errors import ConfigError
+from cdcflow.sinks.history import IS_CURRENT
 from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.transform.expressions import Expression
 from cdcflow.transform.router import Router, compile_pattern
 from cdcflow.verify.canonical import Column
 from cdcflow.verify.databases import SourceDatabase, SourceTable, redact
@@ -291,7 +293,7 @@ def verify(
     compared: list[_Compared] = []
     try:
         for plan in plans:
-            compared.append(_first_round(plan, db, warehouse, options, full))
+            compared.append(_first_round(config, plan, db, warehouse, options, full))
             result = compared[-1].result
             say(_table_line(result, len(compared[-1].candidates)))
     finally:
@@ -311,7 +313,7 @@ def verify(
             run.caught_up, run.records_behind = caught_up(options.wait_s)
         try:
             for c in pending:
-                _recheck(c, db, warehouse, full)
+                _recheck(config, c, db, warehouse, full)
         finally:
             db.end_snapshot()
         pending = [c for c in pending if c.candidates and _unstable(c)]
@@ -322,8 +324,27 @@ def verify(
     return run
 
 
+def _selection(config: Any, plan: _Plan) -> tuple[str | None, Expression | None]:
+    """Which rows compare: the mirror's (a DuckDB condition: the shard column naming the
+    source table; a history table's current versions) and the source's (the target's row
+    filter, evaluated as the pipeline evaluates it)."""
+    options = config.tables(plan.target)
+    conditions = []
+    if plan.shard_column:
+        value = (plan.shard_value or "").replace("'", "''")
+        conditions.append(f"\"{plan.shard_column}\" = '{value}'")
+    if options.mode == "history":
+        conditions.append(f'"{IS_CURRENT}"')
+    return (" AND ".join(conditions) or None), options.shaping.filter
+
+
 def _first_round(
-    plan: _Plan, db: SourceDatabase, warehouse: DeltaWarehouse, options: VerifyOptions, full: bool
+    config: Any,
+    plan: _Plan,
+    db: SourceDatabase,
+    warehouse: DeltaWarehouse,
+    options: VerifyOptions,
+    full: bool,
 ) -> _Compared:
     began = time.monotonic()
     result = TableResult(plan.target, plan.table.name)
@@ -339,13 +360,9 @@ def _first_round(
     if not full:  # quick: keys only, at the leaves too (no value is half compared)
         columns = []
     result.compared_columns = [c.name for c in key + columns]
-    where = None
-    if plan.shard_column:
-        where = (
-            f"\"{plan.shard_column}\" = '{(plan.shard_value or '').replace(chr(39), chr(39) * 2)}'"
-        )
+    where, row_filter = _selection(config, plan)
     mirror = MirrorSide(dataset, dataset.schema, key, columns, full, where, options.threads)
-    source = SourceSide(db, plan.table, key, columns, full)
+    source = SourceSide(db, plan.table, key, columns, full, row_filter)
     try:
         rows = mirror.count()
         parts = max(1, -(-rows // options.chunk_rows))
@@ -372,7 +389,9 @@ def _first_round(
     return _Compared(plan, result, key, columns, found, last)
 
 
-def _recheck(c: _Compared, db: SourceDatabase, warehouse: DeltaWarehouse, full: bool) -> None:
+def _recheck(
+    config: Any, c: _Compared, db: SourceDatabase, warehouse: DeltaWarehouse, full: bool
+) -> None:
     """Read the candidate keys again on both sides; keep those still differing, and
     remember which source rows changed since the last round."""
     table = warehouse.open(warehouse.table_path(c.plan.target))
@@ -380,11 +399,9 @@ def _recheck(c: _Compared, db: SourceDatabase, warehouse: DeltaWarehouse, full: 
     c.result.mirror_version = table.version()
     dataset = table.to_pyarrow_dataset()
     keys = [d.key for d in c.candidates.values()]
-    source = SourceSide(db, c.plan.table, c.key, c.columns, full)
+    where, row_filter = _selection(config, c.plan)
+    source = SourceSide(db, c.plan.table, c.key, c.columns, full, row_filter)
     src = source.rows_by_key(keys)
-    where = None
-    if c.plan.shard_column:
-        where = f"\"{c.plan.shard_column}\" = '{(c.plan.shard_value or '').replace(chr(39), chr(39) * 2)}'"
     mirror = _KeyReader(dataset, c, where)
     try:
         mir = mirror.rows_by_key(keys)
