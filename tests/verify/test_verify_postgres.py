@@ -144,6 +144,15 @@ def test_the_command_prints_the_keys_records_the_run_and_exits_1(pg, tmp_path, c
     assert json.loads(last["shop.public.customers"]["details"])["missing"] == [{"id": 5}]
     assert last["shop.public.order_lines"]["equal"] is True
 
+    # cdcflow report shows each table's last verify
+    from cdcflow.commands.report import write_report
+
+    page = write_report(str(tmp_path / "wh"), tmp_path / "report.html").path.read_text()
+    row = page[page.index("<td>shop.public.customers</td>") :].split("</tr>")[0]
+    assert "differs " in row and "(full): 1 missing" in row, row
+    row = page[page.index("<td>shop.public.order_lines</td>") :].split("</tr>")[0]
+    assert "<span class='ok'>equal " in row, row
+
 
 def test_a_bad_source_url_is_one_line_naming_the_flag(pg, tmp_path, capsys):
     config_path = tmp_path / "pipeline.yaml"

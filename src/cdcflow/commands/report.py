@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcflow.commands.status import Status, status
+from cdcflow.commands.verify import last_verifications
 from cdcflow.errors import ConfigError
 from cdcflow.runtime.progress import human_duration
 from cdcflow.sinks.system_tables import (
@@ -152,7 +153,7 @@ def write_report(
     st = status(warehouse, pipeline_id, storage_options=storage_options)
     wh = DeltaWarehouse(warehouse, storage_options=storage_options)
     sources = _read_sources(wh, pipeline_id, max_batches)
-    page = _page(st, sources, now_ms)
+    page = _page(st, sources, now_ms, _verified(wh, pipeline_id))
     path = Path(output)
     # beside the file, then renamed over it: a browser never sees half a page; opened
     # plainly (not mkstemp, whose 0600 would hide the report from a web server)
@@ -585,9 +586,11 @@ _NOTHING_TO_PLOT = {
 }
 
 
-def _page(st: Status, sources: list[_Source], now_ms: int) -> str:
+def _page(
+    st: Status, sources: list[_Source], now_ms: int, verified: dict[str, dict[str, str]]
+) -> str:
     """The whole HTML page: :data:`_TEMPLATE` rendered (every value escaped but plotly's
-    own markup) with what the warehouse says."""
+    own markup) with what the warehouse says (``verified``: :func:`_verified`)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -613,12 +616,32 @@ def _page(st: Status, sources: list[_Source], now_ms: int) -> str:
                 "version": t.version,
                 "last_change": _stamp(t.last_change_ms),
                 "stopped": t.stopped,
+                "verified": verified.get(t.name),
             }
             for t in st.tables
         ],
         dead_letters_total=sum(st.dead_letters.values()),
         dead_letters=_dead_letter_rows(st),
     )
+
+
+def _verified(wh: DeltaWarehouse, pipeline_id: str | None) -> dict[str, dict[str, str]]:
+    """Per table, its last ``cdcflow verify``: ``{"state": "equal" | "differs" |
+    "not compared", "text": ...}`` (tables never verified left out)."""
+    out = {}
+    for row in last_verifications(wh, pipeline_id):
+        when = f"{_stamp(row['started_at_ms'])} ({row['mode']})"
+        if row["refused"]:
+            state, text = "not compared", f"{when}: {row['refused']}"
+        elif row["equal"]:
+            state, text = "equal", f"equal {when}"
+        else:
+            found = ", ".join(
+                f"{row[k]:,} {k}" for k in ("missing", "extra", "different") if row[k]
+            )
+            state, text = "differs", f"differs {when}: {found}"
+        out[row["target_table"]] = {"state": state, "text": text}
+    return out
 
 
 def _plots(sources: list[_Source]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.commands.status import status
+from cdcflow.sinks.system_tables import VERIFICATIONS, VERIFICATIONS_SCHEMA
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify.databases import SourceDatabase
 from cdcflow.verify.verifier import TableResult, Verification, VerifyOptions, verify
@@ -37,32 +38,6 @@ __all__ = [
     "write_metrics",
 ]
 
-#: the system table of verify's outcomes (one row per table and run)
-VERIFICATIONS = "verifications"
-VERIFICATIONS_SCHEMA = pa.schema(
-    [
-        ("pipeline", pa.string()),
-        ("started_at_ms", pa.int64()),  # the run's start: one run, one value
-        ("target_table", pa.string()),
-        ("source_table", pa.string()),
-        ("source_db", pa.string()),  # the URL without its password
-        ("mode", pa.string()),
-        ("position", pa.string()),  # the first snapshot's source position
-        ("mirror_version", pa.int64()),
-        ("equal", pa.bool_()),
-        ("rows_source", pa.int64()),
-        ("rows_mirror", pa.int64()),
-        ("missing", pa.int64()),
-        ("extra", pa.int64()),
-        ("different", pa.int64()),
-        ("in_flight", pa.int64()),
-        ("caught_up", pa.bool_()),
-        ("refused", pa.string()),
-        ("seconds", pa.float64()),
-        ("details", pa.string()),  # JSON: every differing key (TableResult)
-    ]
-)
-
 
 def pipeline_caught_up(config: Any) -> Callable[[float], tuple[bool | None, int | None]]:
     """A wait for the pipeline: the brokers' log ends now, then the warehouse's applied
@@ -70,6 +45,7 @@ def pipeline_caught_up(config: Any) -> Callable[[float], tuple[bool | None, int 
     ``(caught up, records behind)``; ``(None, None)`` when the brokers cannot be asked."""
 
     def wait(wait_s: float) -> tuple[bool | None, int | None]:
+        # deferred: pyspark (~1 s), only a wait for the pipeline needs the brokers
         from cdcflow.source.kafka.admin import log_end_offsets
 
         options = {**config.kafka.reader_options(), **config.subscription()}

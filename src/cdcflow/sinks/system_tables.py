@@ -54,6 +54,8 @@ __all__ = [
     "SYSTEM_FOLDER",
     "TOMBSTONES",
     "TOMBSTONE_SCHEMA",
+    "VERIFICATIONS",
+    "VERIFICATIONS_SCHEMA",
 ]
 
 #: The folder of the system tables, under the warehouse root.
@@ -70,6 +72,8 @@ PROGRESS = "progress"
 SCHEMA_CHANGES = "schema_changes"
 PENDING_TRANSACTIONS = "pending_transactions"
 REPLAYS = "replays"
+#: ``cdcflow verify``'s outcomes, one row per table and run (:mod:`cdcflow.commands.verify`)
+VERIFICATIONS = "verifications"
 #: folder of the history tables' change logs, one table per history table under it
 HISTORY_LOG = "history_log"
 #: folder of the pipelines' leases (:mod:`cdcflow.sinks.lease`, a protocol of its own on
@@ -258,5 +262,30 @@ HISTORY_LOG_SCHEMA = pa.schema(
         ("event_index", pa.int32()),
         ("sub", pa.int8()),  # 0: the old key's delete of a key move, 1 otherwise
         ("batch_id", pa.int64()),
+    ]
+)
+
+#: ``_cdcflow/verifications``: per table and ``cdcflow verify`` run, what it found
+VERIFICATIONS_SCHEMA = pa.schema(
+    [
+        ("pipeline", pa.string()),
+        ("started_at_ms", pa.int64()),  # the run's start: one run, one value
+        ("target_table", pa.string()),
+        ("source_table", pa.string()),
+        ("source_db", pa.string()),  # the URL without its password
+        ("mode", pa.string()),
+        ("position", pa.string()),  # the first snapshot's source position
+        ("mirror_version", pa.int64()),
+        ("equal", pa.bool_()),
+        ("rows_source", pa.int64()),
+        ("rows_mirror", pa.int64()),
+        ("missing", pa.int64()),
+        ("extra", pa.int64()),
+        ("different", pa.int64()),
+        ("in_flight", pa.int64()),
+        ("caught_up", pa.bool_()),
+        ("refused", pa.string()),
+        ("seconds", pa.float64()),
+        ("details", pa.string()),  # JSON: every differing key (TableResult)
     ]
 )
