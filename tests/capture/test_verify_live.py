@@ -3,8 +3,9 @@ table (updates, inserts, deletes, ~40 transactions a second), Debezium's Postgre
 connector captures it into Apache Kafka, ``cdcflow run`` applies it every second -- and
 verify, run in the middle of all that, must report no missing, extra or different key (a
 key still moving is *in flight*, which is not a mismatch). Once the writer stops and the
-pipeline has caught up, verify must find the mirror equal, with nothing in flight; and a
-damage done to the mirror meanwhile must still be found, live."""
+pipeline has caught up, verify must find the mirror equal, with nothing in flight, and
+each of two shards routed into one target equal to the rows that name it; and a damage
+done to the mirrors meanwhile must still be found, live, in the right shard."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.services, pytest.mark.slow]
 
 ROWS = 3000
 TARGET = "shop.public.accounts"
+SHARDS = "shop.public.shards"
 
 
 def _writer(pg: LocalPostgres, stop: threading.Event, counts: dict[str, int]) -> None:
@@ -84,6 +86,13 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                 "FROM generate_series(1, %s) AS i",
                 (ROWS,),
             )
+            # two shards routed into one target, the shard named in a column
+            for shard, first in (("shard_a", 1), ("shard_b", 1001)):
+                c.execute(f"CREATE TABLE {shard} (id bigint PRIMARY KEY, v text)")
+                c.execute(
+                    f"INSERT INTO {shard} SELECT i, '{shard} ' || i "
+                    f"FROM generate_series({first}, {first + 49}) AS i"
+                )
         connector = {
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "tasks.max": "1",
@@ -107,7 +116,19 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                     "checkpoint": str(tmp_path / "ck"),
                     "trigger": {"processing_time": "1 second"},
                     "kafka": {"bootstrap_servers": apache_kafka.bootstrap_servers},
-                    "sources": [{"format": "debezium-json", "topic_pattern": rf"{prefix}\..*"}],
+                    "sources": [
+                        {
+                            "format": "debezium-json",
+                            "topic_pattern": rf"{prefix}\..*",
+                            "routes": [
+                                {
+                                    "source_table": r"shop\.public\.shard_.*",
+                                    "target_table": "shop.public.shards",
+                                    "shard_column": "source_table",
+                                }
+                            ],
+                        }
+                    ],
                 }
             )
         )
@@ -154,14 +175,25 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                 table = {t.target: t for t in still.tables}[TARGET]
                 assert table.equal and table.in_flight == [], table
                 assert still.caught_up is True
+                # each shard against the mirror's rows that name it
+                shards = {t.source_table: t for t in still.tables if t.target == SHARDS}
+                assert set(shards) == {"shop.public.shard_a", "shop.public.shard_b"}
+                for shard in shards.values():
+                    assert shard.equal and shard.rows_source == shard.rows_mirror == 50, shard
+                    assert shard.left_out_columns == {"source_table": "the shard column"}
 
                 # a damage is still found on a live pipeline: one row deleted in the mirror
                 victim = DeltaTable(mirror_path).to_pyarrow_table(columns=["id"])["id"][0].as_py()
                 DeltaTable(mirror_path).delete(f"id = {victim}")
+                shards_path = str(tmp_path / "wh" / SHARDS)
+                DeltaTable(shards_path).update({"v": "'changed'"}, predicate="id = 1010")
                 damaged = run_verify(config, url, options, say=lines.append)
                 table = {t.target: t for t in damaged.tables}[TARGET]
                 assert table.missing == [{"id": victim}], table
                 assert (table.extra, table.different, table.in_flight) == ([], [], [])
+                shards = {t.source_table: t for t in damaged.tables if t.target == SHARDS}
+                assert shards["shop.public.shard_a"].equal
+                assert [d["key"] for d in shards["shop.public.shard_b"].different] == [{"id": 1010}]
                 print(f"moving: {moving.rounds} rounds; writes {counts}")
             finally:
                 stop.set()

@@ -276,6 +276,7 @@ class MirrorSide:
         where: str | None = None,
         threads: int | None = None,
         keyed: bool = True,
+        where_columns: Sequence[str] = (),
     ) -> None:
         import duckdb
 
@@ -283,7 +284,12 @@ class MirrorSide:
         self.con = duckdb.connect()
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        self.con.register("mirror_data", data)
+        self.data = data
+        self.read_columns = list(
+            dict.fromkeys(
+                [*(c.name for c in self.key), *(c.name for c in self.columns), *where_columns]
+            )
+        )
         self.where = where or "TRUE"
         q = _duck_quote
         self.key_texts = [duckdb_text(c, schema.field(c.name).type, q(c.name)) for c in self.key]
@@ -293,22 +299,37 @@ class MirrorSide:
         names = ", ".join(self.ordered)
         if not keyed:  # only rows_by_key will be asked
             return
+        self._register()
         self.con.execute(
             f"CREATE TABLE keyed AS SELECT {names}, {duckdb_row_hash(hashed)} AS h "
             f"FROM mirror_data WHERE {self.where} ORDER BY {names}"
         )
 
+    def _register(self) -> None:
+        """Give DuckDB the mirror's columns as a stream read once: a fresh reader per
+        query. A dataset would take DuckDB's filters, and pyarrow refuses the string
+        ones against a Delta table's file statistics (``equal`` of string and
+        string_view); the scan is whole anyway (a mirror's files are not sorted by key)."""
+        reader = (
+            self.data.scanner(columns=self.read_columns).to_reader()
+            if hasattr(self.data, "scanner")
+            else self.data.select(self.read_columns).to_reader()
+        )
+        self.con.register("mirror_data", reader)
+
     def _where(self, r: KeyRange) -> tuple[str, list[Any]]:
         return range_predicate(r, self.ordered, "?")
 
     def count(self) -> int:
-        return int(self.con.execute("SELECT count(*) FROM keyed").fetchone()[0])  # type: ignore[index]  # count(*) always gives one row
+        # fetchall: a result half fetched keeps the connection busy (DuckDB refuses the
+        # next register)
+        return int(self.con.execute("SELECT count(*) FROM keyed").fetchall()[0][0])
 
     def checksum(self, r: KeyRange) -> tuple[int, int]:
         where, params = self._where(r)
         count, total = self.con.execute(
             f"SELECT count(*), sum(h) FROM keyed WHERE {where}", params
-        ).fetchone()  # type: ignore[misc]  # an aggregate always gives one row
+        ).fetchall()[0]
         return int(count), int(total or 0)
 
     def split(self, r: KeyRange, parts: int) -> list[tuple]:
@@ -346,6 +367,7 @@ class MirrorSide:
         texts = ", ".join([*self.key_texts, *self.texts])
         n = len(self.key)
         out: dict[tuple, Row] = {}
+        self._register()
         for got in self.con.execute(
             f"SELECT {names}, {texts} FROM mirror_data WHERE ({self.where}) AND ({condition})",
             params,

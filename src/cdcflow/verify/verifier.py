@@ -324,18 +324,28 @@ def verify(
     return run
 
 
-def _selection(config: Any, plan: _Plan) -> tuple[str | None, Expression | None]:
-    """Which rows compare: the mirror's (a DuckDB condition: the shard column naming the
-    source table; a history table's current versions) and the source's (the target's row
-    filter, evaluated as the pipeline evaluates it)."""
+@dataclass(frozen=True)
+class _Selection:
+    """Which rows compare: the mirror's (a DuckDB condition over ``columns``: the shard
+    column naming the source table; a history table's current versions) and the source's
+    (the target's row filter, evaluated as the pipeline evaluates it)."""
+
+    where: str | None
+    columns: tuple[str, ...]
+    row_filter: Expression | None
+
+
+def _selection(config: Any, plan: _Plan) -> _Selection:
     options = config.tables(plan.target)
-    conditions = []
+    conditions, columns = [], []
     if plan.shard_column:
         value = (plan.shard_value or "").replace("'", "''")
         conditions.append(f"\"{plan.shard_column}\" = '{value}'")
+        columns.append(plan.shard_column)
     if options.mode == "history":
         conditions.append(f'"{IS_CURRENT}"')
-    return (" AND ".join(conditions) or None), options.shaping.filter
+        columns.append(IS_CURRENT)
+    return _Selection(" AND ".join(conditions) or None, tuple(columns), options.shaping.filter)
 
 
 def _first_round(
@@ -360,9 +370,18 @@ def _first_round(
     if not full:  # quick: keys only, at the leaves too (no value is half compared)
         columns = []
     result.compared_columns = [c.name for c in key + columns]
-    where, row_filter = _selection(config, plan)
-    mirror = MirrorSide(dataset, dataset.schema, key, columns, full, where, options.threads)
-    source = SourceSide(db, plan.table, key, columns, full, row_filter)
+    chosen = _selection(config, plan)
+    mirror = MirrorSide(
+        dataset,
+        dataset.schema,
+        key,
+        columns,
+        full,
+        chosen.where,
+        options.threads,
+        where_columns=chosen.columns,
+    )
+    source = SourceSide(db, plan.table, key, columns, full, chosen.row_filter)
     try:
         rows = mirror.count()
         parts = max(1, -(-rows // options.chunk_rows))
@@ -399,10 +418,10 @@ def _recheck(
     c.result.mirror_version = table.version()
     dataset = table.to_pyarrow_dataset()
     keys = [d.key for d in c.candidates.values()]
-    where, row_filter = _selection(config, c.plan)
-    source = SourceSide(db, c.plan.table, c.key, c.columns, full, row_filter)
+    chosen = _selection(config, c.plan)
+    source = SourceSide(db, c.plan.table, c.key, c.columns, full, chosen.row_filter)
     src = source.rows_by_key(keys)
-    mirror = _KeyReader(dataset, c, where)
+    mirror = _KeyReader(dataset, c, chosen)
     try:
         mir = mirror.rows_by_key(keys)
     finally:
@@ -415,9 +434,18 @@ def _recheck(
     c.moved = moved
 
 
-def _KeyReader(dataset: Any, c: _Compared, where: str | None) -> MirrorSide:  # noqa: N802 - a constructor
+def _KeyReader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:  # noqa: N802 - a constructor
     """A mirror side that only reads rows by key (no sorted key table built)."""
-    return MirrorSide(dataset, dataset.schema, c.key, c.columns, False, where, keyed=False)
+    return MirrorSide(
+        dataset,
+        dataset.schema,
+        c.key,
+        c.columns,
+        False,
+        chosen.where,
+        keyed=False,
+        where_columns=chosen.columns,
+    )
 
 
 def _unstable(c: _Compared) -> bool:
