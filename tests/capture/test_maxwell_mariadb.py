@@ -32,6 +32,9 @@ import pytest
 from tests.capture.helpers import compare, mirror_rows, run_cdcflow
 from tests.capture.test_debezium_mariadb import _snapshot_rows, _workload, mariadb_rows
 
+from cdcflow.config import parse_config
+from cdcflow.verify.databases import SourceDatabase
+from cdcflow.verify.verifier import VerifyOptions, verify
 from cdcflow_testkit.services.mariadb import LocalMariaDB
 from cdcflow_testkit.services.maxwell import MAXWELL_VERSION, Maxwell
 
@@ -149,3 +152,27 @@ def test_maxwell_on_mariadb_mirrors_equal_the_database(spark, apache_kafka, tmp_
             for n in range(1, 4)
         ]
         assert got == sorted(truncated + lines, key=lambda r: (r["order_id"], r["line_no"]))
+
+        # cdcflow verify against the live database says the same, by itself: customers
+        # equal (Maxwell's SET as a JSON array, DECIMAL as a number, times as text), and
+        # exactly the truncated rows extra in order_lines
+        config = parse_config(
+            {
+                "pipeline_id": "maxwell",
+                "warehouse": str(tmp_path / "wh"),
+                "checkpoint": str(tmp_path / "ck"),
+                "kafka": {"bootstrap_servers": apache_kafka.bootstrap_servers},
+                "sources": [{"format": "maxwell-json", "topics": [topic]}],
+            }
+        )
+        source = SourceDatabase(f"mysql://{db.user}:{db.password}@{db.host}:{db.port}/shop")
+        try:
+            run = verify(config, source, VerifyOptions(wait_s=0, recheck_after_s=0, chunk_rows=8))
+        finally:
+            source.close()
+        tables = {t.target: t for t in run.tables}
+        assert tables["shop.customers"].equal, tables["shop.customers"].different[:4]
+        assert tables["shop.customers"].left_out_columns == {}
+        extra = tables["shop.order_lines"].extra
+        assert extra == [{"order_id": r["order_id"], "line_no": r["line_no"]} for r in truncated]
+        assert tables["shop.order_lines"].missing == tables["shop.order_lines"].different == []

@@ -100,6 +100,8 @@ class Column:
             (Debezium's schemaless timestamps: 1 000 for ``io.debezium.time.Timestamp``,
             1 for ``MicroTimestamp``).
         array: a PostgreSQL array (its JSON text).
+        members: a MySQL ``SET`` (its text ``a,b``; a mirror's JSON array of the members,
+            as Maxwell writes it, is joined the same way).
     """
 
     name: str
@@ -108,6 +110,7 @@ class Column:
     digits: int = 15
     unit_us: int = 1
     array: bool = False
+    members: bool = False
 
 
 # --------------------------------------------------------------------------- the kinds
@@ -178,6 +181,7 @@ def mysql_kind(data_type: str, column_type: str, datetime_precision: int | None)
         column_type,
         digits=6 if dtype == "float" else 15,
         unit_us=_unit(datetime_precision),
+        members=dtype == "set",
     )
 
 
@@ -331,6 +335,9 @@ def duckdb_text(column: Column, mirror_type: pa.DataType, quote: str) -> str:
             return f"lower(hex({c}))"
         if string:
             return f"lower(hex(from_base64({c})))"
+    elif string and column.members:
+        joined = f"array_to_string(CAST(from_json({c}, '[\"VARCHAR\"]') AS VARCHAR[]), ',')"
+        return f"CASE WHEN starts_with({c}, '[') THEN {joined} ELSE {c} END"
     elif string:
         return c
     elif k in ("text", "json") and not pa.types.is_nested(t):

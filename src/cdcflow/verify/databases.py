@@ -16,6 +16,7 @@ the report says "about").
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -249,13 +250,41 @@ class SourceDatabase:
             "WHERE TABLE_SCHEMA = DATABASE() AND CONSTRAINT_NAME = 'PRIMARY' "
             "ORDER BY TABLE_NAME, ORDINAL_POSITION"
         )
+        json_columns = self._mariadb_json_columns()
         return self._assemble(
             (
-                ("", t, name, mysql_kind(_text(dtype), _text(ctype), prec))
+                (
+                    "",
+                    t,
+                    name,
+                    mysql_kind(
+                        "json" if (_text(t), _text(name)) in json_columns else _text(dtype),
+                        _text(ctype),
+                        prec,
+                    ),
+                )
                 for t, name, dtype, ctype, prec in rows
             ),
             keys,
         )
+
+    def _mariadb_json_columns(self) -> set[tuple[str, str]]:
+        """MariaDB's ``JSON`` columns: a ``LONGTEXT`` with a ``json_valid(`col`)`` check
+        (https://mariadb.com/kb/en/json-data-type/); ``(table, column)``. MySQL's JSON is a
+        type of its own (and its ``CHECK_CONSTRAINTS`` has no table name: nothing found)."""
+        try:
+            rows = self.execute(
+                "SELECT TABLE_NAME, CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+                "WHERE CONSTRAINT_SCHEMA = DATABASE()"
+            )
+        except Exception:  # noqa: BLE001 - MySQL: no TABLE_NAME column
+            return set()
+        found = set()
+        for table, clause in rows:
+            m = re.fullmatch(r"json_valid\(`((?:[^`]|``)+)`\)", _text(clause).strip())
+            if m:
+                found.add((_text(table), m.group(1).replace("``", "`")))
+        return found
 
     def _assemble(self, columns: Any, keys: list[tuple]) -> list[SourceTable]:
         found: dict[tuple[str, str], SourceTable] = {}
@@ -264,16 +293,7 @@ class SourceDatabase:
                 (schema, table),
                 SourceTable(self.database, schema, table, []),
             )
-            t.columns.append(
-                Column(
-                    name,
-                    column.kind,
-                    column.source_type,
-                    column.digits,
-                    column.unit_us,
-                    column.array,
-                )
-            )
+            t.columns.append(dataclasses.replace(column, name=name))
         for schema, table, name in keys:
             if (schema, table) in found:
                 found[(schema, table)].key.append(name)

@@ -29,6 +29,7 @@ listed as left out (excluded columns, computed columns).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -243,8 +244,22 @@ def _columns(
         else:
             left[name] = "the mirror's only (computed or metadata)"
     key = [by_name[k] for k in table.key]
-    others = [c for c in table.columns if c.name in mirror and c.name not in table.key]
+    others = [
+        _as_mirrored(c, schema.field(c.name).type)
+        for c in table.columns
+        if c.name in mirror and c.name not in table.key
+    ]
     return key, others, left
+
+
+def _as_mirrored(column: Column, mirror_type: pa.DataType) -> Column:
+    """The column compared as the format mirrored it: a decimal the format turned into a
+    float (Maxwell's JSON numbers, Debezium's ``decimal.handling.mode=double``) is
+    compared as a float on both sides (15 significant digits), as exactness was lost on
+    the way."""
+    if column.kind == "decimal" and pa.types.is_floating(mirror_type):
+        return dataclasses.replace(column, kind="float", digits=15)
+    return column
 
 
 # ----------------------------------------------------------------------------- verify
