@@ -5,6 +5,8 @@ database, and each damage is reported as exactly its key."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from tests.verify.helpers import config_for, damage, fill_mariadb, golden_state, mirror_capture
 
@@ -65,5 +67,6 @@ def test_each_damage_of_a_mariadb_mirror_is_reported_as_exactly_its_key(mariadb,
     }
     assert different[7]["balance"]["mirror"] is None
     created = different[9]["created_at"]
-    assert int(created["mirror"]) - int(created["source"]) == 1
+    source, mirror = (dt.datetime.fromisoformat(created[s]) for s in ("source", "mirror"))
+    assert mirror - source == dt.timedelta(microseconds=1), created
     assert tables["shop.order_lines"].missing == [{"order_id": 8, "line_no": 1}]

@@ -5,6 +5,7 @@ sizes make the bisection do."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -86,8 +87,9 @@ def test_eachdamage_is_reported_as_exactly_its_key(pg, tmp_path, chunk_rows, lea
     assert set(different[7]) == {"email"} and different[7]["email"]["mirror"] is None
     assert different[7]["email"]["source"] == "c7@example.com"
     assert set(different[9]) == {"created_at"}
-    source_us, mirror_us = (int(different[9]["created_at"][s]) for s in ("source", "mirror"))
-    assert mirror_us - source_us == 1  # one microsecond, seen
+    created = different[9]["created_at"]  # readable: ISO 8601, naive as the column
+    source, mirror = (dt.datetime.fromisoformat(created[s]) for s in ("source", "mirror"))
+    assert mirror - source == dt.timedelta(microseconds=1), created
     assert customers.in_flight == [] and customers.settled == 0
     lines = tables["shop.public.order_lines"]
     assert lines.missing == [{"order_id": 8, "line_no": 1}]

@@ -45,6 +45,7 @@ range with the row count.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -61,6 +62,7 @@ __all__ = [
     "Dialect",
     "duckdb_text",
     "duckdb_row_hash",
+    "readable",
     "same_value",
     "sql_row_hash",
     "sql_text",
@@ -102,6 +104,8 @@ class Column:
         array: a PostgreSQL array (its JSON text).
         members: a MySQL ``SET`` (its text ``a,b``; a mirror's JSON array of the members,
             as Maxwell writes it, is joined the same way).
+        zoned: a timestamp of an instant (PostgreSQL's ``timestamptz``, MySQL's
+            ``TIMESTAMP``), not a wall-clock time.
     """
 
     name: str
@@ -111,6 +115,7 @@ class Column:
     unit_us: int = 1
     array: bool = False
     members: bool = False
+    zoned: bool = False
 
 
 # --------------------------------------------------------------------------- the kinds
@@ -140,7 +145,12 @@ def postgres_kind(udt: str, data_type: str, datetime_precision: int | None) -> C
     }
     kind = kinds.get(udt, "text")
     return Column(
-        "", kind, udt, digits=6 if udt == "float4" else 15, unit_us=_unit(datetime_precision)
+        "",
+        kind,
+        udt,
+        digits=6 if udt == "float4" else 15,
+        unit_us=_unit(datetime_precision),
+        zoned=udt == "timestamptz",
     )
 
 
@@ -182,6 +192,7 @@ def mysql_kind(data_type: str, column_type: str, datetime_precision: int | None)
         digits=6 if dtype == "float" else 15,
         unit_us=_unit(datetime_precision),
         members=dtype == "set",
+        zoned=dtype == "timestamp",
     )
 
 
@@ -326,7 +337,7 @@ def duckdb_text(column: Column, mirror_type: pa.DataType, quote: str) -> str:
         if pa.types.is_timestamp(t):
             return f"CAST(epoch_us({c}) AS VARCHAR)"
         if string:
-            zoned = "TIMESTAMPTZ" if column.source_type in ("timestamptz",) else "TIMESTAMP"
+            zoned = "TIMESTAMPTZ" if column.zoned else "TIMESTAMP"
             return f"CAST(epoch_us(CAST({c} AS {zoned})) AS VARCHAR)"
         if integer:
             return f"CAST({c} * {column.unit_us} AS VARCHAR)"
@@ -383,3 +394,28 @@ def _close_floats(a: str, b: str) -> bool:
     except ValueError:
         return False
     return math.isclose(va, vb, rel_tol=0, abs_tol=unit * 1.000001)
+
+
+def readable(column: Column, text: str | None) -> str | None:
+    """A canonical text as a person reads the value: a timestamp in ISO 8601 (UTC for a
+    zoned type), a date and a time of day in ISO, a float as a number; others as they are.
+    For reports only (the comparison uses the canonical text)."""
+    if text is None:
+        return None
+    try:
+        if column.kind == "timestamp":
+            moment = _EPOCH + dt.timedelta(microseconds=int(text))
+            return moment.isoformat() + ("Z" if column.zoned else "")
+        if column.kind == "date":
+            return (_EPOCH.date() + dt.timedelta(days=int(text))).isoformat()
+        if column.kind == "time":
+            return (_EPOCH + dt.timedelta(microseconds=int(text))).time().isoformat()
+        if column.kind == "float" and "e" in text:
+            mantissa, _, exponent = text.partition("e")
+            return repr(float(f"{mantissa}e{exponent}"))
+    except (ValueError, OverflowError):
+        return text
+    return text
+
+
+_EPOCH = dt.datetime(1970, 1, 1)

@@ -282,6 +282,9 @@ class MirrorSide:
 
         self.key, self.columns = list(key), list(columns)
         self.con = duckdb.connect()
+        # a zoned text without an offset is UTC, as the formats write it (never the
+        # machine's zone)
+        self.con.execute("SET TimeZone = 'UTC'")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self.data = data

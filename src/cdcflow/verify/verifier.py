@@ -42,7 +42,7 @@ from cdcflow.sinks.history import IS_CURRENT
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.transform.expressions import Expression
 from cdcflow.transform.router import Router, compile_pattern
-from cdcflow.verify.canonical import Column
+from cdcflow.verify.canonical import Column, readable
 from cdcflow.verify.databases import SourceDatabase, SourceTable, redact
 from cdcflow.verify.ranges import (
     Difference,
@@ -481,9 +481,13 @@ def _settle(c: _Compared, options: VerifyOptions) -> None:
         elif d.kind == "extra":
             r.extra.append(item)
         else:
+            by_name = {col.name: col for col in c.columns}
             item = {
                 "key": item,
-                "columns": {n: {"source": a, "mirror": b} for n, (a, b) in d.columns.items()},
+                "columns": {
+                    n: {"source": readable(by_name[n], a), "mirror": readable(by_name[n], b)}
+                    for n, (a, b) in d.columns.items()
+                },
             }
             r.different.append(item)
 
