@@ -1,9 +1,10 @@
-"""The ``cdcflow`` command: run, decode, apply, resume, reset.
+"""The ``cdcflow`` command: run, decode, apply, resume, reset, verify and the rest.
 
 (The demo is the test kit's ``cdcflow-demo``: ``make demo``.)
 
 Exit codes: 0 success; 1 the command ran but found a problem (dead letters in ``decode``,
-a table that does not match in ``cdcflow-demo``); 2 bad usage or configuration; 74 (sysexits'
+a table that does not match in ``cdcflow-demo``, a mirror that differs from its source
+database in ``verify``); 2 bad usage or configuration; 74 (sysexits'
 ``EX_IOERR``) the warehouse cannot be written: disk full, a read-only volume, a damaged
 ``_cdcflow`` system table (``STORAGE_ERROR``; the unfinished micro-batch is applied again by
 the next run); 75 (``run`` only;

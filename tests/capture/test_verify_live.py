@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from tests.capture.helpers import wait_snapshot_done
 from tests.e2e.helpers import CDCFLOW, cli_env
 
-from cdcflow.commands.verify import run_verify
+from cdcflow.commands.verify import describe, run_verify
 from cdcflow.config import load_config
 from cdcflow.verify.verifier import VerifyOptions
 from cdcflow_testkit.services.kafka_connect import ConnectStandalone
@@ -164,7 +164,7 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                 lines: list[str] = []
                 moving = run_verify(config, url, options, say=lines.append)
                 table = {t.target: t for t in moving.tables}[TARGET]
-                print("\n".join(lines), counts, table, sep="\n")
+                print("\n".join(lines + describe(moving)), counts, sep="\n")
                 assert (table.missing, table.extra, table.different) == ([], [], []), table
                 assert table.rows_source > 0 and table.ranges > 1
 

@@ -155,9 +155,10 @@ def describe(run: Verification, show: int = 10) -> list[str]:
             lines.append(f"{t.target}: NOT COMPARED: {t.refused}")
             continue
         verdict = "equal" if t.equal else "DIFFERS"
+        moved = " at the first read" if t.settled or t.in_flight else ""
         lines.append(
             f"{t.target} <- {t.source_table}: {verdict}; {t.rows_source} rows in the source, "
-            f"{t.rows_mirror} in the mirror (version {t.mirror_version})"
+            f"{t.rows_mirror} in the mirror{moved} (version {t.mirror_version})"
         )
         for kind in ("missing", "extra", "in_flight"):
             keys = getattr(t, kind)

@@ -521,10 +521,11 @@ def _caught_up_line(run: Verification) -> str:
 
 
 def _table_line(r: TableResult, candidates: int) -> str:
+    name = r.target if r.source_table == r.target else f"{r.target} <- {r.source_table}"
     if r.refused:
-        return f"{r.target}: not compared: {r.refused}"
+        return f"{name}: not compared: {r.refused}"
     return (
-        f"{r.target}: {r.rows_source} rows in the source, {r.rows_mirror} in the mirror "
+        f"{name}: {r.rows_source} rows in the source, {r.rows_mirror} in the mirror "
         f"(version {r.mirror_version}); {r.ranges} ranges, {r.differing_ranges} differing; "
         f"{candidates} keys differ before rechecks ({r.seconds:.1f} s)"
     )
