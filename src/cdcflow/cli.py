@@ -13,7 +13,9 @@ warehouse: refused at start (``PIPELINE_RUNNING``, before Spark starts), or this
 was taken over and it stopped (``LEASE_LOST``). The one line on stderr names the holder
 and how long to wait if it died without releasing its lease. 69 (``run`` only; sysexits'
 ``EX_UNAVAILABLE``) the Kafka brokers stayed unreachable for ``kafka.outage_budget_s``
-(``SOURCE_UNAVAILABLE``); the one line names the brokers, the last client error and the fix.
+(``SOURCE_UNAVAILABLE``); the one line names the brokers, the last client error and the fix;
+``verify``: the source database failed a statement (``SOURCE_DB_ERROR``: a statement
+timeout, a lost connection).
 """
 
 from __future__ import annotations
@@ -911,7 +913,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except CdcflowError as exc:
         print(f"cdcflow: {exc}", file=sys.stderr)
-        if exc.code == Code.SOURCE_UNAVAILABLE:
+        if exc.code in (Code.SOURCE_UNAVAILABLE, Code.SOURCE_DB_ERROR):
             return EXIT_SOURCE_UNAVAILABLE
         return 1
 

@@ -71,6 +71,7 @@ class Code(StrEnum):
     STORAGE_ERROR = "STORAGE_ERROR"  # the warehouse cannot be written (disk full); run stops
     DEAD_LETTER_LIMIT = "DEAD_LETTER_LIMIT"  # a micro-batch over apply.dead_letter_limit; run stops
     BAD_CONFIG = "BAD_CONFIG"  # a configuration value is missing or wrong (exit 2)
+    SOURCE_DB_ERROR = "SOURCE_DB_ERROR"  # verify: the source database failed a statement
     SOURCE_ERROR = "SOURCE_ERROR"  # the Kafka source cannot go on (data loss, outage)
     APPLY_ERROR = "APPLY_ERROR"  # a change cannot be applied to its Delta table
     CDCFLOW_ERROR = "CDCFLOW_ERROR"  # any other cdcflow error

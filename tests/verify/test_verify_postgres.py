@@ -223,3 +223,61 @@ def test_a_filtered_table_with_excluded_and_computed_columns_compares_what_lands
     ]
     assert customers.missing == [{"id": kept[0]["id"]}, {"id": kept[1]["id"]}]
     assert customers.extra == [{"id": dropped["id"]}]
+
+
+def test_a_statement_over_the_timeout_is_one_line_and_exit_69(pg, tmp_path, capsys):
+    """The source is protected by a statement timeout; hitting it ends verify with one
+    line naming the flag (exit 69), never a traceback."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    with pg.connect() as c:
+        c.execute(
+            "CREATE TABLE IF NOT EXISTS big AS SELECT i AS id, md5(i::text) AS v "
+            "FROM generate_series(1, 300000) AS i"
+        )
+        c.execute("ALTER TABLE big DROP CONSTRAINT IF EXISTS big_pkey")
+        c.execute("ALTER TABLE big ADD PRIMARY KEY (id)")
+    ids = pa.array(range(1, 300_001), pa.int64())
+    write_deltalake(
+        str(tmp_path / "wh" / "shop.public.big"), pa.table({"id": ids, "v": ids.cast(pa.string())})
+    )
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(
+        json.dumps(
+            {
+                "pipeline_id": "verify",
+                "warehouse": str(tmp_path / "wh"),
+                "checkpoint": str(tmp_path / "ck"),
+                "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+                "sources": [{"format": "debezium-json", "topic_pattern": "x"}],
+            }
+        )
+    )
+    code = main(
+        [
+            "verify",
+            str(config_path),
+            "--source-db",
+            _url(pg),
+            "--wait-s",
+            "0",
+            "--statement-timeout-s",
+            "0.001",
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 69, err
+    assert "\n" not in err
+    assert err.startswith("cdcflow: [SOURCE_DB_ERROR] --source-db postgresql://"), err
+    assert "statement timeout" in err and err.endswith("--statement-timeout-s (0.001 s)")
+
+
+def test_sample_mode_compares_only_the_ranges_it_draws(pg, tmp_path):
+    messages, state = golden_state(CAPTURES[0])
+    mirror_capture(messages, tmp_path / "wh", True)
+    config = config_for(tmp_path / "wh", True)
+    run = _by_target(_run(pg, config, mode="sample", sample_ranges=3, chunk_rows=4))
+    customers = run["shop.public.customers"]
+    assert customers.equal and customers.ranges == 3
+    assert 0 < customers.rows_source == customers.rows_mirror < 38

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdcflow.errors import ConfigError
+from cdcflow.errors import CdcflowError, Code, ConfigError
 from cdcflow.verify.canonical import Column, Dialect, mysql_kind, postgres_kind
 
 __all__ = ["SourceDatabase", "SourceTable", "connect_source", "redact"]
@@ -88,6 +88,7 @@ class SourceDatabase:
                     "--source-db postgresql://...: psycopg is not installed; "
                     "pip install 'cdcflow[verify]'"
                 ) from None
+            self._errors: tuple[type[Exception], ...] = (psycopg.Error,)
             try:
                 self._conn: Any = psycopg.connect(url, autocommit=True, connect_timeout=10)
             except psycopg.OperationalError as exc:
@@ -109,6 +110,7 @@ class SourceDatabase:
                 raise ConfigError(
                     f"--source-db {redact(url)}: name the database, e.g. mysql://user@host/shop"
                 )
+            self._errors = (pymysql.MySQLError,)
             try:
                 self._conn = pymysql.connect(
                     host=parts.hostname or "127.0.0.1",
@@ -136,13 +138,27 @@ class SourceDatabase:
     # ------------------------------------------------------------------ statements
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        """The rows of one statement (inside the snapshot when one is open)."""
-        if self.dialect == "postgresql":
-            cur = self._conn.execute(sql, tuple(params) or None)
-            return [] if cur.description is None else list(cur.fetchall())
-        with self._conn.cursor() as cur:
-            cur.execute(sql, tuple(params))
-            return list(cur.fetchall())
+        """The rows of one statement (inside the snapshot when one is open).
+
+        Raises:
+            CdcflowError: ``SOURCE_DB_ERROR``, one line: the database failed the statement
+                (a statement timeout, a lost connection, a missing privilege).
+        """
+        try:
+            if self.dialect == "postgresql":
+                cur = self._conn.execute(sql, tuple(params) or None)
+                return [] if cur.description is None else list(cur.fetchall())
+            with self._conn.cursor() as cur:
+                cur.execute(sql, tuple(params))
+                return list(cur.fetchall())
+        except self._errors as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CdcflowError(
+                f"--source-db {redact(self.url)} failed a statement: {first} (in: "
+                f"{' '.join(sql.split())[:100]}...); a statement timeout is "
+                f"--statement-timeout-s ({self.statement_timeout_s:g} s)",
+                Code.SOURCE_DB_ERROR,
+            ) from None
 
     def _one(self, sql: str) -> tuple:
         return self.execute(sql)[0]
