@@ -69,7 +69,7 @@ class _Side:
         h = sum(int(hashlib.md5(f"{k}|{self.data[k]}".encode()).hexdigest()[17:], 16) for k in keys)
         return len(keys), h
 
-    def split(self, r, parts):
+    def split(self, r, parts, rows=None):
         keys = self._in(r)
         step = max(1, -(-len(keys) // parts))
         return [(k,) for k in keys[step::step]]

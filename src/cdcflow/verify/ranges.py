@@ -67,9 +67,10 @@ class Side(Protocol):
         """``(rows, sum of row hashes)`` of the range."""
         ...
 
-    def split(self, r: KeyRange, parts: int) -> list[tuple]:
+    def split(self, r: KeyRange, parts: int, rows: int | None = None) -> list[tuple]:
         """Up to ``parts - 1`` keys inside ``r`` cutting it into ``parts`` ranges of
-        about equal rows (ascending; empty when it cannot be cut)."""
+        about equal rows (ascending; empty when it cannot be cut); ``rows``: the range's
+        row count on this side when known (saves counting it again)."""
         ...
 
     def rows(self, ranges: Sequence[KeyRange]) -> dict[tuple, Row]:
@@ -153,7 +154,7 @@ def bisect(
                 leaves.append(r)
                 continue
             bigger = source if s[0] >= m[0] else mirror
-            bounds = bigger.split(r, fanout)
+            bounds = bigger.split(r, fanout, max(s[0], m[0]))
             if bounds:
                 later += r.cut(bounds)
             else:

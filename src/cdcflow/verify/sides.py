@@ -129,13 +129,13 @@ class SourceSide:
         )[0]
         return int(count), int(total or 0)
 
-    def split(self, r: KeyRange, parts: int) -> list[tuple]:
+    def split(self, r: KeyRange, parts: int, rows: int | None = None) -> list[tuple]:
         if self.row_filter is not None:
             kept = self._kept(r)
             step = max(1, -(-len(kept) // parts))
             return [k for k, *_ in kept[step::step]] if len(kept) > 1 and parts > 1 else []
         where, params = self._where(r)
-        count = self.checksum(r)[0]
+        count = self.checksum(r)[0] if rows is None else rows
         return _split_sql(
             self.db.execute,
             self.relation,
@@ -335,9 +335,9 @@ class MirrorSide:
         ).fetchall()[0]
         return int(count), int(total or 0)
 
-    def split(self, r: KeyRange, parts: int) -> list[tuple]:
+    def split(self, r: KeyRange, parts: int, rows: int | None = None) -> list[tuple]:
         where, params = self._where(r)
-        count = self.checksum(r)[0]
+        count = self.checksum(r)[0] if rows is None else rows
 
         def execute(sql: str, p: list[Any]) -> list[tuple]:
             return self.con.execute(sql, p).fetchall()

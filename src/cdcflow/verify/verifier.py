@@ -400,7 +400,7 @@ def _first_round(
     try:
         rows = mirror.count()
         parts = max(1, -(-rows // options.chunk_rows))
-        bounds = mirror.split(KeyRange(), parts) if rows else []
+        bounds = mirror.split(KeyRange(), parts, rows) if rows else []
         ranges = KeyRange().cut(bounds)
         if options.mode == "sample":
             ranges = sample(ranges, options.sample_ranges)
