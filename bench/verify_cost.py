@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT / "testkit" / "src"))
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import PeakRss, emit, row  # noqa: E402
+from common import PeakRss, emit, row, tree_rss_bytes  # noqa: E402
 
 #: verify of equal tables within this many times the floor, in each mode
 EQUAL_TARGET_RATIO = 2.0
@@ -97,7 +97,7 @@ FROM generate_series(%s::bigint, %s::bigint) AS i
 
 def load_source(pg: Any, rows: int, batch: int = 2_000_000) -> float:
     """Create and fill the source table (ids 1..rows), its primary key built after the
-    rows, then ``VACUUM ANALYZE``; returns the seconds."""
+    rows, then ``VACUUM ANALYZE`` and a checkpoint; returns the seconds."""
     t = time.perf_counter()
     with pg.connect() as conn:
         conn.execute(CREATE)
@@ -105,6 +105,7 @@ def load_source(pg: Any, rows: int, batch: int = 2_000_000) -> float:
             conn.execute(INSERT, (lo, min(rows, lo + batch - 1)))
         conn.execute(f"ALTER TABLE {SCHEMA}.{TABLE} ADD PRIMARY KEY (id)")
         conn.execute(f"VACUUM ANALYZE {SCHEMA}.{TABLE}")
+        conn.execute("CHECKPOINT")  # nothing left dirty for the measured reads to write
     return time.perf_counter() - t
 
 
@@ -337,6 +338,8 @@ def measure(
     process and of the server, and the last run's other figures."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in things}
     peaks: dict[str, list[int]] = {name: [0, 0, 0] for name in things}
+    before: dict[str, int] = {}  # this process's RSS as each run began (the least)
+    loads: dict[str, list[float]] = {name: [] for name in things}
     for name, fn in things.items():
         _settle()
         print(f"  warm-up: {name}", flush=True)
@@ -344,6 +347,9 @@ def measure(
     for i in range(repeats):
         for name, fn in things.items():
             _settle()
+            rss = tree_rss_bytes(os.getpid())
+            before[name] = min(before.get(name, rss), rss)
+            loads[name].append(round(os.getloadavg()[0], 2))
             server = PeakRss(server_pid) if server_pid else contextlib.nullcontext()
             with PeakRss() as mine, server as theirs:
                 got = fn()
@@ -358,14 +364,22 @@ def measure(
     for name, got in runs.items():
         out[name] = {
             **got[-1],
-            # every figure in seconds (the total, the floor's parts) their median
+            # every figure in seconds (the total, the floor's parts, verify's phases)
+            # their median
             **{
                 k: statistics.median(g[k] for g in got)
                 for k, v in got[0].items()
                 if isinstance(v, float)
             },
+            **{
+                k: {p: round(statistics.median(g[k].get(p, 0.0) for g in got), 3) for p in v}
+                for k, v in got[0].items()
+                if k == "phases"
+            },
             "runs_s": [round(g["seconds"], 3) for g in got],
+            "loads": loads[name],
             "peak_rss_mb": round(peaks[name][0] / 2**20),
+            "rss_before_mb": round(before[name] / 2**20),
             "server_peak_rss_mb": round(peaks[name][1] / 2**20) if server_pid else None,
             "server_peak_pss_mb": round(peaks[name][2] / 2**20) if server_pid else None,
         }
@@ -460,7 +474,8 @@ def run(
     }
 
     def memory(m: dict[str, Any]) -> dict[str, Any]:
-        return {k: m[k] for k in ("peak_rss_mb", "server_peak_rss_mb", "server_peak_pss_mb")}
+        keys = ("peak_rss_mb", "rss_before_mb", "server_peak_rss_mb", "server_peak_pss_mb")
+        return {"loads": m["loads"], **{k: m[k] for k in keys}}
 
     def verify_extra(m: dict[str, Any]) -> dict[str, Any]:
         r = m["result"]
