@@ -29,6 +29,10 @@ carry over from one to the next):
 * ``merge_scale``: :mod:`merge_scale` -- 1k and 20k new, recent and uniform keys merged
   into mirrors of ``--merge-scale-rows`` rows (10M and 100M; uniform keys only into the
   smallest), the Arrow merge beside delta-rs's MERGE;
+* ``verify_cost``: :mod:`verify_cost` -- ``cdcflow verify`` of a ``--verify-rows`` row
+  PostgreSQL table against its Delta mirror, ``quick`` and ``full``, beside the floor of
+  one hash sum over the source plus one read of the mirror (issue 35: <= 2x), and ``full``
+  with 10 damaged keys beside the equal run (<= 1.5x);
 * ``freshness``: :mod:`freshness` -- a producer at ``--freshness-rate`` changes/s for
   ``--freshness-seconds`` into a streaming ``cdcflow run`` with the default configuration;
   p50/p95/max of (Delta commit time - source commit time);
@@ -70,6 +74,7 @@ BENCHMARKS = (
     "many_topics",
     "many_sources",
     "merge_scale",
+    "verify_cost",
     "freshness",
     "freshness_new_keys",
     "long_run",
@@ -141,6 +146,11 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "--uniform-max-rows",
             n(min(args.merge_scale_rows)),
         ],
+        "verify_cost": [
+            "verify_cost.py",
+            "--rows",
+            n(args.verify_rows),
+        ],
         "freshness": [
             "freshness.py",
             "--rate",
@@ -196,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[10_000_000, 100_000_000],
         help="mirror sizes the merges go into",
+    )
+    parser.add_argument(
+        "--verify-rows", type=int, default=10_000_000, help="verify_cost: rows of the table"
     )
     parser.add_argument(
         "--long-run-batches", type=int, default=20_000, help="micro-batches, with and without"

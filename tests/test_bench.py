@@ -80,3 +80,50 @@ def test_store_benchmark_counts_the_requests_of_each_micro_batch(store_requests)
     kinds = ("delete", "get", "head", "list", "post", "put")
     assert requests["value"] == sum(requests.get(k, 0) for k in kinds)
     assert requests["get"] > 0 and requests["list"] > 0 and requests["put"] > 0
+
+
+@pytest.fixture(scope="module")
+def verify_cost():
+    yield from _bench_module("verify_cost")
+
+
+def test_verify_benchmark_mirror_holds_the_source_tables_values(verify_cost):
+    import datetime as dt
+    from decimal import Decimal
+
+    keys = verify_cost.damaged_keys(1000, 10)
+    assert keys.tolist() == [51 + 100 * k for k in range(10)]  # one in each tenth
+    rows = verify_cost.mirror_table(100_000, damaged=keys[:1]).to_pylist()
+    # the values the INSERT computes from i (numeric, text, timestamptz, float8, bool)
+    assert rows[0] == {
+        "id": 1,
+        "amount": Decimal("0.01"),
+        "note": "note 1",
+        "created_at": dt.datetime(2026, 1, 1, 0, 0, 1, tzinfo=dt.UTC),
+        "score": 1 / 7,
+        "flag": False,
+    }
+    assert rows[99_999]["amount"] == Decimal("0.00") and rows[98]["flag"] is True
+    assert rows[12_344]["amount"] == Decimal("123.45")
+    assert rows[50]["amount"] == Decimal("1.51")  # id 51 damaged: one more
+
+
+@pytest.mark.services
+def test_verify_benchmark_gives_its_four_figures(verify_cost):
+    rows = verify_cost.run(2000, repeats=1, differences=3, chunk_rows=500, leaf_rows=16, fanout=4)
+    figures = [r["figure"] for r in rows]
+    assert figures == [
+        "verify floor, 2,000 rows (source sum + mirror read)",
+        "verify quick, 2,000 rows",
+        "verify full, 2,000 rows",
+        "verify full, 3 differing keys",
+    ]
+    floor, quick, full, diff = rows
+    assert floor["value"] > 0 and floor["source_s"] > 0 and floor["mirror_s"] > 0
+    assert quick["reference"] == full["reference"] == floor["value"]
+    assert diff["reference"] == full["value"]
+    # equal tables: 4 ranges, none differing; the damage: 3 keys, bisected to leaves
+    assert full["ranges"] == 4 and full["differing_ranges"] == 0
+    assert diff["differing_ranges"] > 0 and diff["leaves"] >= 3
+    assert diff["phases_s"]["mirror keyed table"] > 0 and diff["phases_s"]["source checksum"] > 0
+    assert all(r["target"] for r in rows[1:])
