@@ -40,14 +40,15 @@ Targets (issue 35): verify of equal tables <= 2x the floor in each mode; with 10
 differing keys, ``full`` <= 1.5x the same of equal tables.
 
 At 10M rows on this 2-core machine (``bench/results/verify_cost.json``, load about 2):
-floor 21.2 s (the source's sum 19.9 s with PostgreSQL's two parallel workers, the mirror's
-read 1.4 s); quick 25.2 s (1.19x), full 33.7 s (1.59x), full with 10 differing keys
-40.6 s (1.20x the equal run). Full mode's time is the source's 100 range checksums
-(24 s: hashing costs PostgreSQL about 3 us a row a core, half of it ``md5`` and the cast
-of its hex to ``bit(60)``) plus DuckDB's keyed table (9 s: the row's ``md5`` about 6 s,
-the ``numeric`` column's two ``regexp_replace`` about 3 s); quick mode's source checksums
-run on PostgreSQL's *generic* plan once psycopg prepares the statement (its fifth run):
-an index scan without parallel workers, 17-21 s where custom plans take 10.6 s.
+floor 17.3 s (medians; the source's sum with PostgreSQL's two parallel workers, the
+mirror's read about 1.4 s; the floor varied 16.7-21.5 s between runs); quick 16.3 s
+(0.94x), full 31.8 s (1.84x), full with 10 differing keys 39.1 s (1.23x the equal run).
+Full mode's time is the source's 100 range checksums (21 s: hashing costs PostgreSQL
+about 3 us a row a core, half of it ``md5`` and the cast of its hex to ``bit(60)``) plus
+DuckDB's keyed table (9 s: the row's ``md5`` about 6 s, the ``numeric`` column's two
+``regexp_replace`` about 3 s). Before verify stopped preparing its statements, quick
+mode's checksums ran on PostgreSQL's *generic* plan from their fifth run (an index scan
+without parallel workers): 25.2 s (1.19x) where they now take 16.3 s.
 """
 
 from __future__ import annotations
