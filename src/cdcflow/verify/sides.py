@@ -44,6 +44,8 @@ class SourceSide:
         table: the table.
         key: its key columns; ``columns``: the other compared columns.
         full: hash every compared column (``False``: the key only, ``quick`` mode).
+        row_filter: the target's row filter (``tables[].filter``): only the rows it is
+            true for are the source's side (``None``: every row).
     """
 
     label = "source"
@@ -146,7 +148,6 @@ class SourceSide:
             count,
             parts,
             self.db.quote,
-            "%s",
         )
 
     def rows(self, ranges: Sequence[KeyRange]) -> dict[tuple, Row]:
@@ -231,7 +232,6 @@ def _split_sql(
     count: int,
     parts: int,
     quote: Any,
-    marker: str,
 ) -> list[tuple]:
     """Keys at every ``count / parts``-th row of a range, by one window query (the key's
     index gives the order on the source)."""
@@ -343,7 +343,7 @@ class MirrorSide:
             return self.con.execute(sql, p).fetchall()
 
         return _split_sql(
-            execute, "keyed", self.key, self.ordered, where, params, count, parts, _duck_quote, "?"
+            execute, "keyed", self.key, self.ordered, where, params, count, parts, _duck_quote
         )
 
     def rows(self, ranges: Sequence[KeyRange]) -> dict[tuple, Row]:

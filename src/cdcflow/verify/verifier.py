@@ -436,7 +436,7 @@ def _recheck(
     chosen = _selection(config, c.plan)
     source = SourceSide(db, c.plan.table, c.key, c.columns, full, chosen.row_filter)
     src = source.rows_by_key(keys)
-    mirror = _KeyReader(dataset, c, chosen)
+    mirror = _key_reader(dataset, c, chosen)
     try:
         mir = mirror.rows_by_key(keys)
     finally:
@@ -449,7 +449,7 @@ def _recheck(
     c.moved = moved
 
 
-def _KeyReader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:  # noqa: N802 - a constructor
+def _key_reader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:
     """A mirror side that only reads rows by key (no sorted key table built)."""
     return MirrorSide(
         dataset,
