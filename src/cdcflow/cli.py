@@ -216,7 +216,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import json
 
     # deferred: deltalake (~1 s), only this command needs it, not --help
-    from cdcflow.commands.status import describe, status
+    from cdcflow.commands.status import brokers_log_ends, describe, status
 
     config, warehouse, pipeline_id, storage = _warehouse_of(args, "status")
     # the warehouse first: a folder without cdcflow tables is said at once, and the
@@ -229,7 +229,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif not found.partitions():
             brokers = None  # nothing to ask the brokers about
         else:
-            log_ends, brokers = _log_ends(config)
+            log_ends, brokers = brokers_log_ends(config)
             found.add_log_ends(log_ends or {})
     found.brokers = brokers
     if args.json:
@@ -350,11 +350,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rechecks=args.rechecks,
         recheck_after_s=args.recheck_after_s,
         statement_timeout_s=args.statement_timeout_s,
-        show=args.show,
     )
     # progress lines on stdout before the report, on stderr beside --json
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    run = run_verify(config, url, options, say=say, wait_for_pipeline=args.wait_s > 0)
+    run = run_verify(config, url, options, say=say)
     if args.metrics_file:
         write_metrics(args.metrics_file, run, config.pipeline_id)
     if args.json:
@@ -403,19 +402,6 @@ def _replay(args: argparse.Namespace) -> int:
     for report in replay(config, [args.source] if args.source else None, args.code):
         print(report.describe())
     return 0
-
-
-def _log_ends(config) -> tuple[dict | None, str | None]:
-    """Every source's partitions' log ends within ``kafka.startup_timeout_s``, or why not."""
-    # deferred: pyspark (~1 s), only this command needs it, not --help
-    from cdcflow.source.kafka.admin import log_end_offsets
-
-    options = {**config.kafka.reader_options(), **config.subscription()}
-    try:
-        ends = log_end_offsets(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
-    except Exception as exc:  # noqa: BLE001 - status reports what it can
-        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return ends, None
 
 
 def cmd_reset(args: argparse.Namespace) -> int:

@@ -377,3 +377,25 @@ def wait_snapshot_done(
             time.sleep(0.5)
     finally:
         consumer.close()
+
+
+def postgres_connector(pg: Any, slot: str, prefix: str, **extra: str) -> dict[str, str]:
+    """Debezium's PostgreSQL connector (``pgoutput``, a slot and publication named after
+    ``slot``, truncates published) for ``pg`` (a :class:`LocalPostgres`), topics
+    ``<prefix>.<schema>.<table>``; ``extra`` settings on top."""
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(pg.port),
+        "database.user": pg.user,
+        "database.password": "unused",
+        "database.dbname": pg.database,
+        "topic.prefix": prefix,
+        "plugin.name": "pgoutput",
+        "slot.name": slot,
+        "publication.name": f"{slot}_pub",
+        "publication.autocreate.mode": "all_tables",
+        "skipped.operations": "none",  # Debezium skips truncates unless told otherwise
+        **extra,
+    }

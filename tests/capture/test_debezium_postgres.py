@@ -35,6 +35,7 @@ from tests.capture.helpers import (
     expected_schemaless,
     expected_typed,
     mirror_rows,
+    postgres_connector,
     run_cdcflow,
     save_capture,
     wait_captured,
@@ -161,25 +162,6 @@ def _snapshot_rows(pg: LocalPostgres) -> None:
         c.execute("ALTER TABLE order_lines REPLICA IDENTITY FULL")
 
 
-def _connector(pg: LocalPostgres, slot: str, prefix: str, **extra: str) -> dict[str, str]:
-    return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": "1",
-        "database.hostname": "127.0.0.1",
-        "database.port": str(pg.port),
-        "database.user": pg.user,
-        "database.password": "unused",
-        "database.dbname": pg.database,
-        "topic.prefix": prefix,
-        "plugin.name": "pgoutput",
-        "slot.name": slot,
-        "publication.name": f"{slot}_pub",
-        "publication.autocreate.mode": "all_tables",
-        "skipped.operations": "none",  # Debezium skips truncates unless told otherwise
-        **extra,
-    }
-
-
 @pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
 def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, tmp_path, schemas):
     slot = f"cdcflow_{uuid.uuid4().hex[:8]}"
@@ -187,7 +169,7 @@ def test_debezium_on_postgresql_mirrors_equal_the_database(spark, apache_kafka, 
     prefix = PREFIXES[schemas]
     with LocalPostgres() as pg:
         _snapshot_rows(pg)
-        connectors = {"pg-source": _connector(pg, slot, prefix, **extra)}
+        connectors = {"pg-source": postgres_connector(pg, slot, prefix, **extra)}
         with ConnectStandalone(
             apache_kafka.bootstrap_servers, connectors, schemas=schemas
         ) as connect:
@@ -248,7 +230,7 @@ def test_debezium_avro_through_apicurio_mirrors_equal_the_database(spark, apache
     prefix = "pg_avro"
     with ApicurioRegistry() as registry, LocalPostgres() as pg:
         _snapshot_rows(pg)
-        connectors = {"pg-source": _connector(pg, slot, prefix)}
+        connectors = {"pg-source": postgres_connector(pg, slot, prefix)}
         with ConnectStandalone(
             apache_kafka.bootstrap_servers, connectors, avro_registry_url=registry.registry_url
         ) as connect:

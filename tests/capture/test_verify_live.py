@@ -18,7 +18,7 @@ import uuid
 import pytest
 import yaml
 from deltalake import DeltaTable
-from tests.capture.helpers import wait_snapshot_done
+from tests.capture.helpers import postgres_connector, wait_snapshot_done
 from tests.e2e.helpers import CDCFLOW, cli_env
 
 from cdcflow.commands.verify import describe, run_verify
@@ -93,20 +93,7 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                     f"INSERT INTO {shard} SELECT i, '{shard} ' || i "
                     f"FROM generate_series({first}, {first + 49}) AS i"
                 )
-        connector = {
-            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-            "tasks.max": "1",
-            "database.hostname": "127.0.0.1",
-            "database.port": str(pg.port),
-            "database.user": pg.user,
-            "database.password": "unused",
-            "database.dbname": pg.database,
-            "topic.prefix": prefix,
-            "plugin.name": "pgoutput",
-            "slot.name": slot,
-            "publication.name": f"{slot}_pub",
-            "publication.autocreate.mode": "all_tables",
-        }
+        connector = postgres_connector(pg, slot, prefix)
         config_path = tmp_path / "pipeline.yaml"
         config_path.write_text(
             yaml.safe_dump(

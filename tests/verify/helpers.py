@@ -12,6 +12,7 @@ without running Kafka Connect again.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -118,26 +119,38 @@ def mirror_capture(
     return warehouse
 
 
-def config_for(root: Path, schemas: bool, tables: list | None = None, **source: Any) -> Any:
+def config_dict(root: Path, schemas: bool, tables: list | None = None, **source: Any) -> dict:
     """A pipeline configuration whose warehouse is ``root`` and whose one source reads
-    Debezium JSON (routing as given in ``source``; ``tables``: its table rules)."""
-    return parse_config(
-        {
-            "tables": tables or [],
-            "pipeline_id": "verify",
-            "warehouse": str(root),
-            "checkpoint": str(root.parent / "checkpoint"),
-            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-            "sources": [
-                {
-                    "format": "debezium-json",
-                    "topic_pattern": r"pg\..*",
-                    "options": {"schema_include": schemas},
-                    **source,
-                }
-            ],
-        }
-    )
+    Debezium JSON (routing as given in ``source``; ``tables``: its table rules), as the
+    YAML would hold it."""
+    return {
+        "tables": tables or [],
+        "pipeline_id": "verify",
+        "warehouse": str(root),
+        "checkpoint": str(root.parent / "checkpoint"),
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "sources": [
+            {
+                "format": "debezium-json",
+                "topic_pattern": r"pg\..*",
+                "options": {"schema_include": schemas},
+                **source,
+            }
+        ],
+    }
+
+
+def config_for(root: Path, schemas: bool, tables: list | None = None, **source: Any) -> Any:
+    """:func:`config_dict`, loaded."""
+    return parse_config(config_dict(root, schemas, tables, **source))
+
+
+def write_config(tmp_path: Path) -> Path:
+    """``tmp_path/pipeline.yaml`` of :func:`config_dict` for the warehouse
+    ``tmp_path/wh`` (JSON is YAML), for the command line."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(json.dumps(config_dict(tmp_path / "wh", True)))
+    return path
 
 
 def damage(root: Path, prefix: str, null_column: str) -> None:

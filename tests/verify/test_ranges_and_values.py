@@ -54,8 +54,8 @@ def test_readable_values():
 class _Side:
     """A side over a dict of rows: key -> text (the hash is MD5's low 60 bits, as SQL's)."""
 
-    def __init__(self, label: str, rows: dict[int, str]):
-        self.label, self.data = label, dict(sorted(rows.items()))
+    def __init__(self, rows: dict[int, str]):
+        self.data = dict(sorted(rows.items()))
         self.checksums = 0
 
     def _in(self, r: KeyRange) -> list[int]:
@@ -84,8 +84,8 @@ def test_bisection_finds_exactly_the_differences_and_reads_few_rows():
     del mirror[17]  # missing
     mirror[10_001] = "x"  # extra
     mirror[5_000] = "changed"  # different
-    s, m = _Side("source", source), _Side("mirror", mirror)
-    found, _, _ = bisect(s, m, [KeyRange()], [Column("v", "text", "text")], leaf_rows=16, fanout=8)
+    s, m = _Side(source), _Side(mirror)
+    found, _ = bisect(s, m, [KeyRange()], [Column("v", "text", "text")], leaf_rows=16, fanout=8)
     assert {k: (d.kind, d.key, d.columns) for k, d in found.items()} == {
         ("17",): ("missing", (17,), {}),
         ("10001",): ("extra", (10_001,), {}),
@@ -97,9 +97,9 @@ def test_bisection_finds_exactly_the_differences_and_reads_few_rows():
 
 def test_equal_sides_cost_one_checksum_per_range():
     rows = {k: "v" for k in range(1_000)}
-    s, m = _Side("source", rows), _Side("mirror", dict(rows))
+    s, m = _Side(rows), _Side(dict(rows))
     ranges = KeyRange().cut([(250,), (500,), (750,)])
-    found, _, _ = bisect(s, m, ranges, [Column("v", "text", "text")])
+    found, _ = bisect(s, m, ranges, [Column("v", "text", "text")])
     assert found == {} and s.checksums == 4
 
 

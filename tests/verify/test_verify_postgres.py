@@ -10,7 +10,14 @@ import json
 
 import pytest
 from deltalake import DeltaTable
-from tests.verify.helpers import config_for, damage, fill_postgres, golden_state, mirror_capture
+from tests.verify.helpers import (
+    config_for,
+    damage,
+    fill_postgres,
+    golden_state,
+    mirror_capture,
+    write_config,
+)
 
 from cdcflow.cli import main
 from cdcflow.verify.databases import SourceDatabase
@@ -105,18 +112,7 @@ def test_eachdamage_is_reported_as_exactly_its_key(pg, tmp_path, chunk_rows, lea
 def test_the_command_prints_the_keys_records_the_run_and_exits_1(pg, tmp_path, capsys):
     messages, state = golden_state(CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
-    config_path = tmp_path / "pipeline.yaml"
-    config_path.write_text(
-        json.dumps(
-            {
-                "pipeline_id": "verify",
-                "warehouse": str(tmp_path / "wh"),
-                "checkpoint": str(tmp_path / "ck"),
-                "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-                "sources": [{"format": "debezium-json", "topic_pattern": r"pg\..*"}],
-            }
-        )
-    )
+    config_path = write_config(tmp_path)
     args = ["verify", str(config_path), "--source-db", _url(pg), "--wait-s", "0"]
     assert main([*args, "--recheck-after-s", "0"]) == 0
     out = capsys.readouterr().out
@@ -157,18 +153,7 @@ def test_the_command_prints_the_keys_records_the_run_and_exits_1(pg, tmp_path, c
 
 
 def test_a_bad_source_url_is_one_line_naming_the_flag(pg, tmp_path, capsys):
-    config_path = tmp_path / "pipeline.yaml"
-    config_path.write_text(
-        json.dumps(
-            {
-                "pipeline_id": "verify",
-                "warehouse": str(tmp_path / "wh"),
-                "checkpoint": str(tmp_path / "ck"),
-                "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-                "sources": [{"format": "debezium-json", "topic_pattern": "x"}],
-            }
-        )
-    )
+    config_path = write_config(tmp_path)
     assert main(["verify", str(config_path), "--source-db", "oracle://x/y"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
@@ -242,18 +227,7 @@ def test_a_statement_over_the_timeout_is_one_line_and_exit_69(pg, tmp_path, caps
     write_deltalake(
         str(tmp_path / "wh" / "shop.public.big"), pa.table({"id": ids, "v": ids.cast(pa.string())})
     )
-    config_path = tmp_path / "pipeline.yaml"
-    config_path.write_text(
-        json.dumps(
-            {
-                "pipeline_id": "verify",
-                "warehouse": str(tmp_path / "wh"),
-                "checkpoint": str(tmp_path / "ck"),
-                "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-                "sources": [{"format": "debezium-json", "topic_pattern": "x"}],
-            }
-        )
-    )
+    config_path = write_config(tmp_path)
     code = main(
         [
             "verify",

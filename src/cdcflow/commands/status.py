@@ -37,7 +37,15 @@ from cdcflow.sinks.system_tables import (
 )
 from cdcflow.sinks.warehouse import DeltaWarehouse
 
-__all__ = ["PartitionStatus", "SourceStatus", "Status", "TableStatus", "describe", "status"]
+__all__ = [
+    "PartitionStatus",
+    "SourceStatus",
+    "Status",
+    "TableStatus",
+    "brokers_log_ends",
+    "describe",
+    "status",
+]
 
 
 @dataclass
@@ -112,6 +120,21 @@ class Status:
             for p, pd in zip(source.partitions, data["partitions"], strict=True):
                 pd["behind"] = p.behind
         return out
+
+
+def brokers_log_ends(config: Any) -> tuple[dict[tuple[str, int], int] | None, str | None]:
+    """Every source's partitions' log ends (``(topic, partition) -> high watermark``) as the
+    brokers give them within ``kafka.startup_timeout_s``, or ``None`` and why not (the
+    client's first line)."""
+    # deferred: pyspark (~1 s), only a reading of the brokers needs it
+    from cdcflow.source.kafka.admin import log_end_offsets
+
+    options = {**config.kafka.reader_options(), **config.subscription()}
+    try:
+        ends = log_end_offsets(options, config.kafka.startup_timeout_s, "kafka.startup_timeout_s")
+    except Exception as exc:  # noqa: BLE001 - the callers report what they can
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ends, None
 
 
 def status(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdcflow.commands.status import status
+from cdcflow.commands.status import brokers_log_ends, status
 from cdcflow.sinks.system_tables import VERIFICATIONS, VERIFICATIONS_SCHEMA
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify.databases import SourceDatabase
@@ -45,13 +45,8 @@ def pipeline_caught_up(config: Any) -> Callable[[float], tuple[bool | None, int 
     ``(caught up, records behind)``; ``(None, None)`` when the brokers cannot be asked."""
 
     def wait(wait_s: float) -> tuple[bool | None, int | None]:
-        # deferred: pyspark (~1 s), only a wait for the pipeline needs the brokers
-        from cdcflow.source.kafka.admin import log_end_offsets
-
-        options = {**config.kafka.reader_options(), **config.subscription()}
-        try:
-            ends = log_end_offsets(options, config.kafka.startup_timeout_s)
-        except Exception:  # noqa: BLE001 - progress is then not known; verify goes on
+        ends, _ = brokers_log_ends(config)
+        if ends is None:  # progress is then not known; verify goes on
             return None, None
         deadline = time.monotonic() + wait_s
         while True:
@@ -70,9 +65,9 @@ def run_verify(
     url: str,
     options: VerifyOptions,
     say: Callable[[str], None] = print,
-    wait_for_pipeline: bool = True,
 ) -> Verification:
-    """Verify, record the outcome in the warehouse, return it.
+    """Verify (waiting for the pipeline as ``options.wait_s`` says), record the outcome in
+    the warehouse, return it.
 
     Raises:
         ConfigError: see :func:`~cdcflow.verify.verifier.verify`; a bad ``url``.
@@ -80,8 +75,7 @@ def run_verify(
     """
     db = SourceDatabase(url, options.statement_timeout_s)
     try:
-        wait = pipeline_caught_up(config) if wait_for_pipeline else None
-        run = verify(config, db, options, say=say, caught_up=wait)
+        run = verify(config, db, options, say=say, caught_up=pipeline_caught_up(config))
     finally:
         db.close()
     record(config, run)

@@ -61,8 +61,6 @@ class Row:
 class Side(Protocol):
     """One side of a comparison (the source table, or the mirror)."""
 
-    label: str
-
     def checksum(self, r: KeyRange) -> tuple[int, int]:
         """``(rows, sum of row hashes)`` of the range."""
         ...
@@ -95,10 +93,9 @@ def range_predicate(r: KeyRange, ordered: Sequence[str], marker: str) -> tuple[s
 
 @dataclass
 class RangeStats:
-    """What one comparison cost: ranges checked (``checksums``), ranges whose checksums
-    differed, leaves whose rows were read, rows read, and the leaves whose rows were all
-    equal (the checksums differed by formatting alone: JSON spacing, a float on a rounding
-    edge)."""
+    """What one comparison cost: ranges checked (``checksums``), the rows of the
+    first-level ranges on each side, ranges whose checksums differed, leaves whose rows
+    were read, rows read."""
 
     checksums: int = 0
     source_rows: int = 0  # rows of the first-level ranges on each side
@@ -106,7 +103,6 @@ class RangeStats:
     differing: int = 0
     leaves: int = 0
     rows_read: int = 0
-    noise: int = 0
 
 
 @dataclass
@@ -128,9 +124,9 @@ def bisect(
     leaf_rows: int = 256,
     fanout: int = 16,
     stats: RangeStats | None = None,
-) -> tuple[dict[tuple, Difference], dict[tuple, Row], dict[tuple, Row]]:
+) -> tuple[dict[tuple, Difference], dict[tuple, Row]]:
     """The differing keys of ``ranges`` (canonical key -> :class:`Difference`), and the
-    rows read on each side (for a recheck).
+    source rows read (what a recheck compares the source's next reading with).
 
     Args:
         columns: the compared columns (the order of :attr:`Row.texts`).
@@ -161,14 +157,11 @@ def bisect(
                 leaves.append(r)
         pending, top = later, False
     if not leaves:
-        return {}, {}, {}
+        return {}, {}
     stats.leaves += len(leaves)
     src, mir = source.rows(leaves), mirror.rows(leaves)
     stats.rows_read += len(src) + len(mir)
-    found = row_differences(src, mir, columns)
-    if not found:
-        stats.noise += len(leaves)
-    return found, src, mir
+    return row_differences(src, mir, columns), src
 
 
 def row_differences(

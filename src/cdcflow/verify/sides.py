@@ -36,6 +36,22 @@ def _plain(value: Any) -> Any:
     return str(value) if isinstance(value, uuid.UUID) else value
 
 
+def _row(got: Sequence[Any], n: int) -> tuple[tuple, Row]:
+    """``(canonical key, Row)`` of a result row laid out as the key's ``n`` columns as
+    read, their ``n`` canonical texts, then the other columns' texts."""
+    return tuple(got[n : 2 * n]), Row(tuple(_plain(v) for v in got[:n]), tuple(got[2 * n :]))
+
+
+def _key_in(names: Sequence[str], keys: int, marker: str) -> str:
+    """The condition "the key is one of ``keys`` keys": ``k IN (?, ?)``, or for a
+    composite key ``(a, b) IN ((?, ?), (?, ?))``; ``names``: the key columns as the
+    side writes them."""
+    if len(names) == 1:
+        return f"{names[0]} IN ({', '.join([marker] * keys)})"
+    one = f"({', '.join([marker] * len(names))})"
+    return f"({', '.join(names)}) IN ({', '.join([one] * keys)})"
+
+
 class SourceSide:
     """The source table's rows in the open snapshot of ``db``.
 
@@ -48,8 +64,6 @@ class SourceSide:
             true for are the source's side (``None``: every row).
     """
 
-    label = "source"
-
     def __init__(
         self,
         db: SourceDatabase,
@@ -59,7 +73,7 @@ class SourceSide:
         full: bool,
         row_filter: Expression | None = None,
     ) -> None:
-        self.db, self.table = db, table
+        self.db = db
         self.key, self.columns = list(key), list(columns)
         q = db.quote
         self.relation = db.relation(table)
@@ -69,8 +83,16 @@ class SourceSide:
         self.hash = sql_row_hash(hashed, db.dialect)
         self.ordered = [db.ordered(c) for c in self.key]
         self.row_filter = row_filter
+        #: the last range :meth:`_kept` read and its rows (the bisection asks a range's
+        #: checksum, then its cut)
+        self._last_kept: tuple[KeyRange, list[tuple[tuple, tuple, tuple, int]]] | None = None
 
     def _kept(self, r: KeyRange) -> list[tuple[tuple, tuple, tuple, int]]:
+        if self._last_kept is None or self._last_kept[0] != r:
+            self._last_kept = (r, self._read_kept(r))
+        return self._last_kept[1]
+
+    def _read_kept(self, r: KeyRange) -> list[tuple[tuple, tuple, tuple, int]]:
         """A filtered table's rows of ``r`` the filter keeps, in key order, as ``(key as
         read, key texts, texts, hash)``: the pipeline's own filter
         (:mod:`cdcflow.transform.expressions`) over the columns it reads, evaluated here
@@ -118,9 +140,6 @@ class SourceSide:
     def _where(self, r: KeyRange) -> tuple[str, list[Any]]:
         return range_predicate(r, self.ordered, "%s")
 
-    def count(self) -> int:
-        return int(self.db.execute(f"SELECT count(*) FROM {self.relation}")[0][0])
-
     def checksum(self, r: KeyRange) -> tuple[int, int]:
         if self.row_filter is not None:
             kept = self._kept(r)
@@ -161,13 +180,12 @@ class SourceSide:
         texts = ", ".join([*self.key_texts, *self.texts])
         for r in ranges:
             where, params = self._where(r)
-            for got in self.db.execute(
-                f"SELECT {names}, {texts} FROM {self.relation} WHERE {where}", params
-            ):
-                n = len(self.key)
-                out[tuple(got[n : 2 * n])] = Row(
-                    tuple(_plain(v) for v in got[:n]), tuple(got[2 * n :])
+            out.update(
+                _row(got, len(self.key))
+                for got in self.db.execute(
+                    f"SELECT {names}, {texts} FROM {self.relation} WHERE {where}", params
                 )
+            )
         return out
 
     def rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
@@ -187,13 +205,10 @@ class SourceSide:
         q = self.db.quote
         reads = list(self.row_filter.columns)
         n = len(self.key)
-        one = f"({', '.join(['%s'] * n)})"
-        names = ", ".join(q(c.name) for c in self.key)
-        row = names if n == 1 else f"({names})"
-        marks = ", ".join(["%s" if n == 1 else one] * len(rows))
+        names = [q(c.name) for c in self.key]
         got = self.db.execute(
-            f"SELECT {names}, {', '.join(q(c) for c in reads)} FROM {self.relation} "
-            f"WHERE {row} IN ({marks})",
+            f"SELECT {', '.join(names)}, {', '.join(q(c) for c in reads)} "
+            f"FROM {self.relation} WHERE {_key_in(names, len(rows), '%s')}",
             [v for r in rows for v in r.key],
         )
         values = pa.table(
@@ -204,21 +219,18 @@ class SourceSide:
 
     def _rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
         out: dict[tuple, Row] = {}
-        names = ", ".join(self.db.quote(c.name) for c in self.key)
+        names = [self.db.quote(c.name) for c in self.key]
         texts = ", ".join([*self.key_texts, *self.texts])
-        n = len(self.key)
-        one = f"({', '.join(['%s'] * n)})"
-        row = names if n == 1 else f"({names})"
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
-            marks = ", ".join(["%s" if n == 1 else one] * len(chunk))
-            params = [v for k in chunk for v in k]
-            for got in self.db.execute(
-                f"SELECT {names}, {texts} FROM {self.relation} WHERE {row} IN ({marks})", params
-            ):
-                out[tuple(got[n : 2 * n])] = Row(
-                    tuple(_plain(v) for v in got[:n]), tuple(got[2 * n :])
+            out.update(
+                _row(got, len(self.key))
+                for got in self.db.execute(
+                    f"SELECT {', '.join(names)}, {texts} FROM {self.relation} "
+                    f"WHERE {_key_in(names, len(chunk), '%s')}",
+                    [v for k in chunk for v in k],
                 )
+            )
         return out
 
 
@@ -263,8 +275,6 @@ class MirrorSide:
     Raises:
         ConfigError: a column's mirror type cannot be compared (:func:`duckdb_text`).
     """
-
-    label = "mirror"
 
     def __init__(
         self,
@@ -359,24 +369,19 @@ class MirrorSide:
     def rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
         if not keys:
             return {}
-        n = len(self.key)
-        row = self.ordered[0] if n == 1 else f"({', '.join(self.ordered)})"
-        one = "?" if n == 1 else f"({', '.join(['?'] * n)})"
-        marks = ", ".join([one] * len(keys))
-        return self._rows(f"{row} IN ({marks})", [v for k in keys for v in k])
+        return self._rows(_key_in(self.ordered, len(keys), "?"), [v for k in keys for v in k])
 
     def _rows(self, condition: str, params: list[Any]) -> dict[tuple, Row]:
         names = ", ".join(self.ordered)
         texts = ", ".join([*self.key_texts, *self.texts])
-        n = len(self.key)
-        out: dict[tuple, Row] = {}
         self._register()
-        for got in self.con.execute(
-            f"SELECT {names}, {texts} FROM mirror_data WHERE ({self.where}) AND ({condition})",
-            params,
-        ).fetchall():
-            out[tuple(got[n : 2 * n])] = Row(tuple(_plain(v) for v in got[:n]), tuple(got[2 * n :]))
-        return out
+        return dict(
+            _row(got, len(self.key))
+            for got in self.con.execute(
+                f"SELECT {names}, {texts} FROM mirror_data WHERE ({self.where}) AND ({condition})",
+                params,
+            ).fetchall()
+        )
 
     def close(self) -> None:
         self.con.close()

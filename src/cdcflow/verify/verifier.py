@@ -76,7 +76,6 @@ class VerifyOptions:
         rechecks: how many times a differing key is read again.
         recheck_after_s: the pause before each recheck.
         statement_timeout_s: the longest statement on the source.
-        show: differing keys listed per kind in the text report (all in JSON).
         threads: DuckDB's threads for the mirror (``None``: its default, every core).
     """
 
@@ -90,7 +89,6 @@ class VerifyOptions:
     rechecks: int = 2
     recheck_after_s: float = 5.0
     statement_timeout_s: float = 60.0
-    show: int = 10
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -331,9 +329,10 @@ def verify(
                 _recheck(config, c, db, warehouse, full)
         finally:
             db.end_snapshot()
-        pending = [c for c in pending if c.candidates and _unstable(c)]
+        # a table whose differing source rows all held still is settled
+        pending = [c for c in pending if c.candidates and c.moved]
     for c in compared:
-        _settle(c, options)
+        _settle(c)
     run.tables = [c.result for c in compared]
     run.seconds = time.monotonic() - started
     return run
@@ -406,7 +405,7 @@ def _first_round(
             ranges = sample(ranges, options.sample_ranges)
         result.ranges = len(ranges)
         stats = RangeStats()
-        found, source_rows, _ = bisect(
+        found, source_rows = bisect(
             source, mirror, ranges, columns, options.leaf_rows, options.fanout, stats
         )
     finally:
@@ -463,25 +462,20 @@ def _key_reader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:
     )
 
 
-def _unstable(c: _Compared) -> bool:
-    return bool(c.moved)
-
-
-def _settle(c: _Compared, options: VerifyOptions) -> None:
+def _settle(c: _Compared) -> None:
     """Sort the remaining candidates: in flight (source row moved in the last round) or
     missing/extra/different."""
-    moved = c.moved
     r = c.result
+    by_name = {col.name: col for col in c.columns}
     for k, d in sorted(c.candidates.items()):
         item = _key_dict(c.key, d.key)
-        if k in moved:
+        if k in c.moved:
             r.in_flight.append(item)
         elif d.kind == "missing":
             r.missing.append(item)
         elif d.kind == "extra":
             r.extra.append(item)
         else:
-            by_name = {col.name: col for col in c.columns}
             item = {
                 "key": item,
                 "columns": {
