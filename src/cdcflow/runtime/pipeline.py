@@ -44,6 +44,7 @@ from cdcflow.event_schema import EVENT_SCHEMA, spark_event_schema
 from cdcflow.model import dumps
 from cdcflow.runtime.checkpoint import Checkpoint, Fingerprint
 from cdcflow.runtime.hadoop import hadoop_uri, use_checkpoint_store
+from cdcflow.runtime.late_worker import LateWorker
 from cdcflow.runtime.metrics import Metrics
 from cdcflow.runtime.progress import ProgressReporter, attach, detach
 from cdcflow.runtime.spark import get_or_create_session, workers_import_cdcflow
@@ -316,6 +317,8 @@ class Pipeline:
         self._group: GroupOffsets | None = None
         #: the restarts of the query across a warehouse outage, while :meth:`run` runs
         self._outage: StoreOutage | None = None
+        #: the restarts of the query after Spark's Python worker was late to start
+        self._late_worker: LateWorker | None = None
 
     def warehouse_for(self, source: SourceConfig) -> DeltaWarehouse:
         """The warehouse view of one source: its own application-transaction id; its
@@ -826,7 +829,9 @@ class Pipeline:
         """Start the pipeline's query over every source; with ``once``, drain what is
         there and return. A query that fails because the warehouse's store throttles or
         does not answer is started again from its checkpoint, within
-        ``apply.store_outage_budget_s`` (:mod:`cdcflow.runtime.store_outage`).
+        ``apply.store_outage_budget_s`` (:mod:`cdcflow.runtime.store_outage`); so is one
+        whose Spark Python worker was late to start, a few times
+        (:mod:`cdcflow.runtime.late_worker`).
 
         Args:
             once: drain what the topics hold now, then return.
@@ -851,6 +856,9 @@ class Pipeline:
         outage = self._outage = StoreOutage(
             self.config.apply.store_outage_budget_s, self.config.warehouse, self.progress.write
         )
+        late_worker = self._late_worker = LateWorker(
+            self.progress.write, sleep=lambda s: _wait(s, stop_on_signals)
+        )
         try:
             while True:
                 try:
@@ -861,13 +869,22 @@ class Pipeline:
                         self._metrics.store_restarted(exc.kind, outage.elapsed_s())
                     self._failures.clear()
                     _wait(delay, stop_on_signals)
-                    if self.fence is not None:
-                        self.fence()  # a lease lost meanwhile ends the run here
+                except CdcflowError:
+                    raise
+                except Exception as exc:
+                    if not late_worker.failed(exc):  # waits before it says yes
+                        raise
+                    self._failures.clear()
+                if self.fence is not None:
+                    self.fence()  # a lease lost meanwhile ends the run here
         finally:
             self._unmonitor()
 
     def _store_answers(self) -> None:
-        """A micro-batch applied: a warehouse outage, if one was under way, is over."""
+        """A micro-batch applied: a warehouse outage, if one was under way, is over, and
+        the late worker's restarts count from zero again."""
+        if self._late_worker is not None:
+            self._late_worker.ok()
         outage = self._outage
         if outage is not None and outage.since is not None:
             outage.ok()

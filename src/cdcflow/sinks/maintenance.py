@@ -65,6 +65,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: a compaction job that took longer than this, in seconds, updates the running estimate
+#: of how fast jobs read (:attr:`Maintainer.compact_bytes_per_s`); a shorter one is noise
+MEASURED_JOB_S = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class MaintenancePolicy:
@@ -373,7 +377,7 @@ class Maintainer:
                         storage_options=self.warehouse.storage_options,
                     )
                     took_s = time.monotonic() - job_started
-                    if took_s > 0.05:  # measured well enough to count
+                    if took_s > MEASURED_JOB_S:  # measured well enough to count
                         rate = result.compacted["bytesRemoved"] / took_s
                         self.compact_bytes_per_s = (self.compact_bytes_per_s + rate) / 2
                     if result.compacted["more"]:  # the next job at the next batch
