@@ -10,7 +10,7 @@ database in ``verify``); 2 bad usage or configuration; 74 (sysexits'
 the next run); 75 (``run`` only;
 sysexits' ``EX_TEMPFAIL``, "try again later") another run of the same pipeline holds the
 warehouse: refused at start (``PIPELINE_RUNNING``, before Spark starts), or this run's lease
-was taken over and it stopped (``LEASE_LOST``). The one line on stderr names the holder
+was taken over and it stopped (``LEASE_LOST``); likewise ``verify --repair``. The one line on stderr names the holder
 and how long to wait if it died without releasing its lease. 69 (``run`` only; sysexits'
 ``EX_UNAVAILABLE``) the Kafka brokers stayed unreachable for ``kafka.outage_budget_s``
 (``SOURCE_UNAVAILABLE``); the one line names the brokers, the last client error and the fix;
@@ -334,7 +334,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     import json
 
     # deferred: deltalake, duckdb and the database drivers, only this command needs them
-    from cdcflow.commands.verify import as_dict, describe, run_verify, write_metrics
+    from cdcflow.commands.verify import as_dict, describe, run_verify, settled, write_metrics
     from cdcflow.config import load_config
     from cdcflow.secrets import resolve_references
     from cdcflow.verify.verifier import VerifyOptions
@@ -353,14 +353,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     # progress lines on stdout before the report, on stderr beside --json
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    run = run_verify(config, url, options, say=say)
+    run = run_verify(config, url, options, say=say, repair=args.repair)
     if args.metrics_file:
         write_metrics(args.metrics_file, run, config.pipeline_id)
     if args.json:
         print(json.dumps(as_dict(run), default=str))
     else:
         print("\n".join(describe(run, args.show)))
-    return 0 if run.equal else 1
+    return 0 if settled(run) else 1
 
 
 def cmd_broker(args: argparse.Namespace | list[str]) -> int:
@@ -727,7 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
             "by key-range checksums and bisection down to rows, rechecks differing keys, "
             "and prints missing, extra and different keys per table (docs/operations.md, "
             "'Verifying a mirror'). Records the outcome in _cdcflow/verifications. Exit 0 "
-            "when every mirror equals its source, 1 on a mismatch, 2 on a bad argument."
+            "when every mirror equals its source (or --repair made every differing key "
+            "equal), 1 on a mismatch, 2 on a bad argument, 75 --repair while the pipeline "
+            "runs."
         ),
     )
     p.add_argument("config", metavar="CONFIG.yaml")
@@ -786,6 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object with every key")
     p.add_argument(
         "--metrics-file", metavar="PATH", help="write Prometheus gauges here (textfile collector)"
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="write the source's rows of the differing keys into the mirrors through the "
+        "pipeline's apply, then check them (takes the pipeline's lease: stop the pipeline "
+        "first; exit 75 while it runs)",
     )
     p.set_defaults(func=cmd_verify)
 

@@ -156,7 +156,8 @@ def write_config(tmp_path: Path) -> Path:
 def damage(root: Path, prefix: str, null_column: str) -> None:
     """Damage the mirror ``<prefix>.customers`` in each way issue 35 lists, one key each --
     id 5 deleted, 777 added (a copy of 3), 6 renamed, ``null_column`` of 7 set to NULL,
-    ``created_at`` of 9 a microsecond later -- and delete ``order_id`` 8 from
+    ``created_at`` of 9 a microsecond later (a timestamp, or schemaless JSON's
+    microseconds) -- and delete ``order_id`` 8 from
     ``<prefix>.order_lines`` (a composite key)."""
     path = str(root / f"{prefix}.customers")
     table = DeltaTable(path)
@@ -164,10 +165,13 @@ def damage(root: Path, prefix: str, null_column: str) -> None:
     table.update({"name": "'renamed'"}, predicate="id = 6")
     table.update({null_column: "NULL"}, predicate="id = 7")
     created = DeltaTable(path).to_pyarrow_table(filters=[("id", "=", 9)])["created_at"][0]
-    later = created.as_py() + dt.timedelta(microseconds=1)
-    DeltaTable(path).update(
-        {"created_at": f"CAST('{later.isoformat()}' AS TIMESTAMP)"}, predicate="id = 9"
-    )
+    if isinstance(created.as_py(), int):  # schemaless JSON: microseconds since the epoch
+        DeltaTable(path).update({"created_at": f"{created.as_py() + 1}"}, predicate="id = 9")
+    else:
+        later = created.as_py() + dt.timedelta(microseconds=1)
+        DeltaTable(path).update(
+            {"created_at": f"CAST('{later.isoformat()}' AS TIMESTAMP)"}, predicate="id = 9"
+        )
     extra = DeltaTable(path).to_pyarrow_table(filters=[("id", "=", 3)])
     extra = extra.set_column(extra.schema.get_field_index("id"), "id", pa.array([777], pa.int64()))
     write_deltalake(path, extra, mode="append")

@@ -10,6 +10,7 @@ scraped). Exit 0 when every compared mirror equals its source, 1 otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -20,9 +21,13 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.commands.status import brokers_log_ends, status
+from cdcflow.errors import LeaseLost
+from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import VERIFICATIONS, VERIFICATIONS_SCHEMA
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify.databases import SourceDatabase
+from cdcflow.verify.repair import OUTCOMES, finish_interrupted
+from cdcflow.verify.repair import repair as repair_keys
 from cdcflow.verify.verifier import TableResult, Verification, VerifyOptions, verify
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "pipeline_caught_up",
     "record",
     "run_verify",
+    "settled",
     "write_metrics",
 ]
 
@@ -65,21 +71,64 @@ def run_verify(
     url: str,
     options: VerifyOptions,
     say: Callable[[str], None] = print,
+    repair: bool = False,
 ) -> Verification:
     """Verify (waiting for the pipeline as ``options.wait_s`` says), record the outcome in
-    the warehouse, return it.
+    the warehouse, return it. With ``repair``, under the pipeline's lease taken first
+    (the pipeline must not run: nothing to wait for), the differing keys are written again
+    from the source and checked (:mod:`cdcflow.verify.repair`; ``run.repairs``).
 
     Raises:
         ConfigError: see :func:`~cdcflow.verify.verifier.verify`; a bad ``url``.
+        LeaseHeld: ``repair`` while the pipeline runs (exit 75).
         StorageError: a mirror or the verifications table cannot be read or written.
     """
+    if not repair:
+        return _verify(config, url, options, say)
+    with PipelineLease(
+        config.warehouse, config.pipeline_id, storage_options=config.storage
+    ) as lease:
+
+        def fence() -> None:
+            if lease.lost:
+                raise LeaseLost(lease.lost_reason or "")
+
+        for line in finish_interrupted(config, fence):
+            say(line)
+        waitless = dataclasses.replace(options, wait_s=0.0)  # the pipeline is stopped
+        return _verify(
+            config, url, waitless, say, lambda db, run: repair_keys(config, db, run, fence, say)
+        )
+
+
+def _verify(
+    config: Any,
+    url: str,
+    options: VerifyOptions,
+    say: Callable[[str], None],
+    then: Callable[[SourceDatabase, Verification], list[Any]] | None = None,
+) -> Verification:
     db = SourceDatabase(url, options.statement_timeout_s)
     try:
         run = verify(config, db, options, say=say, caught_up=pipeline_caught_up(config))
+        record(config, run)
+        if then is not None and run.mismatches:
+            run.repairs = then(db, run)
     finally:
         db.close()
-    record(config, run)
     return run
+
+
+def settled(run: Verification) -> bool:
+    """Exit 0: every mirror equalled its source, or ``--repair`` made every differing key
+    equal (or found its source row moving) and refused no table."""
+    if run.equal:
+        return True
+    if not run.repairs or any(t.refused for t in run.tables):
+        return False
+    repaired = {k.target for r in run.repairs for k in r.keys}
+    differing = {t.target for t in run.tables if not t.equal}
+    return differing <= repaired and all(r.complete for r in run.repairs)
 
 
 def record(config: Any, run: Verification) -> None:
@@ -179,13 +228,40 @@ def describe(run: Verification, show: int = 10) -> list[str]:
             )
     if run.not_mirrored:
         lines.append(f"source tables without a mirror: {', '.join(run.not_mirrored)}")
-    lines.append(
-        "EQUAL: every mirror matches its source"
-        if run.equal
-        else "MISMATCH: "
-        + ", ".join(t.target for t in run.tables if not t.equal)
-        + " (--repair is not built yet: rerun the stream from a snapshot for these)"
-    )
+    for r in run.repairs:
+        lines.extend(_repair_lines(r, show))
+    if run.equal:
+        lines.append("EQUAL: every mirror matches its source")
+    elif run.repairs:
+        lines.append(
+            "REPAIRED: every differing key now matches its source"
+            if settled(run)
+            else "MISMATCH after repair: see the keys not repaired above"
+        )
+    else:
+        lines.append(
+            "MISMATCH: "
+            + ", ".join(t.target for t in run.tables if not t.equal)
+            + " (--repair writes the source's rows over them, the pipeline stopped)"
+        )
+    return lines
+
+
+def _repair_lines(r: Any, show: int) -> list[str]:
+    lines = []
+    if r.generation is not None:
+        counts = ", ".join(f"{r.outcomes.get(o, 0)} {o.replace('_', ' ')}" for o in OUTCOMES)
+        lines.append(
+            f"repair {r.generation} of {r.source}: {len(r.keys)} keys; {counts} ({r.seconds:.1f} s)"
+        )
+    for target, why in sorted(r.refused.items()):
+        lines.append(f"  {target}: NOT REPAIRED: {why}")
+    for outcome in ("not_repaired", "in_flight"):
+        keys = [k for k in r.keys if k.outcome == outcome]
+        if keys:
+            shown = ", ".join(f"{k.target} {_key_text(k.key)}" for k in keys[:show])
+            more = f" and {len(keys) - show} more" if len(keys) > show else ""
+            lines.append(f"  {outcome.replace('_', ' ')} ({len(keys)}): {shown}{more}")
     return lines
 
 
@@ -196,7 +272,11 @@ def _key_text(key: dict[str, Any]) -> str:
 def as_dict(run: Verification) -> dict[str, Any]:
     """``run`` as one JSON-ready object (every key listed)."""
     out = asdict(run)
+    del out["mismatches"]  # keys as read: the tables list them as JSON
     out["equal"] = run.equal
+    out["settled"] = settled(run)
+    for r, d in zip(run.repairs, out["repairs"], strict=True):
+        d["outcomes"] = dict(r.outcomes)
     for t, d in zip(run.tables, out["tables"], strict=True):
         d["equal"] = t.equal
     return out

@@ -47,6 +47,8 @@ __all__ = [
     "PENDING_TRANSACTIONS",
     "PROGRESS",
     "PROGRESS_SCHEMA",
+    "REPAIRS",
+    "REPAIRS_SCHEMA",
     "REPLAYS",
     "REPLAYS_SCHEMA",
     "SCHEMA_CHANGES",
@@ -74,6 +76,8 @@ PENDING_TRANSACTIONS = "pending_transactions"
 REPLAYS = "replays"
 #: ``cdcflow verify``'s outcomes, one row per table and run (:mod:`cdcflow.commands.verify`)
 VERIFICATIONS = "verifications"
+#: ``cdcflow verify --repair``'s intents and outcomes, one row per key and state
+REPAIRS = "repairs"
 #: folder of the history tables' change logs, one table per history table under it
 HISTORY_LOG = "history_log"
 #: folder of the pipelines' leases (:mod:`cdcflow.sinks.lease`, a protocol of its own on
@@ -169,6 +173,26 @@ REPLAYS_SCHEMA = pa.schema(
         ("letter_committed_at_ms", pa.int64()),
         ("code", pa.string()),  # the letter's code
         ("outcome", pa.string()),  # null: taken | applied | dead_letter | gone
+        ("recorded_at_ms", pa.int64()),
+    ]
+)
+
+#: ``_cdcflow/repairs``: per key ``cdcflow verify --repair`` wrote, its intent (``outcome``
+#: null, written before the apply, with the change event itself so that a killed repair
+#: is finished with exactly that event) and then its outcome (:mod:`cdcflow.verify.repair`).
+REPAIRS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),  # <pipeline>.<source>
+        ("generation", pa.int64()),  # the repair's number; its apply is <source>.repair.<n>
+        ("verification_started_at_ms", pa.int64()),  # the verify run that found the key
+        ("target_table", pa.string()),
+        ("source_table", pa.string()),
+        ("key", pa.string()),  # JSON object, the key as verify reports it
+        ("found", pa.string()),  # missing | extra | different
+        ("action", pa.string()),  # upsert | delete
+        ("seq", pa.string()),  # the repair's sequence (seq_key form)
+        ("event", pa.string()),  # JSON: the change event applied (EVENT_SCHEMA fields)
+        ("outcome", pa.string()),  # null: taken | repaired | in_flight | not_repaired
         ("recorded_at_ms", pa.int64()),
     ]
 )

@@ -55,7 +55,17 @@ from cdcflow.verify.ranges import (
 )
 from cdcflow.verify.sides import MirrorSide, SourceSide
 
-__all__ = ["MODES", "TableResult", "Verification", "VerifyOptions", "verify"]
+__all__ = [
+    "MODES",
+    "Mismatch",
+    "Plan",
+    "TableResult",
+    "Verification",
+    "VerifyOptions",
+    "key_dict",
+    "selection",
+    "verify",
+]
 
 MODES = ("quick", "full", "sample")
 
@@ -145,6 +155,10 @@ class Verification:
     rounds: int = 1
     tables: list[TableResult] = field(default_factory=list)
     not_mirrored: list[str] = field(default_factory=list)
+    #: the differing keys as read, per table with any (not part of the report)
+    mismatches: list[Mismatch] = field(default_factory=list, repr=False)
+    #: ``--repair``'s :class:`~cdcflow.verify.repair.RepairReport` per source repaired
+    repairs: list[Any] = field(default_factory=list)
 
     @property
     def equal(self) -> bool:
@@ -152,18 +166,35 @@ class Verification:
 
 
 @dataclass
-class _Plan:
+class Plan:
+    """One source table and its mirror: the configured source whose routing sends the
+    table there (its name), and a sharded target's shard column and this table's value."""
+
     table: SourceTable
     target: str
+    source: str
     shard_column: str | None
     shard_value: str | None
+
+
+@dataclass
+class Mismatch:
+    """The keys of one table still differing after the rechecks, as read (tuples in key
+    order), for ``--repair``: ``key`` and ``columns`` are the compared columns."""
+
+    plan: Plan
+    key: list[Column]
+    columns: list[Column]
+    missing: list[tuple] = field(default_factory=list)
+    extra: list[tuple] = field(default_factory=list)
+    different: list[tuple] = field(default_factory=list)
 
 
 @dataclass
 class _Compared:
     """A table under comparison between rounds."""
 
-    plan: _Plan
+    plan: Plan
     result: TableResult
     key: list[Column]
     columns: list[Column]
@@ -178,20 +209,22 @@ class _Compared:
 
 def plan_tables(
     config: Any, db: SourceDatabase, warehouse: DeltaWarehouse, tables: str | None
-) -> tuple[list[_Plan], list[str]]:
+) -> tuple[list[Plan], list[str]]:
     """The source tables with a mirror (routed as the pipeline routes them), and the names
     of those without."""
-    routers = [(s.format, Router(config.target_template, s.routing())) for s in config.sources]
+    routers = [
+        (s.name, s.format, Router(config.target_template, s.routing())) for s in config.sources
+    ]
     wanted = compile_pattern(tables) if tables else None
     plans, missing = [], []
     for table in db.tables():
-        chosen = None
-        for fmt, router in routers:
+        chosen, source = None, ""
+        for name, fmt, router in routers:
             route = router.route(fmt, table.database, table.schema, table.table)
             if route is None:
                 continue
             if warehouse.open(warehouse.table_path(route.target)) is not None:
-                chosen = route
+                chosen, source = route, name
                 break
         if chosen is None:
             missing.append(table.name)
@@ -199,9 +232,10 @@ def plan_tables(
         if wanted is not None and not wanted.fullmatch(chosen.target):
             continue
         plans.append(
-            _Plan(
+            Plan(
                 table,
                 chosen.target,
+                source,
                 chosen.shard_column,
                 chosen.source if chosen.shard_column else None,
             )
@@ -214,7 +248,7 @@ def _is_own_column(name: str) -> bool:
 
 
 def _columns(
-    plan: _Plan, schema: pa.Schema
+    plan: Plan, schema: pa.Schema
 ) -> tuple[list[Column], list[Column], dict[str, str]] | str:
     """``(key, other compared columns, left out)`` or why the table cannot be compared."""
     table = plan.table
@@ -332,14 +366,16 @@ def verify(
         # a table whose differing source rows all held still is settled
         pending = [c for c in pending if c.candidates and c.moved]
     for c in compared:
-        _settle(c)
+        mismatch = _settle(c)
+        if mismatch is not None:
+            run.mismatches.append(mismatch)
     run.tables = [c.result for c in compared]
     run.seconds = time.monotonic() - started
     return run
 
 
 @dataclass(frozen=True)
-class _Selection:
+class Selection:
     """Which rows compare: the mirror's (a DuckDB condition over ``columns``: the shard
     column naming the source table; a history table's current versions) and the source's
     (the target's row filter, evaluated as the pipeline evaluates it)."""
@@ -349,7 +385,8 @@ class _Selection:
     row_filter: Expression | None
 
 
-def _selection(config: Any, plan: _Plan) -> _Selection:
+def selection(config: Any, plan: Plan) -> Selection:
+    """Which rows of ``plan``'s mirror and source compare (:class:`Selection`)."""
     options = config.tables(plan.target)
     conditions, columns = [], []
     if plan.shard_column:
@@ -359,12 +396,12 @@ def _selection(config: Any, plan: _Plan) -> _Selection:
     if options.mode == "history":
         conditions.append(f'"{IS_CURRENT}"')
         columns.append(IS_CURRENT)
-    return _Selection(" AND ".join(conditions) or None, tuple(columns), options.shaping.filter)
+    return Selection(" AND ".join(conditions) or None, tuple(columns), options.shaping.filter)
 
 
 def _first_round(
     config: Any,
-    plan: _Plan,
+    plan: Plan,
     db: SourceDatabase,
     warehouse: DeltaWarehouse,
     options: VerifyOptions,
@@ -384,7 +421,7 @@ def _first_round(
     if not full:  # quick: keys only, at the leaves too (no value is half compared)
         columns = []
     result.compared_columns = [c.name for c in key + columns]
-    chosen = _selection(config, plan)
+    chosen = selection(config, plan)
     mirror = MirrorSide(
         dataset,
         dataset.schema,
@@ -432,7 +469,7 @@ def _recheck(
     c.result.mirror_version = table.version()
     dataset = table.to_pyarrow_dataset()
     keys = [d.key for d in c.candidates.values()]
-    chosen = _selection(config, c.plan)
+    chosen = selection(config, c.plan)
     source = SourceSide(db, c.plan.table, c.key, c.columns, full, chosen.row_filter)
     src = source.rows_by_key(keys)
     mirror = _key_reader(dataset, c, chosen)
@@ -448,7 +485,7 @@ def _recheck(
     c.moved = moved
 
 
-def _key_reader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:
+def _key_reader(dataset: Any, c: _Compared, chosen: Selection) -> MirrorSide:
     """A mirror side that only reads rows by key (no sorted key table built)."""
     return MirrorSide(
         dataset,
@@ -462,16 +499,19 @@ def _key_reader(dataset: Any, c: _Compared, chosen: _Selection) -> MirrorSide:
     )
 
 
-def _settle(c: _Compared) -> None:
+def _settle(c: _Compared) -> Mismatch | None:
     """Sort the remaining candidates: in flight (source row moved in the last round) or
-    missing/extra/different."""
+    missing/extra/different; the latter's keys as read, if any."""
     r = c.result
     by_name = {col.name: col for col in c.columns}
+    mismatch = Mismatch(c.plan, c.key, c.columns)
     for k, d in sorted(c.candidates.items()):
-        item = _key_dict(c.key, d.key)
+        item = key_dict(c.key, d.key)
         if k in c.moved:
             r.in_flight.append(item)
-        elif d.kind == "missing":
+            continue
+        getattr(mismatch, d.kind).append(d.key)
+        if d.kind == "missing":
             r.missing.append(item)
         elif d.kind == "extra":
             r.extra.append(item)
@@ -484,9 +524,10 @@ def _settle(c: _Compared) -> None:
                 },
             }
             r.different.append(item)
+    return mismatch if mismatch.missing or mismatch.extra or mismatch.different else None
 
 
-def _key_dict(key: Sequence[Column], values: tuple) -> dict[str, Any]:
+def key_dict(key: Sequence[Column], values: tuple) -> dict[str, Any]:
     return {c.name: _jsonable(v) for c, v in zip(key, values, strict=True)}
 
 

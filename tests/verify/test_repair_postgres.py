@@ -1,0 +1,140 @@
+"""``cdcflow verify --repair`` against a real PostgreSQL 15: every way issue 35 damages a
+mirror of Debezium's real capture is written back from the source through the
+pipeline's own apply, each key checked, and the next verify is equal; the repair keeps
+the mirror row's sequence (the stream's next change still wins), is refused while the
+pipeline holds its lease, and a repair killed after its intent is finished by the next
+one with exactly the events it recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from deltalake import DeltaTable
+from tests.verify.helpers import config_for, damage, fill_postgres, golden_state, mirror_capture
+
+from cdcflow.commands.verify import run_verify, settled
+from cdcflow.errors import LeaseHeld
+from cdcflow.sinks.lease import PipelineLease
+from cdcflow.sinks.system_tables import REPAIRS, REPAIRS_SCHEMA
+from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.verify import repair as repair_module
+from cdcflow.verify.verifier import VerifyOptions
+from cdcflow_testkit.services.postgres import LocalPostgres
+
+pytestmark = [pytest.mark.services]
+
+CAPTURES = ["debezium-postgres-pg_schemas", "debezium-postgres-pg_schemaless"]
+OPTIONS = VerifyOptions(recheck_after_s=0, wait_s=0)
+DAMAGED = {
+    ("shop.public.customers", '{"id": 5}'): ("missing", "upsert"),
+    ("shop.public.customers", '{"id": 777}'): ("extra", "delete"),
+    ("shop.public.customers", '{"id": 6}'): ("different", "upsert"),
+    ("shop.public.customers", '{"id": 7}'): ("different", "upsert"),
+    ("shop.public.customers", '{"id": 9}'): ("different", "upsert"),
+    ("shop.public.order_lines", '{"order_id": 8, "line_no": 1}'): ("missing", "upsert"),
+}
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with LocalPostgres() as server:
+        _, state = golden_state(CAPTURES[0])
+        fill_postgres(server, state)
+        yield server
+
+
+def _url(pg) -> str:
+    return f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.database}"
+
+
+def _seqs(root, target: str) -> dict:
+    table = DeltaTable(str(root / target)).to_pyarrow_table(columns=["id", "_cdc_seq"])
+    return dict(zip(table["id"].to_pylist(), table["_cdc_seq"].to_pylist(), strict=True))
+
+
+def _marks(root) -> list[dict]:
+    return DeltaWarehouse(str(root)).read_system(REPAIRS, REPAIRS_SCHEMA).to_pylist()
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, capture):
+    messages, state = golden_state(capture)
+    root = tmp_path / "wh"
+    mirror_capture(messages, root, state["schemas"])
+    before = _seqs(root, "shop.public.customers")
+    damage(root, "shop.public", "email")
+    config = config_for(root, state["schemas"])
+    lines: list[str] = []
+
+    run = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    assert not run.equal  # what verify found is reported as found
+    [report] = run.repairs
+    assert report.generation == 1 and not report.refused
+    done = {(k.target, json.dumps(k.key)): (k.found, k.action) for k in report.keys}
+    assert done == DAMAGED
+    assert {k.outcome for k in report.keys} == {"repaired"}
+    assert settled(run)
+    assert any(line == "repair 1 of verify.debezium-json: 6 events" for line in lines), lines
+
+    # the next verify: equal; the rows the mirror held keep their sequence, so the
+    # stream's next change of them still wins
+    again = run_verify(config, _url(pg), OPTIONS, say=lines.append)
+    assert again.equal, [t for t in again.tables if not t.equal]
+    after = _seqs(root, "shop.public.customers")
+    assert after[6] == before[6] and after[7] == before[7] and after[9] == before[9]
+    assert 777 not in after and after[5] == ""  # no tombstone, no truncate: the least
+    # intents, then outcomes, one generation; the pipeline's own offsets untouched
+    marks = _marks(root)
+    assert [m["outcome"] for m in marks].count(None) == 6
+    assert sorted(m["outcome"] for m in marks if m["outcome"]) == ["repaired"] * 6
+    offsets = DeltaWarehouse(str(root)).read_system("offsets", None)
+    assert {r["topic"] for r in offsets.to_pylist() if r["source"].endswith(".repair.1")} == {
+        repair_module.REPAIR_TOPIC
+    }
+    # nothing left: a second --repair repairs nothing
+    quiet = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    assert quiet.equal and quiet.repairs == []
+
+
+def test_repair_is_refused_while_the_pipeline_holds_its_lease(pg, tmp_path):
+    messages, state = golden_state(CAPTURES[0])
+    root = tmp_path / "wh"
+    mirror_capture(messages, root, True)
+    damage(root, "shop.public", "email")
+    config = config_for(root, True)
+    with PipelineLease(str(root), config.pipeline_id), pytest.raises(LeaseHeld):
+        run_verify(config, _url(pg), OPTIONS, repair=True)
+    assert _marks(root) == []
+
+
+@pytest.mark.parametrize("dies_in", ["applier_for", "_check"])
+def test_a_repair_killed_after_its_intent_is_finished_by_the_next(
+    pg, tmp_path, monkeypatch, dies_in
+):
+    """Killed before its apply (``applier_for``) or after it, before the outcomes
+    (``_check``): the next repair applies the recorded events, once."""
+    messages, state = golden_state(CAPTURES[0])
+    root = tmp_path / "wh"
+    mirror_capture(messages, root, True)
+    DeltaTable(str(root / "shop.public.customers")).delete("id = 5")
+    config = config_for(root, True)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies here
+
+    monkeypatch.setattr(repair_module, dies_in, killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_verify(config, _url(pg), OPTIONS, repair=True)
+    assert [m["outcome"] for m in _marks(root)] == [None]
+    monkeypatch.undo()
+    version = DeltaTable(str(root / "shop.public.customers")).version()
+
+    lines: list[str] = []
+    run = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    assert "repair 1 of verify.debezium-json: finished after an interruption (1 keys)" in lines
+    assert run.equal and run.repairs == []  # finished before verify read anything
+    assert sorted(m["outcome"] or "" for m in _marks(root)) == ["", "applied"]
+    # applied once: by the finish when the killed run had not, never twice
+    writes = DeltaTable(str(root / "shop.public.customers")).version() - version
+    assert writes == (1 if dies_in == "applier_for" else 0)
