@@ -5,7 +5,11 @@ verify, run in the middle of all that, must report no missing, extra or differen
 key still moving is *in flight*, which is not a mismatch). Once the writer stops and the
 pipeline has caught up, verify must find the mirror equal, with nothing in flight, and
 each of two shards routed into one target equal to the rows that name it; and a damage
-done to the mirrors meanwhile must still be found, live, in the right shard."""
+done to the mirrors meanwhile must still be found, live, in the right shard. Then
+``verify --repair``, the pipeline stopped and the writer going on, mends the damages
+(and the rows the stopped pipeline has not applied yet, which the stream's later changes
+then overwrite in order); once the pipeline has run again and caught up, the mirrors
+equal the source and every Kafka offset is accounted for once."""
 
 from __future__ import annotations
 
@@ -15,14 +19,17 @@ import threading
 import time
 import uuid
 
+import pyarrow as pa
 import pytest
 import yaml
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from tests.capture.helpers import postgres_connector, wait_snapshot_done
-from tests.e2e.helpers import CDCFLOW, cli_env
+from tests.e2e.helpers import CDCFLOW, check_accounting, cli_env
 
-from cdcflow.commands.verify import describe, run_verify
+from cdcflow.commands.status import brokers_log_ends
+from cdcflow.commands.verify import describe, run_verify, settled
 from cdcflow.config import load_config
+from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify.verifier import VerifyOptions
 from cdcflow_testkit.services.kafka_connect import ConnectStandalone
 from cdcflow_testkit.services.postgres import LocalPostgres
@@ -37,9 +44,9 @@ SHARDS = "shop.public.shards"
 def _writer(pg: LocalPostgres, stop: threading.Event, counts: dict[str, int]) -> None:
     """Random single-row transactions until ``stop``: 60 % updates, 20 % inserts, 20 %
     deletes, about 40 a second."""
-    rng = random.Random(11)
-    next_id = ROWS + 1
+    rng = random.Random(11 + sum(counts.values()))
     with pg.connect() as c:
+        next_id = c.execute("SELECT max(id) + 1 FROM accounts").fetchone()[0]
         while not stop.is_set():
             op = rng.random()
             if op < 0.6:
@@ -182,10 +189,61 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
                 assert shards["shop.public.shard_a"].equal
                 assert [d["key"] for d in shards["shop.public.shard_b"].different] == [{"id": 1010}]
                 print(f"moving: {moving.rounds} rounds; writes {counts}")
+
+                # --repair while the source keeps changing: the pipeline stopped (the repair
+                # takes its lease), the writer going on, an extra row added to the damages
+                restart = threading.Event()
+                writer = threading.Thread(target=_writer, args=(pg, restart, counts), daemon=True)
+                writer.start()
+                _stop(run)
+                extra = DeltaTable(mirror_path).to_pyarrow_table().slice(0, 1)
+                at = extra.schema.get_field_index("id")
+                extra = extra.set_column(at, "id", pa.array([10**9], pa.int64()))
+                write_deltalake(mirror_path, extra, mode="append")
+                mended = run_verify(config, url, options, say=lines.append, repair=True)
+                print("\n".join(describe(mended)))
+                assert settled(mended), describe(mended)  # nothing found was left unrepaired
+                keys = {
+                    (k.target, tuple(k.key.values())): k for r in mended.repairs for k in r.keys
+                }
+                assert keys[(TARGET, (10**9,))].action == "delete"
+                assert keys[(SHARDS, (1010,))].outcome == "repaired"
+                assert keys[(TARGET, (victim,))].found == "missing"
+                repaired = sum(len(r.keys) for r in mended.repairs)
+
+                # the writer stops, the pipeline runs again and catches up over the repair:
+                # the mirrors equal the source, and every Kafka offset is accounted once
+                restart.set()
+                writer.join(10)
+                with open(stderr, "ab") as err:
+                    run = subprocess.Popen(
+                        [*CDCFLOW, "run", str(config_path)],
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        env=cli_env(),
+                        start_new_session=True,
+                    )
+                final = run_verify(config, url, options, say=lines.append)
+                assert final.caught_up is True and final.equal, describe(final)
+                assert all(t.in_flight == [] for t in final.tables), describe(final)
+                _stop(run)
+                ends, _ = brokers_log_ends(config)
+                assert ends
+                wh = DeltaWarehouse(str(tmp_path / "wh"))
+                check_accounting(wh, sum(ends.values()) + repaired)
+                print(f"repair: {repaired} keys; writes {counts}")
             finally:
                 stop.set()
-                run.terminate()
-                try:
-                    run.wait(60)
-                except subprocess.TimeoutExpired:
-                    run.kill()
+                _stop(run)
+
+
+def _stop(run: subprocess.Popen) -> None:
+    """Stop ``cdcflow run`` as an operator does (SIGTERM: its running apply ends)."""
+    if run.poll() is not None:
+        return
+    run.terminate()
+    try:
+        run.wait(60)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.wait(10)
