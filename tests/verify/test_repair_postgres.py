@@ -81,6 +81,8 @@ def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, cap
     # stream's next change of them still wins
     again = run_verify(config, _url(pg), OPTIONS, say=lines.append)
     assert again.equal, [t for t in again.tables if not t.equal]
+    # the repaired rows hash as the source's: no range even differs
+    assert [t.differing_ranges for t in again.tables] == [0, 0]
     after = _seqs(root, "shop.public.customers")
     assert after[6] == before[6] and after[7] == before[7] and after[9] == before[9]
     assert 777 not in after and after[5] == ""  # no tombstone, no truncate: the least

@@ -18,8 +18,8 @@ decimal                     its text (exact)
 date, timestamp             ISO 8601 text (a zoned one with its offset)
 binary                      base64 text
 string                      the text: ISO 8601 for a date, time or timestamp, JSON for
-                            a JSON value or an array, base64 for bytes, ``a,b`` for a
-                            MySQL ``SET``
+                            a JSON value (as ``jsonb::text``) or an array (compact),
+                            base64 for bytes, ``a,b`` for a MySQL ``SET``
 =========================== ============================================================
 
 A string mirror of a time holds whatever text its format wrote; the repair writes ISO
@@ -177,7 +177,9 @@ def _as_text(column: Column, value: Any) -> str:
             return f"{hours:02d}:{minutes:02d}:{seconds:02d}.{micros:06d}"
         return str(value.isoformat())
     if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, default=str)
+        if column.array:  # as the formats' arrays land (orjson): compact
+            return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+        return json.dumps(value, ensure_ascii=False, default=str)  # as jsonb::text writes
     if isinstance(value, set):  # PyMySQL may read a SET as a set
         return ",".join(sorted(value))
     if isinstance(value, bytes):
