@@ -350,6 +350,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rechecks=args.rechecks,
         recheck_after_s=args.recheck_after_s,
         statement_timeout_s=args.statement_timeout_s,
+        resume=args.resume,
     )
     # progress lines on stdout before the report, on stderr beside --json
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
@@ -788,6 +789,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object with every key")
     p.add_argument(
         "--metrics-file", metavar="PATH", help="write Prometheus gauges here (textfile collector)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the last verify of this --mode that was interrupted: its tables "
+        "already read are not read again, their differing keys are rechecked",
     )
     p.add_argument(
         "--repair",

@@ -113,3 +113,22 @@ def test_row_differences_name_each_column():
         ("2",): ("missing", {}),
         ("3",): ("extra", {}),
     }
+
+
+def test_a_key_as_read_keeps_its_type_through_a_resumed_run():
+    """``--resume`` keeps each differing key as read (JSON in ``_cdcflow/verify_progress``)
+    and binds it again: every type the drivers give a key comes back as it was."""
+    import datetime as dt
+    import decimal
+    import json
+
+    from cdcflow.verify.verifier import _typed, _untyped
+
+    values = [
+        None, True, 7, -2**63, 1.5, "text", b"\x00\xffbytes", decimal.Decimal("12.30"),
+        dt.datetime(2024, 1, 2, 3, 4, 5, 6), dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC),
+        dt.date(2024, 1, 2), dt.time(3, 4, 5, 6), dt.timedelta(hours=-838, microseconds=1),
+    ]  # fmt: skip
+    back = [_untyped(v) for v in json.loads(json.dumps([_typed(v) for v in values]))]
+    assert back == values
+    assert [type(v) for v in back] == [type(v) for v in values]

@@ -3,22 +3,25 @@ mirror of Debezium's real capture is written back from the source through the
 pipeline's own apply, each key checked, and the next verify is equal; the repair keeps
 the mirror row's sequence (the stream's next change still wins), is refused while the
 pipeline holds its lease, and a repair killed after its intent is finished by the next
-one with exactly the events it recorded."""
+one with exactly the events it recorded; an interrupted verify resumes without reading
+its finished tables again."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from deltalake import DeltaTable
 from tests.verify.helpers import config_for, damage, fill_postgres, golden_state, mirror_capture
 
-from cdcflow.commands.verify import run_verify, settled
+from cdcflow.commands.verify import run_verify, settled, unfinished
 from cdcflow.errors import LeaseHeld
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import REPAIRS, REPAIRS_SCHEMA
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify import repair as repair_module
+from cdcflow.verify import verifier as verifier_module
 from cdcflow.verify.verifier import VerifyOptions
 from cdcflow_testkit.services.postgres import LocalPostgres
 
@@ -140,3 +143,54 @@ def test_a_repair_killed_after_its_intent_is_finished_by_the_next(
     # applied once: by the finish when the killed run had not, never twice
     writes = DeltaTable(str(root / "shop.public.customers")).version() - version
     assert writes == (1 if dies_in == "applier_for" else 0)
+
+
+def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
+    pg, tmp_path, monkeypatch
+):
+    """Killed in its second table's first round, verify --resume reads only that table
+    again, rechecks the first table's differing keys, and reports what an uninterrupted
+    run reports."""
+    messages, state = golden_state(CAPTURES[0])
+    root = tmp_path / "wh"
+    mirror_capture(messages, root, True)
+    damage(root, "shop.public", "email")
+    config = config_for(root, True)
+    whole = run_verify(config, _url(pg), OPTIONS, say=lambda line: None)
+
+    real, read = verifier_module._first_round, []
+
+    def first_round(config, plan, *args, **kwargs):
+        read.append(plan.target)
+        if plan.target == "shop.public.order_lines" and len(read) == 2:
+            raise KeyboardInterrupt  # killed while it reads the second table
+        return real(config, plan, *args, **kwargs)
+
+    monkeypatch.setattr(verifier_module, "_first_round", first_round)
+    with pytest.raises(KeyboardInterrupt):
+        run_verify(config, _url(pg), OPTIONS, say=lambda line: None)
+    assert read == ["shop.public.customers", "shop.public.order_lines"]
+
+    lines: list[str] = []
+    resumed = run_verify(
+        config, _url(pg), dataclasses.replace(OPTIONS, resume=True), say=lines.append
+    )
+    assert read[2:] == ["shop.public.order_lines"]  # customers was not read again
+    assert any(line.startswith("resuming the run of ") for line in lines), lines
+    assert any(line.endswith("[resumed]") for line in lines), lines
+
+    def found(run):
+        return {
+            t.target: (t.missing, t.extra, sorted(d["key"]["id"] for d in t.different))
+            if t.target.endswith("customers")
+            else (t.missing, t.extra, t.different)
+            for t in run.tables
+        }
+
+    assert found(resumed) == found(whole)
+    assert (resumed.tables[0].rows_source, resumed.tables[0].rows_mirror) == (38, 38)
+    # recorded as one run, and nothing is left to resume
+    assert unfinished(DeltaWarehouse(str(root)), config.pipeline_id, "full") is None
+    again: list[str] = []
+    run_verify(config, _url(pg), dataclasses.replace(OPTIONS, resume=True), say=again.append)
+    assert "nothing to resume: a new run" in again

@@ -23,12 +23,17 @@ import pyarrow as pa
 from cdcflow.commands.status import brokers_log_ends, status
 from cdcflow.errors import LeaseLost
 from cdcflow.sinks.lease import PipelineLease
-from cdcflow.sinks.system_tables import VERIFICATIONS, VERIFICATIONS_SCHEMA
+from cdcflow.sinks.system_tables import (
+    VERIFICATIONS,
+    VERIFICATIONS_SCHEMA,
+    VERIFY_PROGRESS,
+    VERIFY_PROGRESS_SCHEMA,
+)
 from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify.databases import SourceDatabase
 from cdcflow.verify.repair import OUTCOMES, finish_interrupted
 from cdcflow.verify.repair import repair as repair_keys
-from cdcflow.verify.verifier import TableResult, Verification, VerifyOptions, verify
+from cdcflow.verify.verifier import Resumed, TableResult, Verification, VerifyOptions, verify
 
 __all__ = [
     "VERIFICATIONS",
@@ -41,6 +46,7 @@ __all__ = [
     "record",
     "run_verify",
     "settled",
+    "unfinished",
     "write_metrics",
 ]
 
@@ -109,14 +115,86 @@ def _verify(
     then: Callable[[SourceDatabase, Verification], list[Any]] | None = None,
 ) -> Verification:
     db = SourceDatabase(url, options.statement_timeout_s)
+    warehouse = DeltaWarehouse(config.warehouse, storage_options=dict(config.storage))
+    resumed = None
+    if options.resume:
+        resumed = unfinished(warehouse, config.pipeline_id, options.mode)
+        say(
+            "nothing to resume: a new run"
+            if resumed is None
+            else f"resuming the run of {_when(resumed.started_at_ms)}: "
+            f"{len(resumed.tables)} tables done"
+        )
+
+    def saved(started_at_ms: int, target: str, source_table: str, state: dict) -> None:
+        row = {
+            "pipeline": config.pipeline_id,
+            "started_at_ms": started_at_ms,
+            "mode": options.mode,
+            "target_table": target,
+            "source_table": source_table,
+            "saved_at_ms": int(time.time() * 1000),
+            "state": json.dumps(state),
+        }
+        table = pa.Table.from_pylist([row], schema=VERIFY_PROGRESS_SCHEMA)
+        warehouse.append_rows(warehouse.system_path(VERIFY_PROGRESS), table)
+
     try:
-        run = verify(config, db, options, say=say, caught_up=pipeline_caught_up(config))
+        run = verify(
+            config,
+            db,
+            options,
+            say=say,
+            caught_up=pipeline_caught_up(config),
+            resume=resumed,
+            on_table=saved,
+        )
         record(config, run)
+        _forget_progress(warehouse, config.pipeline_id, run.started_at_ms)
         if then is not None and run.mismatches:
             run.repairs = then(db, run)
     finally:
         db.close()
     return run
+
+
+def unfinished(warehouse: DeltaWarehouse, pipeline: str, mode: str) -> Resumed | None:
+    """The newest run of ``pipeline`` in ``mode`` that saved tables' first rounds and never
+    recorded its outcome (it was interrupted), or ``None``."""
+    rows = warehouse.read_system(VERIFY_PROGRESS, VERIFY_PROGRESS_SCHEMA).to_pylist()
+    rows = [r for r in rows if r["pipeline"] == pipeline and r["mode"] == mode]
+    if not rows:
+        return None
+    ended = {
+        r["started_at_ms"]
+        for r in warehouse.read_system(VERIFICATIONS, VERIFICATIONS_SCHEMA).to_pylist()
+        if r["pipeline"] == pipeline
+    }
+    open_runs = {r["started_at_ms"] for r in rows} - ended
+    if not open_runs:
+        return None
+    newest = max(open_runs)
+    tables = {
+        (r["target_table"], r["source_table"]): json.loads(r["state"])
+        for r in rows
+        if r["started_at_ms"] == newest
+    }
+    return Resumed(newest, tables)
+
+
+def _forget_progress(warehouse: DeltaWarehouse, pipeline: str, started_at_ms: int) -> None:
+    """Delete the progress rows of a run whose outcome is recorded (and of older runs of
+    the pipeline, which can no longer be resumed)."""
+    table = warehouse.open(warehouse.system_path(VERIFY_PROGRESS))
+    if table is None:
+        return
+    quoted = pipeline.replace("'", "''")
+    table.delete(f"pipeline = '{quoted}' AND started_at_ms <= {int(started_at_ms)}")
+    warehouse.forget(warehouse.system_path(VERIFY_PROGRESS))
+
+
+def _when(epoch_ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_ms / 1000))
 
 
 def settled(run: Verification) -> bool:

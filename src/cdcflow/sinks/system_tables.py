@@ -58,6 +58,8 @@ __all__ = [
     "TOMBSTONE_SCHEMA",
     "VERIFICATIONS",
     "VERIFICATIONS_SCHEMA",
+    "VERIFY_PROGRESS",
+    "VERIFY_PROGRESS_SCHEMA",
 ]
 
 #: The folder of the system tables, under the warehouse root.
@@ -78,6 +80,8 @@ REPLAYS = "replays"
 VERIFICATIONS = "verifications"
 #: ``cdcflow verify --repair``'s intents and outcomes, one row per key and state
 REPAIRS = "repairs"
+#: ``cdcflow verify``'s tables of a run not yet recorded, for ``--resume``
+VERIFY_PROGRESS = "verify_progress"
 #: folder of the history tables' change logs, one table per history table under it
 HISTORY_LOG = "history_log"
 #: folder of the pipelines' leases (:mod:`cdcflow.sinks.lease`, a protocol of its own on
@@ -174,6 +178,21 @@ REPLAYS_SCHEMA = pa.schema(
         ("code", pa.string()),  # the letter's code
         ("outcome", pa.string()),  # null: taken | applied | dead_letter | gone
         ("recorded_at_ms", pa.int64()),
+    ]
+)
+
+#: ``_cdcflow/verify_progress``: one row per table whose first round a ``cdcflow verify`` run
+#: finished, until the run records its outcome in ``_cdcflow/verifications`` (then its rows
+#: are deleted): what ``--resume`` goes on from (:mod:`cdcflow.commands.verify`).
+VERIFY_PROGRESS_SCHEMA = pa.schema(
+    [
+        ("pipeline", pa.string()),
+        ("started_at_ms", pa.int64()),  # the run's start: its identity
+        ("mode", pa.string()),
+        ("target_table", pa.string()),
+        ("source_table", pa.string()),
+        ("saved_at_ms", pa.int64()),
+        ("state", pa.string()),  # JSON: the table's first round (cdcflow.verify.verifier)
     ]
 )
 

@@ -30,6 +30,8 @@ listed as left out (excluded columns, computed columns).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import decimal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ import pyarrow as pa
 
 from cdcflow.errors import ConfigError
 from cdcflow.sinks.history import IS_CURRENT
-from cdcflow.sinks.warehouse import DeltaWarehouse
+from cdcflow.sinks.warehouse import DeltaWarehouse, arrow_schema
 from cdcflow.transform.expressions import Expression
 from cdcflow.transform.router import Router, compile_pattern
 from cdcflow.verify.canonical import Column, readable
@@ -59,6 +61,7 @@ __all__ = [
     "MODES",
     "Mismatch",
     "Plan",
+    "Resumed",
     "TableResult",
     "Verification",
     "VerifyOptions",
@@ -87,6 +90,8 @@ class VerifyOptions:
         recheck_after_s: the pause before each recheck.
         statement_timeout_s: the longest statement on the source.
         threads: DuckDB's threads for the mirror (``None``: its default, every core).
+        resume: go on with the newest interrupted run of this mode, if there is one
+            (its tables whose first round ended are not read again).
     """
 
     mode: str = "full"
@@ -100,6 +105,7 @@ class VerifyOptions:
     recheck_after_s: float = 5.0
     statement_timeout_s: float = 60.0
     threads: int | None = None
+    resume: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -304,6 +310,8 @@ def verify(
     say: Callable[[str], None] = lambda line: None,
     caught_up: Callable[[float], tuple[bool | None, int | None]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    resume: Resumed | None = None,
+    on_table: Callable[[int, str, str, dict[str, Any]], None] | None = None,
 ) -> Verification:
     """Verify every mirror of ``config``'s pipeline against ``db`` (see the module).
 
@@ -315,6 +323,12 @@ def verify(
             the brokers held when called; returns ``(caught up, records behind)``
             (``None``: not known). ``None``: do not wait.
         sleep: the pause before a recheck (a test's clock).
+        resume: an interrupted run to go on with: its start time and the state of each
+            table whose first round it finished (those tables are not read again; their
+            differing keys are rechecked with the rest).
+        on_table: called after each table's first round with the run's start (epoch ms),
+            the target, the source table and the table's state (JSON-ready), so that an
+            interrupted run can be resumed.
 
     Raises:
         ConfigError: ``--tables`` is not a valid pattern; no table of the database has a
@@ -324,6 +338,8 @@ def verify(
     started = time.monotonic()
     warehouse = DeltaWarehouse(config.warehouse, storage_options=dict(config.storage))
     run = Verification(redact(db.url), options.mode, started_at_ms=int(time.time() * 1000))
+    if resume is not None:
+        run.started_at_ms = resume.started_at_ms
     plans, run.not_mirrored = plan_tables(config, db, warehouse, options.tables)
     if not plans:
         raise ConfigError(
@@ -338,11 +354,20 @@ def verify(
         run.caught_up, run.records_behind = caught_up(options.wait_s)
         say(_caught_up_line(run))
     compared: list[_Compared] = []
+    done = resume.tables if resume is not None else {}
     try:
         for plan in plans:
+            state = done.get((plan.target, plan.table.name))
+            restored = _restored(config, plan, warehouse, full, state) if state else None
+            if restored is not None:
+                compared.append(restored)
+                say(f"{_table_line(restored.result, len(restored.candidates))} [resumed]")
+                continue
             compared.append(_first_round(config, plan, db, warehouse, options, full))
             result = compared[-1].result
             say(_table_line(result, len(compared[-1].candidates)))
+            if on_table is not None:
+                on_table(run.started_at_ms, plan.target, plan.table.name, _state(compared[-1]))
     finally:
         db.end_snapshot()
     # rechecks: read the differing keys again, in a new snapshot, after a pause
@@ -539,6 +564,119 @@ def _jsonable(v: Any) -> Any:
     if hasattr(v, "isoformat"):
         return v.isoformat()
     return str(v)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+@dataclass
+class Resumed:
+    """An interrupted run: its start (epoch ms, the run's identity in the warehouse) and,
+    by ``(target, source table)``, the state :func:`verify` gave ``on_table``."""
+
+    started_at_ms: int
+    tables: dict[tuple[str, str], dict[str, Any]]
+
+
+#: TableResult fields a table's state keeps from its first round
+_FIRST_ROUND = (
+    "rows_source", "rows_mirror", "compared_columns", "left_out_columns", "mirror_version",
+    "ranges", "checksums", "differing_ranges", "leaves", "rows_read", "seconds", "refused",
+)  # fmt: skip
+
+
+def _state(c: _Compared) -> dict[str, Any]:
+    """A table after its first round, as JSON: its result so far, and its differing keys
+    (canonical texts, the key as read with its types, what differed, the source row)."""
+    return {
+        "result": {name: getattr(c.result, name) for name in _FIRST_ROUND},
+        "candidates": [
+            {
+                "canonical": list(k),
+                "kind": d.kind,
+                "key": [_typed(v) for v in d.key],
+                "columns": {n: list(v) for n, v in d.columns.items()},
+                "source": list(c.last_source[k].texts) if k in c.last_source else None,
+            }
+            for k, d in c.candidates.items()
+        ],
+    }
+
+
+def _restored(
+    config: Any, plan: Plan, warehouse: DeltaWarehouse, full: bool, state: dict[str, Any]
+) -> _Compared | None:
+    """The table as its first round left it, or ``None`` (read it again) when its mirror
+    no longer has the columns that round compared."""
+    table = warehouse.open(warehouse.table_path(plan.target))
+    if table is None:
+        return None
+    shaped = _columns(plan, arrow_schema(table))
+    result = TableResult(plan.target, plan.table.name, **state["result"])
+    if isinstance(shaped, str) or result.refused:
+        return None
+    key, columns, _ = shaped
+    if not full:
+        columns = []
+    if [c.name for c in key + columns] != result.compared_columns:
+        return None
+    candidates, last = {}, {}
+    for item in state["candidates"]:
+        k = tuple(item["canonical"])
+        as_read = tuple(_untyped(v) for v in item["key"])
+        candidates[k] = Difference(
+            item["kind"], as_read, {n: (v[0], v[1]) for n, v in item["columns"].items()}
+        )
+        if item["source"] is not None:
+            last[k] = Row(as_read, tuple(item["source"]))
+    return _Compared(plan, result, key, columns, candidates, last)
+
+
+def _typed(v: Any) -> Any:
+    """A key value as read, as JSON that gives it back with its type (:func:`_untyped`)."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    for name, kind in _TYPES.items():
+        if type(v) is kind:
+            return {"$": name, "v": _text_of(v)}
+    return {"$": "str", "v": str(v)}
+
+
+def _text_of(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, dt.timedelta):
+        return str(v // dt.timedelta(microseconds=1))
+    return str(v)
+
+
+def _untyped(v: Any) -> Any:
+    if not isinstance(v, dict):
+        return v
+    name, text = v["$"], v["v"]
+    if name == "bytes":
+        return bytes.fromhex(text)
+    if name == "decimal":
+        return decimal.Decimal(text)
+    if name == "datetime":
+        return dt.datetime.fromisoformat(text)
+    if name == "date":
+        return dt.date.fromisoformat(text)
+    if name == "time":
+        return dt.time.fromisoformat(text)
+    if name == "timedelta":
+        return dt.timedelta(microseconds=int(text))
+    return text
+
+
+_TYPES: dict[str, type] = {
+    "bytes": bytes,
+    "decimal": decimal.Decimal,
+    "datetime": dt.datetime,
+    "date": dt.date,
+    "time": dt.time,
+    "timedelta": dt.timedelta,
+}
 
 
 # ----------------------------------------------------------------------------- lines
