@@ -132,3 +132,20 @@ def test_a_key_as_read_keeps_its_type_through_a_resumed_run():
     back = [_untyped(v) for v in json.loads(json.dumps([_typed(v) for v in values]))]
     assert back == values
     assert [type(v) for v in back] == [type(v) for v in values]
+
+
+def test_a_missing_rows_repair_sequence_is_the_least_past_its_guards():
+    """Just above the key's tombstone (the guard drops an upsert at or below it), at or
+    above the table's truncate, and below every later sequence of the source, so the
+    stream's next change of the key still wins."""
+    from cdcflow.model import seq_key
+    from cdcflow.verify.repair import _above
+
+    tombstone = seq_key((5, 20))
+    above = _above(tombstone, None)
+    assert tombstone < above
+    later = [seq_key((5, 21)), seq_key((6, 0)), seq_key((5, 20, 1)), seq_key((10**12, 3))]
+    assert all(above < s for s in later)
+    assert _above(None, None) == "" and _above(None, seq_key((9, 9))) == seq_key((9, 9))
+    assert _above(tombstone, seq_key((9, 9))) == seq_key((9, 9))  # the truncate is later
+    assert _above(seq_key((9, 9, 9)), seq_key((9, 9))) > seq_key((9, 9, 9))

@@ -194,3 +194,42 @@ def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
     again: list[str] = []
     run_verify(config, _url(pg), dataclasses.replace(OPTIONS, resume=True), say=again.append)
     assert "nothing to resume: a new run" in again
+
+
+def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
+    """The repair's events go through the target's shaping like the stream's: the row
+    filter (a filtered-out source row in the mirror is deleted), the excluded column
+    (never written) and the computed column (computed from the repaired row)."""
+    messages, state = golden_state(CAPTURES[0])
+    rule = {
+        "match": "shop.public.customers",
+        "filter": "visits > 0",
+        "columns": {"exclude": ["notes"]},
+        "computed_columns": {"name_upper": "upper(name)"},
+    }
+    root = tmp_path / "wh"
+    config = config_for(root, True, tables=[rule])
+    mirror_capture(messages, root, True, config)
+    rows = state["tables"]["customers"]["rows"]
+    kept = [r for r in rows if (r["visits"] or 0) > 0]
+    dropped = next(r for r in rows if (r["visits"] or 0) < 0)
+    path = str(root / "shop.public.customers")
+    DeltaTable(path).delete(f"id = {kept[0]['id']}")
+    DeltaTable(path).update({"id": str(dropped["id"])}, predicate=f"id = {kept[1]['id']}")
+    DeltaTable(path).update({"name": "'renamed'"}, predicate=f"id = {kept[2]['id']}")
+
+    run = run_verify(config, _url(pg), OPTIONS, say=lambda line: None, repair=True)
+    [report] = run.repairs
+    actions = {k.key["id"]: (k.found, k.action, k.outcome) for k in report.keys}
+    assert actions == {
+        kept[0]["id"]: ("missing", "upsert", "repaired"),
+        kept[1]["id"]: ("missing", "upsert", "repaired"),
+        kept[2]["id"]: ("different", "upsert", "repaired"),
+        dropped["id"]: ("extra", "delete", "repaired"),
+    }
+    assert run_verify(config, _url(pg), OPTIONS, say=lambda line: None).equal
+    mirror = DeltaTable(path).to_pyarrow_table()
+    assert "notes" not in mirror.column_names
+    by_id = {r["id"]: r for r in mirror.to_pylist()}
+    for row in (kept[0], kept[2]):
+        assert by_id[row["id"]]["name_upper"] == row["name"].upper()
