@@ -251,7 +251,7 @@ def _read(config: Any, db: SourceDatabase, warehouse: DeltaWarehouse, m: Mismatc
     keys = [*m.missing, *m.different, *m.extra]
     source = SourceSide(db, m.plan.table, m.key, m.columns, True, chosen.row_filter)
     read = source.rows_by_key(keys)  # filtered as verify filters
-    raw = _raw_rows(db, m, [row.key for row in read.values()], source)
+    raw = source.raw_rows_by_key([row.key for row in read.values()], m.plan.table.columns)
     table = warehouse.open(warehouse.table_path(m.plan.target))
     assert table is not None  # verify compared it
     dataset = table.to_pyarrow_dataset()
@@ -266,58 +266,6 @@ def _read(config: Any, db: SourceDatabase, warehouse: DeltaWarehouse, m: Mismatc
         where_columns=(*chosen.columns, SEQ_COLUMN),
     )
     return _Table(m, source, mirror, raw, read, {})
-
-
-def _raw_rows(
-    db: SourceDatabase, m: Mismatch, keys: Sequence[tuple], source: SourceSide
-) -> dict[tuple, dict[str, Any]]:
-    """canonical key -> every column of the source row, as the driver reads it."""
-    if not keys:
-        return {}
-    q = db.quote
-    names = [q(c.name) for c in m.key]
-    columns = m.plan.table.columns
-    n = len(m.key)
-    out: dict[tuple, dict[str, Any]] = {}
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        got = db.execute(
-            f"SELECT {', '.join(source.key_texts)}, {', '.join(q(c.name) for c in columns)} "
-            f"FROM {source.relation} WHERE {_key_in(names, len(chunk))}",
-            [v for k in chunk for v in k],
-        )
-        for row in got:
-            out[tuple(row[:n])] = {c.name: v for c, v in zip(columns, row[n:], strict=True)}
-    return out
-
-
-def _key_in(names: Sequence[str], keys: int) -> str:
-    if len(names) == 1:
-        return f"{names[0]} IN ({', '.join(['%s'] * keys)})"
-    one = f"({', '.join(['%s'] * len(names))})"
-    return f"({', '.join(names)}) IN ({', '.join([one] * keys)})"
-
-
-def _mirror_seqs(t: _Table, keys: Sequence[tuple]) -> dict[tuple, str | None]:
-    """canonical key -> the mirror row's ``_cdc_seq``, for the keys the mirror holds."""
-    if not keys:
-        return {}
-    mirror = t.mirror
-    mirror._register()
-    got = mirror.con.execute(
-        f'SELECT {", ".join(mirror.key_texts)}, "{SEQ_COLUMN}" FROM mirror_data '
-        f"WHERE ({mirror.where}) AND ({_duck_key_in(mirror.ordered, len(keys))})",
-        [v for k in keys for v in k],
-    ).fetchall()
-    n = len(t.mismatch.key)
-    return {tuple(row[:n]): row[n] for row in got}
-
-
-def _duck_key_in(names: Sequence[str], keys: int) -> str:
-    if len(names) == 1:
-        return f"{names[0]} IN ({', '.join(['?'] * keys)})"
-    one = f"({', '.join(['?'] * len(names))})"
-    return f"({', '.join(names)}) IN ({', '.join([one] * keys)})"
 
 
 # ----------------------------------------------------------------------------- events
@@ -345,7 +293,7 @@ def _events(
             canonical = by_read.get(as_read) or _canonical(t, as_read)
             found[canonical] = (kind, as_read)
             t.as_read[canonical] = as_read
-    stored = _mirror_seqs(t, [as_read for _, as_read in found.values()])
+    stored = t.mirror.values_by_key([as_read for _, as_read in found.values()], SEQ_COLUMN)
     tombstones, watermark = _tombstones(warehouse, m)
     table = SourceTable(
         source.format, m.plan.table.database, m.plan.table.schema, m.plan.table.table

@@ -28,7 +28,7 @@ from cdcflow.verify.canonical import (
 from cdcflow.verify.databases import SourceDatabase, SourceTable
 from cdcflow.verify.ranges import KeyRange, Row, range_predicate
 
-__all__ = ["MirrorSide", "SourceSide"]
+__all__ = ["MirrorSide", "SourceSide", "key_in"]
 
 
 def _plain(value: Any) -> Any:
@@ -42,7 +42,7 @@ def _row(got: Sequence[Any], n: int) -> tuple[tuple, Row]:
     return tuple(got[n : 2 * n]), Row(tuple(_plain(v) for v in got[:n]), tuple(got[2 * n :]))
 
 
-def _key_in(names: Sequence[str], keys: int, marker: str) -> str:
+def key_in(names: Sequence[str], keys: int, marker: str) -> str:
     """The condition "the key is one of ``keys`` keys": ``k IN (?, ?)``, or for a
     composite key ``(a, b) IN ((?, ?), (?, ?))``; ``names``: the key columns as the
     side writes them."""
@@ -208,7 +208,7 @@ class SourceSide:
         names = [q(c.name) for c in self.key]
         got = self.db.execute(
             f"SELECT {', '.join(names)}, {', '.join(q(c) for c in reads)} "
-            f"FROM {self.relation} WHERE {_key_in(names, len(rows), '%s')}",
+            f"FROM {self.relation} WHERE {key_in(names, len(rows), '%s')}",
             [v for r in rows for v in r.key],
         )
         values = pa.table(
@@ -221,17 +221,38 @@ class SourceSide:
         out: dict[tuple, Row] = {}
         names = [self.db.quote(c.name) for c in self.key]
         texts = ", ".join([*self.key_texts, *self.texts])
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
+        for chunk in _chunks(keys):
             out.update(
                 _row(got, len(self.key))
                 for got in self.db.execute(
                     f"SELECT {', '.join(names)}, {texts} FROM {self.relation} "
-                    f"WHERE {_key_in(names, len(chunk), '%s')}",
+                    f"WHERE {key_in(names, len(chunk), '%s')}",
                     [v for k in chunk for v in k],
                 )
             )
         return out
+
+    def raw_rows_by_key(
+        self, keys: Sequence[tuple], columns: Sequence[Column]
+    ) -> dict[tuple, dict[str, Any]]:
+        """Canonical key -> ``columns`` of the rows of ``keys`` (as read) as the driver
+        returns them (``--repair``'s images; no filter applied)."""
+        q = self.db.quote
+        names = [q(c.name) for c in self.key]
+        n = len(self.key)
+        out: dict[tuple, dict[str, Any]] = {}
+        for chunk in _chunks(keys):
+            for row in self.db.execute(
+                f"SELECT {', '.join(self.key_texts)}, {', '.join(q(c.name) for c in columns)} "
+                f"FROM {self.relation} WHERE {key_in(names, len(chunk), '%s')}",
+                [v for k in chunk for v in k],
+            ):
+                out[tuple(row[:n])] = {c.name: v for c, v in zip(columns, row[n:], strict=True)}
+        return out
+
+
+def _chunks(keys: Sequence[tuple], size: int = 500) -> list[Sequence[tuple]]:
+    return [keys[start : start + size] for start in range(0, len(keys), size)]
 
 
 def _split_sql(
@@ -369,7 +390,7 @@ class MirrorSide:
     def rows_by_key(self, keys: Sequence[tuple]) -> dict[tuple, Row]:
         if not keys:
             return {}
-        return self._rows(_key_in(self.ordered, len(keys), "?"), [v for k in keys for v in k])
+        return self._rows(key_in(self.ordered, len(keys), "?"), [v for k in keys for v in k])
 
     def _rows(self, condition: str, params: list[Any]) -> dict[tuple, Row]:
         names = ", ".join(self.ordered)
@@ -382,6 +403,20 @@ class MirrorSide:
                 params,
             ).fetchall()
         )
+
+    def values_by_key(self, keys: Sequence[tuple], column: str) -> dict[tuple, Any]:
+        """Canonical key -> the mirror's ``column`` (one of ``where_columns``) for the
+        rows of ``keys`` (as read) it holds."""
+        if not keys:
+            return {}
+        self._register()
+        n = len(self.key)
+        got = self.con.execute(
+            f"SELECT {', '.join(self.key_texts)}, {_duck_quote(column)} FROM mirror_data "
+            f"WHERE ({self.where}) AND ({key_in(self.ordered, len(keys), '?')})",
+            [v for k in keys for v in k],
+        ).fetchall()
+        return {tuple(row[:n]): row[n] for row in got}
 
     def close(self) -> None:
         self.con.close()
