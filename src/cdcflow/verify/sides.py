@@ -11,6 +11,7 @@ again, in one scan.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -86,6 +87,16 @@ class SourceSide:
         #: the last range :meth:`_kept` read and its rows (the bisection asks a range's
         #: checksum, then its cut)
         self._last_kept: tuple[KeyRange, list[tuple[tuple, tuple, tuple, int]]] | None = None
+        #: checksums computed ahead by :meth:`prefetch`, each used once
+        self._ahead: dict[KeyRange, tuple[int, int]] = {}
+
+    def prefetch(self, ranges: Sequence[KeyRange]) -> None:
+        """Compute the checksums of ``ranges`` now, while the mirror's side builds its
+        keyed table in a thread (:meth:`MirrorSide.start_build`): the two engines work at
+        once. Not for a filtered table (its ranges are read whole, one at a time)."""
+        if self.row_filter is None:
+            for r in ranges:
+                self._ahead[r] = self.checksum(r)
 
     def _kept(self, r: KeyRange) -> list[tuple[tuple, tuple, tuple, int]]:
         if self._last_kept is None or self._last_kept[0] != r:
@@ -141,6 +152,9 @@ class SourceSide:
         return range_predicate(r, self.ordered, "%s")
 
     def checksum(self, r: KeyRange) -> tuple[int, int]:
+        ahead = self._ahead.pop(r, None)
+        if ahead is not None:
+            return ahead
         if self.row_filter is not None:
             kept = self._kept(r)
             return len(kept), sum(h for *_, h in kept)
@@ -292,6 +306,11 @@ class MirrorSide:
         key, columns, full: as :class:`SourceSide`.
         where: a DuckDB condition the mirror's rows of this source table meet (a sharded
             target: its shard column naming the table), or ``None``.
+        threads: DuckDB's threads (``None``: its default).
+        keyed: build the sorted ``(key, hash)`` table the checksums and cuts read now
+            (``False``: later, by :meth:`build` or :meth:`start_build`; or never, for a
+            side that only reads rows by key).
+        where_columns: the columns ``where`` reads.
 
     Raises:
         ConfigError: a column's mirror type cannot be compared (:func:`duckdb_text`).
@@ -328,38 +347,95 @@ class MirrorSide:
         q = _duck_quote
         self.key_texts = [duckdb_text(c, schema.field(c.name).type, q(c.name)) for c in self.key]
         self.texts = [duckdb_text(c, schema.field(c.name).type, q(c.name)) for c in self.columns]
-        hashed = self.key_texts + (self.texts if full else [])
+        self.hashed = self.key_texts + (self.texts if full else [])
         self.ordered = [q(c.name) for c in self.key]
+        self.where_columns = list(where_columns)
+        #: the build of the sorted ``(key, hash)`` table, when started in a thread
+        self._building: threading.Thread | None = None
+        self._build_error: BaseException | None = None
+        if keyed:
+            self.build()
+
+    def build(self) -> None:
+        """Build the sorted ``keyed`` table of ``(key, row hash)`` the checksums and cuts
+        read: one scan of the mirror, the hashing done by DuckDB."""
         names = ", ".join(self.ordered)
-        if not keyed:  # only rows_by_key will be asked
-            return
         self._register()
         self.con.execute(
-            f"CREATE TABLE keyed AS SELECT {names}, {duckdb_row_hash(hashed)} AS h "
+            f"CREATE TABLE keyed AS SELECT {names}, {duckdb_row_hash(self.hashed)} AS h "
             f"FROM mirror_data WHERE {self.where} ORDER BY {names}"
         )
 
-    def _register(self) -> None:
-        """Give DuckDB the mirror's columns as a stream read once: a fresh reader per
-        query. A dataset would take DuckDB's filters, and pyarrow refuses the string
-        ones against a Delta table's file statistics (``equal`` of string and
-        string_view); the scan is whole anyway (a mirror's files are not sorted by key)."""
+    def start_build(self) -> None:
+        """:meth:`build` in a thread of its own (DuckDB works without the GIL), so the
+        source's checksums run meanwhile; the first checksum or cut waits for it. Call
+        nothing else of this side until then."""
+
+        def run() -> None:
+            try:
+                self.build()
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller's next call
+                self._build_error = exc
+
+        self._building = threading.Thread(target=run, name="cdcflow-verify-keyed", daemon=True)
+        self._building.start()
+
+    def _built(self) -> None:
+        if self._building is not None:
+            self._building.join()
+            self._building = None
+            if self._build_error is not None:
+                raise self._build_error
+
+    def first_cuts(self, chunk_rows: int) -> tuple[int, list[tuple]]:
+        """``(rows, keys)``: the rows of this source table in the mirror and the keys that
+        cut them into ranges of about ``chunk_rows``, from the key columns alone (before,
+        and without, the keyed table)."""
+        where_only = not self.where_columns
+        if where_only and hasattr(self.data, "count_rows"):
+            rows = int(self.data.count_rows())
+        else:
+            self._register(self._key_columns())
+            rows = int(
+                self.con.execute(f"SELECT count(*) FROM mirror_data WHERE {self.where}").fetchall()[
+                    0
+                ][0]
+            )
+        parts = -(-rows // max(1, chunk_rows))
+        if rows == 0 or parts < 2:
+            return rows, []
+
+        def execute(sql: str, p: list[Any]) -> list[tuple]:
+            self._register(self._key_columns())
+            return self.con.execute(sql, p).fetchall()
+
+        cuts = _split_sql(
+            execute, "mirror_data", self.key, self.ordered, self.where, [], rows, parts, _duck_quote
+        )
+        return rows, cuts
+
+    def _key_columns(self) -> list[str]:
+        return list(dict.fromkeys([*(c.name for c in self.key), *self.where_columns]))
+
+    def _register(self, columns: Sequence[str] | None = None) -> None:
+        """Give DuckDB the mirror's columns (``columns``; default: every column read) as a
+        stream read once: a fresh reader per query. A dataset would take DuckDB's
+        filters, and pyarrow refuses the string ones against a Delta table's file
+        statistics (``equal`` of string and string_view); the scan is whole anyway (a
+        mirror's files are not sorted by key)."""
+        wanted = list(columns or self.read_columns)
         reader = (
-            self.data.scanner(columns=self.read_columns).to_reader()
+            self.data.scanner(columns=wanted).to_reader()
             if hasattr(self.data, "scanner")
-            else self.data.select(self.read_columns).to_reader()
+            else self.data.select(wanted).to_reader()
         )
         self.con.register("mirror_data", reader)
 
     def _where(self, r: KeyRange) -> tuple[str, list[Any]]:
         return range_predicate(r, self.ordered, "?")
 
-    def count(self) -> int:
-        # fetchall: a result half fetched keeps the connection busy (DuckDB refuses the
-        # next register)
-        return int(self.con.execute("SELECT count(*) FROM keyed").fetchall()[0][0])
-
     def checksum(self, r: KeyRange) -> tuple[int, int]:
+        self._built()
         where, params = self._where(r)
         count, total = self.con.execute(
             f"SELECT count(*), sum(h) FROM keyed WHERE {where}", params
@@ -367,6 +443,7 @@ class MirrorSide:
         return int(count), int(total or 0)
 
     def split(self, r: KeyRange, parts: int, rows: int | None = None) -> list[tuple]:
+        self._built()
         where, params = self._where(r)
         count = self.checksum(r)[0] if rows is None else rows
 
@@ -419,6 +496,8 @@ class MirrorSide:
         return {tuple(row[:n]): row[n] for row in got}
 
     def close(self) -> None:
+        if self._building is not None:
+            self._building.join()
         self.con.close()
 
 

@@ -455,17 +455,20 @@ def _first_round(
         full,
         chosen.where,
         options.threads,
+        keyed=False,
         where_columns=chosen.columns,
     )
     source = SourceSide(db, plan.table, key, columns, full, chosen.row_filter)
     try:
-        rows = mirror.count()
-        parts = max(1, -(-rows // options.chunk_rows))
-        bounds = mirror.split(KeyRange(), parts, rows) if rows else []
+        # the first cuts from the mirror's keys alone; then its keyed table is built in a
+        # thread while the database computes the first ranges' checksums
+        _, bounds = mirror.first_cuts(options.chunk_rows)
         ranges = KeyRange().cut(bounds)
         if options.mode == "sample":
             ranges = sample(ranges, options.sample_ranges)
         result.ranges = len(ranges)
+        mirror.start_build()
+        source.prefetch(ranges)
         stats = RangeStats()
         found, source_rows = bisect(
             source, mirror, ranges, columns, options.leaf_rows, options.fanout, stats
