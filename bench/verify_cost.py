@@ -61,6 +61,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -228,19 +229,22 @@ def floor_once(url: str, sql: str, mirror: Path, parallel: bool = True) -> dict[
 class PhaseTimers:
     """Seconds spent in each of verify's side operations, by wrapping the methods of
     :class:`~cdcflow.verify.sides.SourceSide` and :class:`~cdcflow.verify.sides.MirrorSide`
-    while in use (the outermost call counted: a split's own checksum is the split's).
-    ``MirrorSide.__init__`` is the keyed table's build: DuckDB reading the Delta table,
-    hashing and sorting every row."""
+    while in use (the outermost call of each thread counted: a split's own checksum is the
+    split's). ``MirrorSide.build`` is the keyed table's build (DuckDB reading the Delta
+    table, hashing and sorting every row), in a thread of its own while the source's
+    ``prefetch`` computes the first ranges' checksums: the two overlap, so the phases add
+    up to more than the run; ``_built`` is the time the bisection waited for the build."""
 
     WRAPPED = {
-        "SourceSide": ("checksum", "split", "rows", "rows_by_key"),
-        "MirrorSide": ("__init__", "count", "checksum", "split", "rows", "rows_by_key"),
+        "SourceSide": ("prefetch", "checksum", "split", "rows", "rows_by_key"),
+        "MirrorSide": ("first_cuts", "build", "_built", "checksum", "split", "rows", "rows_by_key"),
     }
+    NAMES = {"build": "keyed table", "_built": "wait for the keyed table"}
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        self._depth = 0
+        self._depth = threading.local()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[PhaseTimers]:
@@ -252,7 +256,7 @@ class PhaseTimers:
             side = "source" if cls_name == "SourceSide" else "mirror"
             for m in methods:
                 original = cls.__dict__[m]
-                name = f"{side} {'keyed table' if m == '__init__' else m}"
+                name = f"{side} {self.NAMES.get(m, m)}"
                 saved.append((cls, m, original))
                 setattr(cls, m, self._timed(name, original))
         try:
@@ -263,13 +267,14 @@ class PhaseTimers:
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            self._depth += 1
+            depth = getattr(self._depth, "n", 0)
+            self._depth.n = depth + 1
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._depth -= 1
-                if self._depth == 0:
+                self._depth.n = depth
+                if depth == 0:
                     self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
                     self.calls[name] = self.calls.get(name, 0) + 1
 
