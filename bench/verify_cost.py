@@ -39,16 +39,21 @@ row), the source's range checksums, the mirror's range checksums, splits and row
 Targets (issue 35): verify of equal tables <= 2x the floor in each mode; with 10
 differing keys, ``full`` <= 1.5x the same of equal tables.
 
-At 10M rows on this 2-core machine (``bench/results/verify_cost.json``, load about 2):
-floor 17.3 s (medians; the source's sum with PostgreSQL's two parallel workers, the
-mirror's read about 1.4 s; the floor varied 16.7-21.5 s between runs); quick 16.3 s
-(0.94x), full 31.8 s (1.84x), full with 10 differing keys 39.1 s (1.23x the equal run).
-Full mode's time is the source's 100 range checksums (21 s: hashing costs PostgreSQL
-about 3 us a row a core, half of it ``md5`` and the cast of its hex to ``bit(60)``) plus
-DuckDB's keyed table (9 s: the row's ``md5`` about 6 s, the ``numeric`` column's two
-``regexp_replace`` about 3 s). Before verify stopped preparing its statements, quick
-mode's checksums ran on PostgreSQL's *generic* plan from their fifth run (an index scan
-without parallel workers): 25.2 s (1.19x) where they now take 16.3 s.
+At 10M rows on this 2-core machine (``bench/results/verify_cost.json``, load 3-5 during
+the runs): floor 17.2 s (medians; the source's sum with PostgreSQL's two parallel
+workers, the mirror's read about 1.1 s; the floor varied 16.3-23.0 s between runs);
+quick 15.6 s (0.91x), full 26.6 s (1.55x), full with 10 differing keys 35.3 s (1.33x the
+equal run). Full mode is the source's 100 range checksums (hashing costs PostgreSQL about
+3 us a row a core, half of it ``md5`` and the cast of its hex to ``bit(60)``) *beside*
+DuckDB's keyed table, built in a thread of its own since the first cuts come from the
+mirror's key columns alone (0.6 s): alone the build takes 9 s (the row's ``md5`` about
+6 s, the ``numeric`` column's two ``regexp_replace`` about 3 s), beside PostgreSQL's
+three processes on two cores it takes 26 s, and the two end together (23 s and 26 s
+overlapped; before the overlap, full mode was their sum: 31.8 s, 1.84x). On a database
+on another host the build would not compete for cores. Before verify stopped preparing
+its statements, quick mode's checksums ran on PostgreSQL's *generic* plan from their
+fifth run (an index scan without parallel workers): 25.2 s (1.19x) where they take
+15.6 s.
 """
 
 from __future__ import annotations
