@@ -13,8 +13,16 @@ import json
 
 import pytest
 from deltalake import DeltaTable
-from tests.verify.helpers import config_for, damage, fill_postgres, golden_state, mirror_capture
+from tests.verify.helpers import (
+    config_for,
+    damage,
+    fill_postgres,
+    golden_state,
+    mirror_capture,
+    write_config,
+)
 
+from cdcflow.cli import main
 from cdcflow.commands.verify import run_verify, settled, unfinished
 from cdcflow.errors import LeaseHeld
 from cdcflow.sinks.lease import PipelineLease
@@ -233,3 +241,38 @@ def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
     by_id = {r["id"]: r for r in mirror.to_pylist()}
     for row in (kept[0], kept[2]):
         assert by_id[row["id"]]["name_upper"] == row["name"].upper()
+
+
+def test_a_history_table_is_refused_by_repair_and_the_run_exits_1(pg, tmp_path):
+    """SCD type 2: a repair would write a version no source change made. The table is
+    named as not repaired, nothing is written, and the run is not settled (exit 1)."""
+    messages, state = golden_state(CAPTURES[0])
+    root = tmp_path / "wh"
+    config = config_for(root, True, tables=[{"match": "shop.public.customers", "mode": "history"}])
+    mirror_capture(messages, root, True, config)
+    path = str(root / "shop.public.customers")
+    DeltaTable(path).update({"name": "'renamed'"}, predicate="id = 6 AND __is_current")
+    version = DeltaTable(path).version()
+
+    run = run_verify(config, _url(pg), OPTIONS, say=lambda line: None, repair=True)
+    customers = {t.target: t for t in run.tables}["shop.public.customers"]
+    assert [d["key"] for d in customers.different] == [{"id": 6}]
+    [report] = run.repairs
+    assert list(report.refused) == ["shop.public.customers"]
+    assert "history (SCD type 2)" in report.refused["shop.public.customers"]
+    assert report.keys == [] and not settled(run)
+    assert DeltaTable(path).version() == version and _marks(root) == []
+
+
+def test_the_command_repairs_and_exits_0_and_says_so_in_json(pg, tmp_path, capsys):
+    messages, _ = golden_state(CAPTURES[0])
+    mirror_capture(messages, tmp_path / "wh", True)
+    DeltaTable(str(tmp_path / "wh" / "shop.public.customers")).delete("id = 5")
+    args = ["verify", str(write_config(tmp_path)), "--source-db", _url(pg), "--wait-s", "0"]
+    assert main([*args, "--recheck-after-s", "0", "--repair", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["equal"] is False and report["settled"] is True
+    [repair] = report["repairs"]
+    assert repair["outcomes"] == {"repaired": 1} and repair["keys"][0]["key"] == {"id": 5}
+    assert "mismatches" not in report
+    assert main([*args, "--recheck-after-s", "0"]) == 0  # and the next verify is equal

@@ -188,16 +188,20 @@ def _repair_source(
             if why is not None:
                 report.refused[m.plan.target] = why
                 continue
+            t = _read(config, db, warehouse, m)
             try:
-                t = _read(config, db, warehouse, m)
                 made = _events(config, source, warehouse, t, len(events), run, report.generation)
             except UnrepairableColumn as exc:
+                t.mirror.close()
                 report.refused[m.plan.target] = str(exc)
                 continue
             tables.append(t)
             for event, seq in made:
                 events.append(event)
                 seqs.append(seq)
+    except BaseException:
+        _close(tables)
+        raise
     finally:
         db.end_snapshot()
     for t in tables:
