@@ -95,6 +95,11 @@ def fill_mariadb(db: Any, state: dict[str, Any]) -> None:
                 )
 
 
+def pg_url(pg: Any) -> str:
+    """The ``--source-db`` URL of a test kit PostgreSQL server."""
+    return f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.database}"
+
+
 def mirror_capture(
     messages: list[dict], root: Path, schemas: bool, config: Any = None
 ) -> DeltaWarehouse:

@@ -16,9 +16,9 @@ from deltalake import DeltaTable
 from tests.verify.helpers import (
     config_for,
     damage,
-    fill_postgres,
     golden_state,
     mirror_capture,
+    pg_url,
     write_config,
 )
 
@@ -31,7 +31,6 @@ from cdcflow.sinks.warehouse import DeltaWarehouse
 from cdcflow.verify import repair as repair_module
 from cdcflow.verify import verifier as verifier_module
 from cdcflow.verify.verifier import VerifyOptions
-from cdcflow_testkit.services.postgres import LocalPostgres
 
 pytestmark = [pytest.mark.services]
 
@@ -45,18 +44,6 @@ DAMAGED = {
     ("shop.public.customers", '{"id": 9}'): ("different", "upsert"),
     ("shop.public.order_lines", '{"order_id": 8, "line_no": 1}'): ("missing", "upsert"),
 }
-
-
-@pytest.fixture(scope="module")
-def pg():
-    with LocalPostgres() as server:
-        _, state = golden_state(CAPTURES[0])
-        fill_postgres(server, state)
-        yield server
-
-
-def _url(pg) -> str:
-    return f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.database}"
 
 
 def _seqs(root, target: str) -> dict:
@@ -78,7 +65,7 @@ def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, cap
     config = config_for(root, state["schemas"])
     lines: list[str] = []
 
-    run = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    run = run_verify(config, pg_url(pg), OPTIONS, say=lines.append, repair=True)
     assert not run.equal  # what verify found is reported as found
     [report] = run.repairs
     assert report.generation == 1 and not report.refused
@@ -90,7 +77,7 @@ def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, cap
 
     # the next verify: equal; the rows the mirror held keep their sequence, so the
     # stream's next change of them still wins
-    again = run_verify(config, _url(pg), OPTIONS, say=lines.append)
+    again = run_verify(config, pg_url(pg), OPTIONS, say=lines.append)
     assert again.equal, [t for t in again.tables if not t.equal]
     # the repaired rows hash as the source's: no range even differs
     assert [t.differing_ranges for t in again.tables] == [0, 0]
@@ -106,7 +93,7 @@ def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, cap
         repair_module.REPAIR_TOPIC
     }
     # nothing left: a second --repair repairs nothing
-    quiet = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    quiet = run_verify(config, pg_url(pg), OPTIONS, say=lines.append, repair=True)
     assert quiet.equal and quiet.repairs == []
 
 
@@ -117,7 +104,7 @@ def test_repair_is_refused_while_the_pipeline_holds_its_lease(pg, tmp_path):
     damage(root, "shop.public", "email")
     config = config_for(root, True)
     with PipelineLease(str(root), config.pipeline_id), pytest.raises(LeaseHeld):
-        run_verify(config, _url(pg), OPTIONS, repair=True)
+        run_verify(config, pg_url(pg), OPTIONS, repair=True)
     assert _marks(root) == []
 
 
@@ -138,13 +125,13 @@ def test_a_repair_killed_after_its_intent_is_finished_by_the_next(
 
     monkeypatch.setattr(repair_module, dies_in, killed)
     with pytest.raises(KeyboardInterrupt):
-        run_verify(config, _url(pg), OPTIONS, repair=True)
+        run_verify(config, pg_url(pg), OPTIONS, repair=True)
     assert [m["outcome"] for m in _marks(root)] == [None]
     monkeypatch.undo()
     version = DeltaTable(str(root / "shop.public.customers")).version()
 
     lines: list[str] = []
-    run = run_verify(config, _url(pg), OPTIONS, say=lines.append, repair=True)
+    run = run_verify(config, pg_url(pg), OPTIONS, say=lines.append, repair=True)
     assert "repair 1 of verify.debezium-json: finished after an interruption (1 keys)" in lines
     assert run.equal and run.repairs == []  # finished before verify read anything
     assert sorted(m["outcome"] or "" for m in _marks(root)) == ["", "applied"]
@@ -164,7 +151,7 @@ def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
     mirror_capture(messages, root, True)
     damage(root, "shop.public", "email")
     config = config_for(root, True)
-    whole = run_verify(config, _url(pg), OPTIONS, say=lambda line: None)
+    whole = run_verify(config, pg_url(pg), OPTIONS, say=lambda line: None)
 
     real, read = verifier_module._first_round, []
 
@@ -176,12 +163,12 @@ def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
 
     monkeypatch.setattr(verifier_module, "_first_round", first_round)
     with pytest.raises(KeyboardInterrupt):
-        run_verify(config, _url(pg), OPTIONS, say=lambda line: None)
+        run_verify(config, pg_url(pg), OPTIONS, say=lambda line: None)
     assert read == ["shop.public.customers", "shop.public.order_lines"]
 
     lines: list[str] = []
     resumed = run_verify(
-        config, _url(pg), dataclasses.replace(OPTIONS, resume=True), say=lines.append
+        config, pg_url(pg), dataclasses.replace(OPTIONS, resume=True), say=lines.append
     )
     assert read[2:] == ["shop.public.order_lines"]  # customers was not read again
     assert any(line.startswith("resuming the run of ") for line in lines), lines
@@ -200,7 +187,7 @@ def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
     # recorded as one run, and nothing is left to resume
     assert unfinished(DeltaWarehouse(str(root)), config.pipeline_id, "full") is None
     again: list[str] = []
-    run_verify(config, _url(pg), dataclasses.replace(OPTIONS, resume=True), say=again.append)
+    run_verify(config, pg_url(pg), dataclasses.replace(OPTIONS, resume=True), say=again.append)
     assert "nothing to resume: a new run" in again
 
 
@@ -226,7 +213,7 @@ def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
     DeltaTable(path).update({"id": str(dropped["id"])}, predicate=f"id = {kept[1]['id']}")
     DeltaTable(path).update({"name": "'renamed'"}, predicate=f"id = {kept[2]['id']}")
 
-    run = run_verify(config, _url(pg), OPTIONS, say=lambda line: None, repair=True)
+    run = run_verify(config, pg_url(pg), OPTIONS, say=lambda line: None, repair=True)
     [report] = run.repairs
     actions = {k.key["id"]: (k.found, k.action, k.outcome) for k in report.keys}
     assert actions == {
@@ -235,7 +222,7 @@ def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
         kept[2]["id"]: ("different", "upsert", "repaired"),
         dropped["id"]: ("extra", "delete", "repaired"),
     }
-    assert run_verify(config, _url(pg), OPTIONS, say=lambda line: None).equal
+    assert run_verify(config, pg_url(pg), OPTIONS, say=lambda line: None).equal
     mirror = DeltaTable(path).to_pyarrow_table()
     assert "notes" not in mirror.column_names
     by_id = {r["id"]: r for r in mirror.to_pylist()}
@@ -254,7 +241,7 @@ def test_a_history_table_is_refused_by_repair_and_the_run_exits_1(pg, tmp_path):
     DeltaTable(path).update({"name": "'renamed'"}, predicate="id = 6 AND __is_current")
     version = DeltaTable(path).version()
 
-    run = run_verify(config, _url(pg), OPTIONS, say=lambda line: None, repair=True)
+    run = run_verify(config, pg_url(pg), OPTIONS, say=lambda line: None, repair=True)
     customers = {t.target: t for t in run.tables}["shop.public.customers"]
     assert [d["key"] for d in customers.different] == [{"id": 6}]
     [report] = run.repairs
@@ -268,7 +255,7 @@ def test_the_command_repairs_and_exits_0_and_says_so_in_json(pg, tmp_path, capsy
     messages, _ = golden_state(CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     DeltaTable(str(tmp_path / "wh" / "shop.public.customers")).delete("id = 5")
-    args = ["verify", str(write_config(tmp_path)), "--source-db", _url(pg), "--wait-s", "0"]
+    args = ["verify", str(write_config(tmp_path)), "--source-db", pg_url(pg), "--wait-s", "0"]
     assert main([*args, "--recheck-after-s", "0", "--repair", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["equal"] is False and report["settled"] is True

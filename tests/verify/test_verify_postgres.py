@@ -13,38 +13,25 @@ from deltalake import DeltaTable
 from tests.verify.helpers import (
     config_for,
     damage,
-    fill_postgres,
     golden_state,
     mirror_capture,
+    pg_url,
     write_config,
 )
 
 from cdcflow.cli import main
 from cdcflow.verify.databases import SourceDatabase
 from cdcflow.verify.verifier import VerifyOptions, verify
-from cdcflow_testkit.services.postgres import LocalPostgres
 
 pytestmark = [pytest.mark.services]
 
 CAPTURES = ["debezium-postgres-pg_schemas", "debezium-postgres-pg_schemaless"]
 
 
-@pytest.fixture(scope="module")
-def pg():
-    with LocalPostgres() as server:
-        _, state = golden_state(CAPTURES[0])
-        fill_postgres(server, state)
-        yield server
-
-
-def _url(pg) -> str:
-    return f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.database}"
-
-
 def _run(pg, config, **options):
     options.setdefault("recheck_after_s", 0)
     options.setdefault("wait_s", 0)
-    db = SourceDatabase(_url(pg))
+    db = SourceDatabase(pg_url(pg))
     try:
         return verify(config, db, VerifyOptions(**options))
     finally:
@@ -113,7 +100,7 @@ def test_the_command_prints_the_keys_records_the_run_and_exits_1(pg, tmp_path, c
     messages, state = golden_state(CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     config_path = write_config(tmp_path)
-    args = ["verify", str(config_path), "--source-db", _url(pg), "--wait-s", "0"]
+    args = ["verify", str(config_path), "--source-db", pg_url(pg), "--wait-s", "0"]
     assert main([*args, "--recheck-after-s", "0"]) == 0
     out = capsys.readouterr().out
     assert "EQUAL: every mirror matches its source" in out
@@ -233,7 +220,7 @@ def test_a_statement_over_the_timeout_is_one_line_and_exit_69(pg, tmp_path, caps
             "verify",
             str(config_path),
             "--source-db",
-            _url(pg),
+            pg_url(pg),
             "--wait-s",
             "0",
             "--statement-timeout-s",
