@@ -5,7 +5,11 @@ the pipeline through the brokers and the warehouse's offsets (the status command
 reading), prints one block per table (or one JSON object), records each table's outcome
 in ``_cdcflow/verifications``, and writes the Prometheus gauges to a file for
 node_exporter's textfile collector when asked (a one-shot command has no endpoint to be
-scraped). Exit 0 when every compared mirror equals its source, 1 otherwise.
+scraped). Each table's first round is saved in ``_cdcflow/verify_progress`` as it ends,
+so that ``--resume`` goes on with an interrupted run. ``--repair`` takes the pipeline's
+lease first, finishes a repair a killed run left, verifies, then repairs
+(:mod:`cdcflow.verify.repair`). Exit 0 when every compared mirror equals its source (or
+every differing key was repaired: :func:`settled`), 1 otherwise.
 """
 
 from __future__ import annotations
