@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from cdcflow.commands.dead_letters import LetterFilter, read_letters
 from cdcflow.config import PipelineConfig, SourceConfig
 from cdcflow.decode.batches import DecodeFunction
-from cdcflow.errors import ConfigError, LeaseLost
+from cdcflow.errors import ConfigError
 from cdcflow.event_schema import EVENT_SCHEMA
 from cdcflow.runtime.pipeline import applier_for
 from cdcflow.sinks.lease import PipelineLease
@@ -107,8 +107,7 @@ def replay(
     ) as lease:
 
         def fenced() -> None:
-            if lease.lost:
-                raise LeaseLost(lease.lost_reason or "")
+            lease.fence()
             if fence is not None:
                 fence()
 

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.commands.status import brokers_log_ends, status
-from cdcflow.errors import ConfigError, LeaseLost
+from cdcflow.errors import ConfigError
 from cdcflow.sinks.lease import PipelineLease
 from cdcflow.sinks.system_tables import (
     VERIFICATIONS,
@@ -104,16 +104,15 @@ def run_verify(
     with PipelineLease(
         config.warehouse, config.pipeline_id, storage_options=config.storage
     ) as lease:
-
-        def fence() -> None:
-            if lease.lost:
-                raise LeaseLost(lease.lost_reason or "")
-
-        for line in finish_interrupted(config, fence):
+        for line in finish_interrupted(config, lease.fence):
             say(line)
         waitless = dataclasses.replace(options, wait_s=0.0)  # the pipeline is stopped
         return _verify(
-            config, url, waitless, say, lambda db, run: repair_keys(config, db, run, fence, say)
+            config,
+            url,
+            waitless,
+            say,
+            lambda db, run: repair_keys(config, db, run, lease.fence, say),
         )
 
 

@@ -77,27 +77,21 @@ def run(
         # the brokers, the topics and the folders, in seconds, before Spark's start
         raise_first_failure(preflight(config))
 
-        def fence() -> None:
-            if lease.lost:  # before an apply's first commit and its completion
-                raise LeaseLost(lease.lost_reason or "")
-
         pipeline = Pipeline(
             config,
-            on_batch=lambda source, report: fence(),  # fail the query: no further batch
+            on_batch=lambda source, report: lease.fence(),  # fail the query: no further batch
             spark=spark,
             config_path=config_path,
-            fence=fence,
+            fence=lease.fence,  # before an apply's first commit and its completion
             progress=progress,
         )
         lease.on_lost = lambda reason: _stop_streams(pipeline.spark)
-        if lease.lost:  # lost while Spark started
-            raise LeaseLost(lease.lost_reason or "")
+        lease.fence()  # lost while Spark started
         try:
             summary = pipeline.run(once=once, stop_on_signals=stop_on_signals)
         except Exception as exc:
             if lease.lost:
                 raise LeaseLost(lease.lost_reason or "") from exc
             raise
-        if lease.lost:
-            raise LeaseLost(lease.lost_reason or "")
+        lease.fence()
     return summary

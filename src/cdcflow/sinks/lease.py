@@ -324,6 +324,12 @@ class PipelineLease:
     def lost_reason(self) -> str | None:
         return self._lost_reason
 
+    def fence(self) -> None:
+        """Raise :class:`~cdcflow.errors.LeaseLost` (with :attr:`lost_reason`) if the
+        lease is lost (:attr:`lost`): the check a writer makes before each commit."""
+        if self.lost:
+            raise LeaseLost(self._lost_reason or "")
+
     def read(self) -> LeaseState | None:
         """The lease as stored now (``None``: never taken).
 
