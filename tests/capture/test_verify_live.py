@@ -41,9 +41,14 @@ TARGET = "shop.public.accounts"
 SHARDS = "shop.public.shards"
 
 
-def _writer(pg: LocalPostgres, stop: threading.Event, counts: dict[str, int]) -> None:
+def _writer(
+    pg: LocalPostgres,
+    stop: threading.Event,
+    counts: dict[str, int],
+    spare: frozenset[int] = frozenset(),
+) -> None:
     """Random single-row transactions until ``stop``: 60 % updates, 20 % inserts, 20 %
-    deletes, about 40 a second."""
+    deletes, about 40 a second; the rows of ``spare`` are never updated or deleted."""
     rng = random.Random(11 + sum(counts.values()))
     with pg.connect() as c:
         next_id = c.execute("SELECT max(id) + 1 FROM accounts").fetchone()[0]
@@ -52,12 +57,13 @@ def _writer(pg: LocalPostgres, stop: threading.Event, counts: dict[str, int]) ->
             if op < 0.6:
                 c.execute(
                     "UPDATE accounts SET balance = balance + %s, note = %s, touched = now(), "
-                    "score = %s WHERE id = %s",
+                    "score = %s WHERE id = %s AND NOT id = ANY(%s)",
                     (
                         rng.randint(1, 999) / 100,
                         f"n{rng.random()}",
                         rng.random(),
                         rng.randint(1, next_id),
+                        list(spare),
                     ),
                 )
                 counts["update"] += 1
@@ -66,7 +72,10 @@ def _writer(pg: LocalPostgres, stop: threading.Event, counts: dict[str, int]) ->
                 next_id += 1
                 counts["insert"] += 1
             else:
-                c.execute("DELETE FROM accounts WHERE id = %s", (rng.randint(1, next_id),))
+                c.execute(
+                    "DELETE FROM accounts WHERE id = %s AND NOT id = ANY(%s)",
+                    (rng.randint(1, next_id), list(spare)),
+                )
                 counts["delete"] += 1
             time.sleep(0.025)
 
@@ -132,14 +141,7 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
         with ConnectStandalone(apache_kafka.bootstrap_servers, {"pg": connector}) as connect:
             wait_snapshot_done(apache_kafka, prefix, connect)
             stderr = tmp_path / "run.stderr"
-            with open(stderr, "wb") as err:
-                run = subprocess.Popen(
-                    [*CDCFLOW, "run", str(config_path)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    env=cli_env(),
-                    start_new_session=True,
-                )
+            run = _start(config_path, stderr)
             stop = threading.Event()
             counts = {"update": 0, "insert": 0, "delete": 0}
             writer = threading.Thread(target=_writer, args=(pg, stop, counts), daemon=True)
@@ -192,8 +194,11 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
 
                 # --repair while the source keeps changing: the pipeline stopped (the repair
                 # takes its lease), the writer going on, an extra row added to the damages
-                restart = threading.Event()
-                writer = threading.Thread(target=_writer, args=(pg, restart, counts), daemon=True)
+                # the victim is spared: its repair must find it missing, not deleted meanwhile
+                stop.clear()
+                writer = threading.Thread(
+                    target=_writer, args=(pg, stop, counts, frozenset({victim})), daemon=True
+                )
                 writer.start()
                 _stop(run)
                 extra = DeltaTable(mirror_path).to_pyarrow_table().slice(0, 1)
@@ -213,16 +218,9 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
 
                 # the writer stops, the pipeline runs again and catches up over the repair:
                 # the mirrors equal the source, and every Kafka offset is accounted once
-                restart.set()
+                stop.set()
                 writer.join(10)
-                with open(stderr, "ab") as err:
-                    run = subprocess.Popen(
-                        [*CDCFLOW, "run", str(config_path)],
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        env=cli_env(),
-                        start_new_session=True,
-                    )
+                run = _start(config_path, stderr)
                 final = run_verify(config, url, options, say=lines.append)
                 assert final.caught_up is True and final.equal, describe(final)
                 assert all(t.in_flight == [] for t in final.tables), describe(final)
@@ -235,6 +233,18 @@ def test_verify_during_live_writes_finds_no_false_mismatch(apache_kafka, tmp_pat
             finally:
                 stop.set()
                 _stop(run)
+
+
+def _start(config_path, stderr) -> subprocess.Popen:
+    """``cdcflow run CONFIG`` in the background, its stderr appended to ``stderr``."""
+    with open(stderr, "ab") as err:
+        return subprocess.Popen(
+            [*CDCFLOW, "run", str(config_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=cli_env(),
+            start_new_session=True,
+        )
 
 
 def _stop(run: subprocess.Popen) -> None:

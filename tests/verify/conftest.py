@@ -4,7 +4,7 @@ kit's own per module, filled with the final rows of Debezium's golden PostgreSQL
 from __future__ import annotations
 
 import pytest
-from tests.verify.helpers import fill_postgres, golden_state
+from tests.verify.helpers import PG_CAPTURES, fill_postgres, golden_state
 
 from cdcflow_testkit.services.postgres import LocalPostgres
 
@@ -12,6 +12,6 @@ from cdcflow_testkit.services.postgres import LocalPostgres
 @pytest.fixture(scope="module")
 def pg():
     with LocalPostgres() as server:
-        _, state = golden_state("debezium-postgres-pg_schemas")
+        _, state = golden_state(PG_CAPTURES[0])
         fill_postgres(server, state)
         yield server

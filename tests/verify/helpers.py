@@ -95,6 +95,11 @@ def fill_mariadb(db: Any, state: dict[str, Any]) -> None:
                 )
 
 
+#: Debezium's golden PostgreSQL captures, with schemas and schemaless (the first fills the
+#: test database: both captured the same rows)
+PG_CAPTURES = ["debezium-postgres-pg_schemas", "debezium-postgres-pg_schemaless"]
+
+
 def pg_url(pg: Any) -> str:
     """The ``--source-db`` URL of a test kit PostgreSQL server."""
     return f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.database}"

@@ -14,6 +14,7 @@ import json
 import pytest
 from deltalake import DeltaTable
 from tests.verify.helpers import (
+    PG_CAPTURES,
     config_for,
     damage,
     golden_state,
@@ -34,7 +35,6 @@ from cdcflow.verify.verifier import VerifyOptions
 
 pytestmark = [pytest.mark.services]
 
-CAPTURES = ["debezium-postgres-pg_schemas", "debezium-postgres-pg_schemaless"]
 OPTIONS = VerifyOptions(recheck_after_s=0, wait_s=0)
 DAMAGED = {
     ("shop.public.customers", '{"id": 5}'): ("missing", "upsert"),
@@ -55,7 +55,7 @@ def _marks(root) -> list[dict]:
     return DeltaWarehouse(str(root)).read_system(REPAIRS, REPAIRS_SCHEMA).to_pylist()
 
 
-@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("capture", PG_CAPTURES)
 def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, capture):
     messages, state = golden_state(capture)
     root = tmp_path / "wh"
@@ -98,7 +98,7 @@ def test_repair_mends_each_damage_and_the_next_verify_is_equal(pg, tmp_path, cap
 
 
 def test_repair_is_refused_while_the_pipeline_holds_its_lease(pg, tmp_path):
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     root = tmp_path / "wh"
     mirror_capture(messages, root, True)
     damage(root, "shop.public", "email")
@@ -114,7 +114,7 @@ def test_a_repair_killed_after_its_intent_is_finished_by_the_next(
 ):
     """Killed before its apply (``applier_for``) or after it, before the outcomes
     (``_check``): the next repair applies the recorded events, once."""
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     root = tmp_path / "wh"
     mirror_capture(messages, root, True)
     DeltaTable(str(root / "shop.public.customers")).delete("id = 5")
@@ -146,7 +146,7 @@ def test_an_interrupted_verify_resumes_without_reading_its_finished_tables(
     """Killed in its second table's first round, verify --resume reads only that table
     again, rechecks the first table's differing keys, and reports what an uninterrupted
     run reports."""
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     root = tmp_path / "wh"
     mirror_capture(messages, root, True)
     damage(root, "shop.public", "email")
@@ -195,7 +195,7 @@ def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
     """The repair's events go through the target's shaping like the stream's: the row
     filter (a filtered-out source row in the mirror is deleted), the excluded column
     (never written) and the computed column (computed from the repaired row)."""
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     rule = {
         "match": "shop.public.customers",
         "filter": "visits > 0",
@@ -233,7 +233,7 @@ def test_repair_of_a_filtered_table_runs_its_shaping(pg, tmp_path):
 def test_a_history_table_is_refused_by_repair_and_the_run_exits_1(pg, tmp_path):
     """SCD type 2: a repair would write a version no source change made. The table is
     named as not repaired, nothing is written, and the run is not settled (exit 1)."""
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     root = tmp_path / "wh"
     config = config_for(root, True, tables=[{"match": "shop.public.customers", "mode": "history"}])
     mirror_capture(messages, root, True, config)
@@ -252,7 +252,7 @@ def test_a_history_table_is_refused_by_repair_and_the_run_exits_1(pg, tmp_path):
 
 
 def test_the_command_repairs_and_exits_0_and_says_so_in_json(pg, tmp_path, capsys):
-    messages, _ = golden_state(CAPTURES[0])
+    messages, _ = golden_state(PG_CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     DeltaTable(str(tmp_path / "wh" / "shop.public.customers")).delete("id = 5")
     args = ["verify", str(write_config(tmp_path)), "--source-db", pg_url(pg), "--wait-s", "0"]

@@ -11,6 +11,7 @@ import json
 import pytest
 from deltalake import DeltaTable
 from tests.verify.helpers import (
+    PG_CAPTURES,
     config_for,
     damage,
     golden_state,
@@ -24,8 +25,6 @@ from cdcflow.verify.databases import SourceDatabase
 from cdcflow.verify.verifier import VerifyOptions, verify
 
 pytestmark = [pytest.mark.services]
-
-CAPTURES = ["debezium-postgres-pg_schemas", "debezium-postgres-pg_schemaless"]
 
 
 def _run(pg, config, **options):
@@ -42,7 +41,7 @@ def _by_target(run):
     return {t.target: t for t in run.tables}
 
 
-@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("capture", PG_CAPTURES)
 @pytest.mark.parametrize("chunk_rows", [100_000, 4])
 def test_the_mirrors_of_a_real_capture_equal_the_database(pg, tmp_path, capture, chunk_rows):
     messages, state = golden_state(capture)
@@ -64,7 +63,7 @@ def test_the_mirrors_of_a_real_capture_equal_the_database(pg, tmp_path, capture,
 
 @pytest.mark.parametrize("chunk_rows,leaf_rows", [(100_000, 256), (4, 2)])
 def test_eachdamage_is_reported_as_exactly_its_key(pg, tmp_path, chunk_rows, leaf_rows):
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     damage(tmp_path / "wh", "shop.public", "email")
     config = config_for(tmp_path / "wh", True)
@@ -97,7 +96,7 @@ def test_eachdamage_is_reported_as_exactly_its_key(pg, tmp_path, chunk_rows, lea
 
 
 def test_the_command_prints_the_keys_records_the_run_and_exits_1(pg, tmp_path, capsys):
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     config_path = write_config(tmp_path)
     args = ["verify", str(config_path), "--source-db", pg_url(pg), "--wait-s", "0"]
@@ -162,7 +161,7 @@ def test_a_bad_source_url_is_one_line_naming_the_flag(pg, tmp_path, capsys):
 def test_a_filtered_table_with_excluded_and_computed_columns_compares_what_lands(pg, tmp_path):
     """The source side gets the target's row filter (evaluated as the pipeline evaluates
     it) and loses the excluded column; the computed column is the mirror's only."""
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     rule = {
         "match": "shop.public.customers",
         "filter": "visits > 0",
@@ -235,7 +234,7 @@ def test_a_statement_over_the_timeout_is_one_line_and_exit_69(pg, tmp_path, caps
 
 
 def test_sample_mode_compares_only_the_ranges_it_draws(pg, tmp_path):
-    messages, state = golden_state(CAPTURES[0])
+    messages, state = golden_state(PG_CAPTURES[0])
     mirror_capture(messages, tmp_path / "wh", True)
     config = config_for(tmp_path / "wh", True)
     run = _by_target(_run(pg, config, mode="sample", sample_ranges=3, chunk_rows=4))
